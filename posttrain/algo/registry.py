@@ -1,0 +1,38 @@
+"""Name -> function registries, so configs pick algorithms by name and users can add their own."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, TypeVar
+
+F = TypeVar("F", bound=Callable)
+
+
+class Registry(Generic[F]):
+    """A named table of functions with a decorator for registration and helpful lookup errors."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._table: dict[str, F] = {}
+
+    def register(self, *names: str) -> Callable[[F], F]:
+        def decorate(fn: F) -> F:
+            for name in names:
+                self._table[name] = fn
+            return fn
+
+        return decorate
+
+    def get(self, name: str) -> F:
+        try:
+            return self._table[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, self._table, n=1)
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+            raise KeyError(f"unknown {self.kind} '{name}'.{hint} Known: {sorted(self._table)}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._table
+
+    def names(self) -> list[str]:
+        return sorted(self._table)

@@ -1,0 +1,304 @@
+"""The config key tree users already type, as typed dataclasses with the customary defaults (CONFIG_KEYS.md).
+
+Every field here is read somewhere; docs/config.md says what each does. Keys that exist on those command lines but
+that posttrain does not support are not fields: they are listed in `validate.UNSUPPORTED_KEYS` with what to use instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+StrOrList = Union[str, list]
+
+
+# ------------------------------------------------------------------ data
+@dataclass
+class DataConfig:
+    train_files: Optional[StrOrList] = None
+    val_files: Optional[StrOrList] = None
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    train_batch_size: int = 1024
+    val_batch_size: Optional[int] = None
+    shuffle: bool = True
+    seed: int = 1
+    filter_overlong_prompts: bool = False
+    truncation: str = "error"
+    return_raw_chat: bool = False
+    image_key: str = "images"
+
+
+# ------------------------------------------------------------------ actor / rollout / ref
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    trust_remote_code: bool = False
+    use_remove_padding: bool = True
+    enable_gradient_checkpointing: bool = True
+    enable_activation_offload: bool = False
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    target_modules: Any = "all-linear"
+    use_liger: bool = False
+    use_fused_kernels: bool = False
+    override_config: dict = field(default_factory=dict)
+    dtype: str = "auto"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    lr_warmup_steps: int = -1
+    lr_warmup_steps_ratio: float = 0.0
+    warmup_style: Optional[str] = None
+    lr_scheduler_type: str = "constant"
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.01
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    total_training_steps: int = -1
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    fsdp_size: int = -1
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+
+
+@dataclass
+class CheckpointConfig:
+    save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    load_contents: Optional[list] = None
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp"
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: Optional[float] = None
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    ulysses_sequence_parallel_size: int = 1
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig(param_offload=False))
+
+
+@dataclass
+class ValKwargsConfig:
+    n: int = 1
+    do_sample: bool = False
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"
+    mode: str = "sync"
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    response_length: Optional[int] = None
+    prompt_length: Optional[int] = None
+    dtype: str = "auto"
+    ignore_eos: bool = False
+    calculate_log_probs: bool = False
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_use_dynamic_bsz: bool = False
+    log_prob_max_token_len_per_gpu: int = 16384
+    micro_batch_size: Optional[int] = None  # prompts generated together (hf engine); null = whole batch
+    # Engine-only knobs of vLLM / SGLang: accepted so scripts port, no effect with the hf engine (one warning).
+    tensor_model_parallel_size: int = 2
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = False
+    free_cache_engine: bool = True
+    load_format: str = "auto"
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    enable_chunked_prefill: bool = True
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+# ------------------------------------------------------------------ critic
+@dataclass
+class CriticModelConfig:
+    path: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    trust_remote_code: bool = False
+    use_remove_padding: bool = True
+    enable_gradient_checkpointing: bool = True
+    override_config: dict = field(default_factory=dict)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = None
+    strategy: str = "fsdp"
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    ppo_mini_batch_size: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
+    ppo_epochs: Optional[int] = None
+    shuffle: bool = False
+    grad_clip: float = 1.0
+    cliprange_value: float = 0.5
+    loss_agg_mode: Optional[str] = None
+
+
+# ------------------------------------------------------------------ reward
+@dataclass
+class RewardModelModelConfig:
+    path: Optional[str] = None
+    input_tokenizer: Optional[str] = None
+    trust_remote_code: bool = False
+
+
+@dataclass
+class SandboxFusionConfig:
+    url: Optional[str] = None
+    max_concurrent: int = 64
+    memory_limit_mb: int = 1024
+
+
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    log: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    enable: bool = False
+    model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
+    micro_batch_size_per_gpu: Optional[int] = None
+    max_length: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    forward_max_token_len_per_gpu: int = 32768
+    reward_manager: str = "naive"
+    launch_reward_fn_async: bool = False
+    num_workers: int = 0  # scorer worker processes; 0 = score in the main process
+    timeout_s: float = 10.0  # per-response scorer time limit (worker processes only)
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: Optional[str] = None
+    name: str = "compute_score"
+
+
+# ------------------------------------------------------------------ algorithm
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    metric: Optional[str] = None
+    max_num_gen_batches: int = 0
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "gae"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+# ------------------------------------------------------------------ trainer
+@dataclass
+class TrainerConfig:
+    project_name: str = "posttrain"
+    experiment_name: str = "run"
+    logger: StrOrList = field(default_factory=lambda: ["console"])
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+    device: str = "auto"
+    seed: int = 1
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = True
+    val_only: bool = False
+    critic_warmup: int = 0
+    balance_batch: bool = True
+    default_local_dir: Optional[str] = None
+    resume_mode: str = "auto"
+    resume_from_path: Optional[str] = None
+    max_actor_ckpt_to_keep: Optional[int] = None
+    max_critic_ckpt_to_keep: Optional[int] = None
+    log_val_generations: int = 0
+    rollout_data_dir: Optional[str] = None
+    validation_data_dir: Optional[str] = None
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,182 @@
+"""Reject configs that cannot run, before any model is touched, with the reason and the fix."""
+
+from __future__ import annotations
+
+import warnings
+
+from .loader import ConfigError
+from .schema import Config
+
+# Keys that appear on existing command lines but are not part of posttrain: what to use instead.
+UNSUPPORTED_KEYS = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size":
+        "the global micro-batch size is deprecated; use actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size":
+        "use actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "use actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size": "use critic.ppo_micro_batch_size_per_gpu",
+    "reward_model.micro_batch_size": "use reward_model.micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.multi_turn": "multi-turn tool rollouts are not supported; remove the key",
+    "actor_rollout_ref.rollout.engine_kwargs": "engine-specific kwargs of vLLM/SGLang; posttrain generates with "
+                                               "transformers, remove the key",
+    "actor_rollout_ref.actor.megatron": "Megatron is not supported; posttrain uses FSDP2 (strategy=fsdp2)",
+    "actor_rollout_ref.ref.megatron": "Megatron is not supported; posttrain uses FSDP2",
+    "ray_init": "posttrain does not use Ray; multi-process runs are launched with torchrun",
+    "trainer.ray_wait_register_center_timeout": "posttrain does not use Ray; remove the key",
+}
+
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager", "free_cache_engine",
+                    "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "mode")
+
+
+def unsupported_key_message(key: str) -> str | None:
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in UNSUPPORTED_KEYS:
+            return UNSUPPORTED_KEYS[prefix]
+    return None
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def _choice(value, choices, key: str) -> None:
+    _check(value in choices, f"{key}={value!r} is not one of {list(choices)}")
+
+
+def validate_config(cfg: Config) -> Config:
+    """Raise ConfigError on the first inconsistent or unsupported setting; normalises a few values in place."""
+    from ..algo import LOSS_AGG_MODES, estimator_info, get_policy_loss, is_kl_estimator
+
+    d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
+    actor, rollout, model = arr.actor, arr.rollout, arr.model
+
+    # ---- algorithm
+    try:
+        info = estimator_info(alg.adv_estimator)
+    except KeyError as e:
+        raise ConfigError(f"algorithm.adv_estimator: {e.args[0]}") from None
+    if info.uses_groups:
+        _check(rollout.n >= max(2, info.min_group_size),
+               f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
+               f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
+    if info.needs_critic:
+        _check(cfg.critic.enable is not False,
+               f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, but critic.enable=False; "
+               "enable the critic or pick a critic-free estimator such as grpo")
+    for key, mode in (("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode),
+                      ("critic.loss_agg_mode", cfg.critic.loss_agg_mode or actor.loss_agg_mode)):
+        _choice(mode, LOSS_AGG_MODES, key)
+    try:
+        get_policy_loss(actor.policy_loss.loss_mode)
+    except KeyError as e:
+        raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode: {e.args[0]}") from None
+    for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", alg.kl_penalty)):
+        _check(is_kl_estimator(kind), f"{key}={kind!r} is not a KL estimator (kl, k1, abs, mse, k2, low_var_kl, k3, "
+                                      "each optionally with a '+' suffix)")
+    _choice(alg.kl_ctrl.type, ("fixed", "adaptive"), "algorithm.kl_ctrl.type")
+    if alg.kl_ctrl.type == "adaptive":
+        _check(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
+               "algorithm.kl_ctrl adaptive needs target_kl > 0 and horizon > 0")
+    _check(0 <= alg.gamma <= 1 and 0 <= alg.lam <= 1, "algorithm.gamma and algorithm.lam must lie in [0, 1]")
+    if alg.filter_groups.enable:
+        _choice(alg.filter_groups.metric, ("acc", "score", "seq_reward", "seq_final_reward"),
+                "algorithm.filter_groups.metric")
+        _check(rollout.n >= 2, "algorithm.filter_groups drops groups with equal scores; it needs rollout.n >= 2")
+
+    # ---- actor
+    _check(actor.clip_ratio_c > 1, f"actor_rollout_ref.actor.clip_ratio_c must be > 1 (dual-clip bound), got {actor.clip_ratio_c}")
+    for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
+        value = getattr(actor, key)
+        _check(value is None or value >= 0, f"actor_rollout_ref.actor.{key} must be >= 0")
+    _check(d.train_batch_size > 0, "data.train_batch_size must be positive")
+    _check(0 < actor.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size must be positive")
+    _check(d.train_batch_size % actor.ppo_mini_batch_size == 0,
+           f"data.train_batch_size ({d.train_batch_size}) must be divisible by "
+           f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}); both count prompts")
+    for key, value in (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
+                       ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)):
+        _check(value is None or value > 0, f"{key} must be positive")
+    _check(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs must be >= 1")
+    _check(actor.loss_scale_factor is None or actor.loss_scale_factor > 0,
+           "actor_rollout_ref.actor.loss_scale_factor must be positive (or null for data.max_response_length)")
+    _check(actor.strategy in ("fsdp", "fsdp2"),
+           f"actor_rollout_ref.actor.strategy={actor.strategy!r}: posttrain trains with FSDP2; use fsdp or fsdp2")
+    _check(cfg.critic.strategy in ("fsdp", "fsdp2"), f"critic.strategy={cfg.critic.strategy!r}: use fsdp or fsdp2")
+    _check(actor.ulysses_sequence_parallel_size == 1,
+           "actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1: sequence parallelism is not supported; "
+           "use use_dynamic_bsz / gradient checkpointing to fit long sequences")
+    for optim_key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
+        _choice(optim.warmup_style or optim.lr_scheduler_type, ("constant", "cosine"),
+                f"{optim_key}.lr_scheduler_type")
+        _check(optim.lr >= 0, f"{optim_key}.lr must be >= 0")
+        _check(len(optim.betas) == 2, f"{optim_key}.betas must hold two numbers")
+
+    # ---- model
+    _choice(model.dtype, DTYPES, "actor_rollout_ref.model.dtype")
+    _choice(rollout.dtype, DTYPES, "actor_rollout_ref.rollout.dtype")
+    for key in ("use_liger", "use_fused_kernels", "enable_activation_offload"):
+        _check(not getattr(model, key), f"actor_rollout_ref.model.{key}=True is not supported; posttrain computes "
+                                         "log-probs in chunks and offers enable_gradient_checkpointing instead")
+    _check(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank must be >= 0")
+    _check(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights between "
+                              "actor and rollout; remove the key")
+
+    # ---- rollout
+    _choice(rollout.name, ("hf", "vllm", "sglang"), "actor_rollout_ref.rollout.name")
+    _check(rollout.n >= 1, "actor_rollout_ref.rollout.n must be >= 1")
+    _check(rollout.temperature >= 0, "actor_rollout_ref.rollout.temperature must be >= 0")
+    _check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must lie in (0, 1]")
+    _check(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n must be >= 1")
+
+    # ---- data
+    _choice(d.truncation, ("error", "left", "right", "middle"), "data.truncation")
+    _check(d.max_prompt_length > 0 and d.max_response_length > 0, "data.max_prompt_length and max_response_length must be positive")
+
+    # ---- reward
+    rm = cfg.reward_model
+    _check(not rm.enable, "reward_model.enable=True: model-based rewards are not supported yet; use a rule scorer "
+                          "(by data_source) or custom_reward_function.path")
+    _choice(rm.reward_manager, ("naive", "batch", "dapo"), "reward_model.reward_manager")
+    _check(not rm.launch_reward_fn_async, "reward_model.launch_reward_fn_async=True is not supported; scoring runs "
+                                          "in worker processes already (reward_model.num_workers)")
+    _check(rm.sandbox_fusion.url is None, "reward_model.sandbox_fusion.url: remote code sandboxes are not supported")
+    if rm.overlong_buffer.enable:
+        _check(0 < rm.overlong_buffer.len <= d.max_response_length,
+               "reward_model.overlong_buffer.len must lie in (0, data.max_response_length]")
+
+    # ---- trainer
+    loggers = [tr.logger] if isinstance(tr.logger, str) else list(tr.logger)
+    for name in loggers:
+        _choice(name, LOGGERS, "trainer.logger entry")
+    tr.logger = loggers
+    _choice(tr.resume_mode, ("auto", "disable", "resume_path"), "trainer.resume_mode")
+    if tr.resume_mode == "resume_path":
+        _check(bool(tr.resume_from_path), "trainer.resume_mode=resume_path needs trainer.resume_from_path")
+    _choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
+    _check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
+    _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
+    return cfg
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
+    from .schema import RolloutConfig
+
+    rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
+    changed = [k for k in ENGINE_ONLY_KEYS if getattr(rollout, k) != getattr(default, k)]
+    notes = []
+    if rollout.name != "hf" or changed:
+        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: posttrain generates with transformers (hf); "
+                     f"engine-only keys have no effect" + (f" ({', '.join(changed)})" if changed else ""))
+    return notes
+
+
+def warn_config(cfg: Config) -> None:
+    for note in config_warnings(cfg):
+        warnings.warn(note, stacklevel=2)

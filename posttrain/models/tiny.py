@@ -1,0 +1,165 @@
+"""Offline tiny model + tokenizer factory.
+
+The demo and the tests need a real Hugging Face causal LM without touching the hub. We build a byte-level BPE
+tokenizer on local text and a randomly initialised ``Qwen2ForCausalLM``, and save both with ``save_pretrained`` so
+that every other part of the library loads them exactly like a downloaded model directory.
+
+Why the tokenizer copies Qwen2's pre-tokenization: in transformers 5 a model directory of type ``qwen2`` reloads its
+tokenizer through ``AutoTokenizer`` as ``Qwen2Tokenizer``, which rebuilds the normalizer / pre-tokenizer / decoder
+from its own code and only takes vocab + merges from ``tokenizer.json``. Training with the very same pipeline
+(NFC, the Qwen2 split regex that isolates every digit, ByteLevel without prefix space) means the reloaded tokenizer
+produces identical ids to the in-memory one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+__all__ = [
+    "CHAT_TEMPLATE",
+    "PAD_TOKEN",
+    "IM_START",
+    "IM_END",
+    "QWEN2_PRETOKENIZE_REGEX",
+    "build_tokenizer",
+    "build_tiny_model",
+]
+
+# Same string as transformers' Qwen2Tokenizer.PRETOKENIZE_REGEX: one digit per piece, letters grouped with at most
+# one leading non-letter, punctuation runs, newlines, and whitespace.
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = [PAD_TOKEN, IM_START, IM_END]
+
+# Qwen's ChatML, minus the default system prompt (prompts of the tiny model must stay short).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- endif %}"
+)
+
+
+def _qwen2_pipeline(tok: Tokenizer) -> None:
+    """Install Qwen2's normalizer, pre-tokenizer and decoder on ``tok`` (so a reload as Qwen2Tokenizer matches)."""
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer on ``texts`` with Qwen2's pre-tokenization and ChatML specials.
+
+    The 256 byte symbols are always in the vocabulary (so any string round-trips); merges learned from ``texts``
+    fill the rest up to ``vocab_size``. Ids 0, 1, 2 are ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>``
+    (eos). Training is deterministic for a given list of texts.
+    """
+    texts = list(texts)
+    tok = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    _qwen2_pipeline(tok)
+    trainer = BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        unk_token=None,
+        bos_token=None,
+        additional_special_tokens=[IM_START, IM_END],
+        clean_up_tokenization_spaces=False,
+        model_max_length=32768,
+        padding_side="left",
+        chat_template=CHAT_TEMPLATE,
+    )
+    return hf_tok
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    texts: Iterable[str],
+    *,
+    vocab_size: int = 512,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 384,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> Path:
+    """Build tokenizer + randomly initialised tied-embedding ``Qwen2ForCausalLM`` and save both into ``out_dir``.
+
+    The embedding matrix is padded to a multiple of 8 (faster matmuls; extra rows are never produced by the
+    tokenizer). eos = ``<|im_end|>``, pad = ``<|endoftext|>``, no bos — as in Qwen2.5-Instruct. Returns ``out_dir``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    n_tokens = len(tokenizer)
+    padded_vocab = (n_tokens + 7) // 8 * 8
+    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
+    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+
+    config = Qwen2Config(
+        vocab_size=padded_vocab,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    # Seed a private generator state so building a model does not disturb (or depend on) the caller's RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=None, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False
+    )
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    _mark_tokenizer_class(out)
+    return out
+
+
+def _mark_tokenizer_class(out: Path) -> None:
+    """Record ``Qwen2Tokenizer`` as the tokenizer class, the class AutoTokenizer picks for qwen2 dirs anyway.
+
+    Stating it keeps the directory self-describing (like a real Qwen checkpoint) and stops the loader from
+    warning about a class mismatch.
+    """
+    path = out / "tokenizer_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

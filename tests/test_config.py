@@ -1,0 +1,148 @@
+"""Config tree: override parsing, YAML round trip, every rejection named in the spec, CLI print-config."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from posttrain.config import ConfigError, all_keys, load_config, parse_override, to_yaml
+
+OK = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+
+
+def rejects(overrides, *fragments):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("True", True), ("False", False), ("true", True), ("null", None), ("5", 5), ("1e-6", "1e-6"), ("0.5", 0.5),
+    ("['console','tensorboard']", ["console", "tensorboard"]), ('["console","wandb"]', ["console", "wandb"]),
+    ("abc", "abc"), ("", ""),
+])
+def test_parse_value(text, expected):
+    assert parse_override(f"a.b={text}") == ("a.b", expected)
+
+
+def test_plus_prefix_and_defaults():
+    cfg = load_config(None, ["+trainer.val_before_train=False", "actor_rollout_ref.actor.optim.lr=1e-6"])
+    assert cfg.trainer.val_before_train is False
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert cfg.actor_rollout_ref.actor.kl_loss_type == "low_var_kl" and cfg.actor_rollout_ref.actor.clip_ratio_c == 3.0
+    assert cfg.critic.optim.lr == pytest.approx(1e-5) and cfg.data.train_batch_size == 1024
+
+
+def test_typical_command_line_is_accepted():
+    line = """algorithm.adv_estimator=grpo data.train_files=['a.parquet','b.parquet'] data.val_files=['c.parquet']
+    data.train_batch_size=1024 data.max_prompt_length=1024 data.max_response_length=1024
+    data.filter_overlong_prompts=True data.truncation=error actor_rollout_ref.model.path=/tmp/m
+    actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
+    actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.actor.fsdp_config.param_offload=False
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.fsdp_config.param_offload=True
+    algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","tensorboard"]
+    trainer.project_name=grpo_example trainer.experiment_name=qwen2_7b_function_rm trainer.n_gpus_per_node=8
+    trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15"""
+    cfg = load_config(None, line.split())
+    assert cfg.data.train_files == ["a.parquet", "b.parquet"]
+    assert cfg.actor_rollout_ref.rollout.n == 5 and cfg.trainer.logger == ["console", "tensorboard"]
+    from posttrain.config import config_warnings
+
+    notes = config_warnings(cfg)
+    assert len(notes) == 1 and "rollout.name=vllm" in notes[0] and "gpu_memory_utilization" in notes[0]
+
+
+def test_unknown_key_suggests_closest():
+    rejects(["actor_rollout_ref.actor.use_kl_los=True"], "use_kl_los'", "Did you mean 'actor_rollout_ref.actor.use_kl_loss'")
+    rejects(["algorithm.adv_estimater=grpo"], "algorithm.adv_estimator")
+    rejects(["trainer.nonsense.deep=1"], "unknown config key 'trainer.nonsense.deep'")
+
+
+def test_unsupported_keys_say_what_to_use():
+    rejects(["actor_rollout_ref.actor.ppo_micro_batch_size=4"], "not supported", "ppo_micro_batch_size_per_gpu")
+    rejects(["ray_init.num_cpus=4"], "does not use Ray")
+    rejects(["actor_rollout_ref.actor.strategy=megatron"], "FSDP2")
+    rejects(["actor_rollout_ref.model.use_liger=True"], "not supported")
+    rejects(["reward_model.enable=True"], "not supported")
+
+
+def test_wrong_type_names_key_and_type():
+    rejects(["actor_rollout_ref.actor.optim.lr=abc"], "actor_rollout_ref.actor.optim.lr", "float")
+    rejects(["actor_rollout_ref.rollout.n=two"], "actor_rollout_ref.rollout.n", "int")
+    rejects(["actor_rollout_ref.actor.use_kl_loss=maybe"], "use_kl_loss", "bool")
+    rejects(["actor_rollout_ref.actor=3"], "is a section")
+
+
+@pytest.mark.parametrize("overrides,fragment", [
+    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
+    (["algorithm.adv_estimator=rloo"], "rollout.n >= 2"),
+    (["data.train_batch_size=10", "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "divisible"),
+    (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c must be > 1"),
+    (["actor_rollout_ref.actor.loss_agg_mode=token-sum"], "loss_agg_mode"),
+    (["algorithm.adv_estimator=gae", "critic.enable=False"], "needs a critic"),
+    (["algorithm.adv_estimator=grpoo", "actor_rollout_ref.rollout.n=4"], "Did you mean 'grpo'"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=vanila"], "Did you mean 'vanilla'"),
+    (["actor_rollout_ref.actor.kl_loss_type=k4"], "not a KL estimator"),
+    (["data.truncation=sideways"], "data.truncation"),
+    (["trainer.logger=['console','slack']"], "trainer.logger"),
+    (["trainer.resume_mode=resume_path"], "resume_from_path"),
+    (["algorithm.kl_ctrl.type=pid"], "kl_ctrl.type"),
+])
+def test_inconsistent_settings_are_rejected(overrides, fragment):
+    rejects(OK + overrides, fragment)
+
+
+def test_kl_plus_variant_accepted():
+    cfg = load_config(None, OK + ["actor_rollout_ref.actor.kl_loss_type=k3+", "algorithm.kl_penalty=k1+"])
+    assert cfg.actor_rollout_ref.actor.kl_loss_type == "k3+"
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = load_config(None, OK + ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=5",
+                                  "actor_rollout_ref.model.override_config.attention_dropout=0.0"])
+    path = tmp_path / "cfg.yaml"
+    path.write_text(to_yaml(cfg))
+    again = load_config(str(path))
+    assert again == cfg
+    assert again.actor_rollout_ref.model.override_config == {"attention_dropout": 0.0}
+    # overrides apply on top of the file
+    assert load_config(str(path), ["actor_rollout_ref.rollout.n=3"]).actor_rollout_ref.rollout.n == 3
+
+
+def test_yaml_file_with_unknown_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {"total_epoch": 3}}))
+    with pytest.raises(ConfigError, match="Did you mean 'trainer.total_epochs'"):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(str(tmp_path / "missing.yaml"))
+
+
+def test_every_key_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    import re
+
+    missing = [k for k in all_keys() if not re.search(rf"[`./ ]{re.escape(k.rpartition('.')[2])}[` /]", doc)]
+    assert not missing, f"keys missing from docs/config.md: {missing}"
+
+
+def test_cli_print_config_and_typo():
+    cmd = [sys.executable, "-m", "posttrain.cli", "train", "--print-config"]
+    out = subprocess.run(cmd + ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=5"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    tree = yaml.safe_load(out.stdout)
+    assert tree["algorithm"]["adv_estimator"] == "grpo" and tree["actor_rollout_ref"]["rollout"]["n"] == 5
+    bad = subprocess.run(cmd + ["actor_rollout_ref.actor.use_kl_los=True"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "use_kl_loss" in bad.stderr
