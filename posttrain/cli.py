@@ -43,6 +43,23 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def cmd_demo(args) -> int:
+    from .trainer.demo import run_demo
+
+    run_demo(args.output_dir, seed=args.seed, rl_steps=args.rl_steps)
+    return 0
+
+
+def cmd_sft(args) -> int:
+    from .trainer.sft import SFTArgs, run_sft
+
+    run_sft(SFTArgs(model_path=args.model, train_files=args.train_files, val_files=args.val_files,
+                    output_dir=args.output_dir, prompt_key=args.prompt_key, response_key=args.response_key,
+                    epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
+                    eval_every=args.eval_every, patience=args.patience, seed=args.seed))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="Reinforcement-learning post-training for LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +67,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="RL training (PPO, GRPO, ...) from config keys")
     _config_args(p)
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sft", help="supervised fine-tuning on (prompt, response) rows; loss on response tokens")
+    p.add_argument("--model", required=True, help="local Hugging Face model directory")
+    p.add_argument("--train-files", nargs="+", required=True)
+    p.add_argument("--val-files", nargs="*", default=None, help="dev set: the lowest dev loss is kept")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--prompt-key", default="prompt")
+    p.add_argument("--response-key", default="response")
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=1024)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--patience", type=int, default=0, help="stop after this many evaluations without improvement")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("demo", help="offline demo: tiny model, SFT warm start, GRPO, held-out accuracy and a plot")
+    p.add_argument("--output-dir", default="runs/demo")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rl-steps", type=int, default=100)
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("prepare", help="turn GSM8K / MATH original files into the RL data layout")
     p.add_argument("dataset", choices=["gsm8k", "math"])

@@ -1,0 +1,56 @@
+"""`Batch`: the one object a training step passes between stages — tensors with batch dim = responses, plus
+per-response Python fields (uid, data_source, ground_truth, ...). A stage reads the keys it needs and adds its own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Batch:
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    meta: dict[str, list] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        for value in self.tensors.values():
+            return value.shape[0]
+        for value in self.meta.values():
+            return len(value)
+        return 0
+
+    def __getitem__(self, key: str) -> Tensor:
+        return self.tensors[key]
+
+    def __setitem__(self, key: str, value: Tensor) -> None:
+        self.tensors[key] = value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors or key in self.meta
+
+    def select(self, index: Sequence[int] | Tensor) -> "Batch":
+        """Rows `index` of every field, in that order."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        rows = idx.tolist()
+        return Batch({k: v[idx] for k, v in self.tensors.items()}, {k: [v[i] for i in rows] for k, v in self.meta.items()})
+
+    def chunks(self, size: int) -> Iterator["Batch"]:
+        for start in range(0, len(self), size):
+            yield self.select(range(start, min(start + size, len(self))))
+
+    def repeat_interleave(self, n: int) -> "Batch":
+        return self.select(torch.arange(len(self)).repeat_interleave(n))
+
+    @staticmethod
+    def concat(batches: Sequence["Batch"]) -> "Batch":
+        first = batches[0]
+        tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
+        meta = {k: [x for b in batches for x in b.meta[k]] for k in first.meta}
+        return Batch(tensors, meta)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.tensors.get(key, self.meta.get(key, default))
+

@@ -1,0 +1,209 @@
+"""Prompt datasets over parquet / jsonl files in the RL data layout (DESIGN.md), tokenised with the chat template."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+
+class DataError(ValueError):
+    """A bad data file or row; the message names file, row and column."""
+
+
+def _as_list(files) -> list[str]:
+    if files is None:
+        return []
+    return [files] if isinstance(files, str) else [str(f) for f in files]
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """All rows of one parquet or jsonl file as dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_table(path).to_pylist()
+        except Exception as e:  # pyarrow raises several types for corrupt files
+            raise DataError(f"{path}: not a readable parquet file ({e})") from None
+    if path.suffix in (".jsonl", ".json"):
+        rows = []
+        with path.open() as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise DataError(f"{path}: row {lineno - 1} (line {lineno}) is not valid JSON: {e.msg}") from None
+                if not isinstance(row, dict):
+                    raise DataError(f"{path}: row {lineno - 1} (line {lineno}) is not a JSON object")
+                rows.append(row)
+        return rows
+    raise DataError(f"{path}: unsupported file type '{path.suffix}' (use .parquet or .jsonl)")
+
+
+def prompt_messages(value: Any, where: str) -> list[dict]:
+    """A prompt cell as chat messages: a list of {role, content} or a plain string (one user turn)."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) and "content" in m for m in value):
+        return [{"role": m.get("role", "user"), "content": m["content"]} for m in value]
+    raise DataError(f"{where}: expected a list of chat messages [{{'role','content'}}] or a string, got {value!r:.80}")
+
+
+def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return list(ids)
+    return tokenizer("\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
+
+
+def truncate(ids: list[int], limit: int, how: str, where: str) -> list[int]:
+    if len(ids) <= limit:
+        return ids
+    if how == "left":
+        return ids[-limit:]
+    if how == "right":
+        return ids[:limit]
+    if how == "middle":
+        head = limit // 2
+        return ids[:head] + ids[len(ids) - (limit - head):]
+    raise DataError(f"{where}: prompt has {len(ids)} tokens > data.max_prompt_length={limit}; raise the limit, set "
+                    "data.filter_overlong_prompts=True, or data.truncation=left|right|middle")
+
+
+@dataclass
+class PromptItem:
+    prompt_ids: list[int]
+    data_source: str
+    ground_truth: Any
+    extra_info: dict = field(default_factory=dict)
+    raw_prompt: list | None = None
+
+
+class RLDataset:
+    """Tokenised prompts with their scoring fields; filtering and truncation per the data.* keys."""
+
+    def __init__(self, files, tokenizer, *, prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=512,
+                 filter_overlong_prompts=False, truncation="error", return_raw_chat=False, image_key="images"):
+        self.items: list[PromptItem] = []
+        self.num_filtered = 0
+        paths = _as_list(files)
+        if not paths:
+            raise DataError("no data files given (data.train_files / data.val_files)")
+        for path in paths:
+            for i, row in enumerate(read_rows(path)):
+                where = f"{path}: row {i}"
+                item = self._item(row, where, tokenizer, prompt_key, reward_fn_key, image_key, return_raw_chat)
+                if len(item.prompt_ids) > max_prompt_length and filter_overlong_prompts:
+                    self.num_filtered += 1
+                    continue
+                item.prompt_ids = truncate(item.prompt_ids, max_prompt_length, truncation, where)
+                self.items.append(item)
+        if not self.items:
+            raise DataError(f"{paths}: no usable rows ({self.num_filtered} filtered as longer than max_prompt_length)")
+
+    @staticmethod
+    def _item(row, where, tokenizer, prompt_key, reward_fn_key, image_key, return_raw_chat) -> PromptItem:
+        for column in (prompt_key, reward_fn_key):
+            if column not in row:
+                raise DataError(f"{where}: missing column '{column}' (columns: {sorted(row)})")
+        if row.get(image_key):
+            raise DataError(f"{where}: column '{image_key}' holds images; posttrain trains text-only models")
+        reward = row.get("reward_model")
+        if not isinstance(reward, dict) or "ground_truth" not in reward:
+            raise DataError(f"{where}: column 'reward_model' must be a struct with 'ground_truth', got {reward!r:.80}")
+        messages = prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'")
+        return PromptItem(prompt_ids=encode_prompt(tokenizer, messages), data_source=str(row[reward_fn_key]),
+                          ground_truth=reward["ground_truth"], extra_info=dict(row.get("extra_info") or {}),
+                          raw_prompt=messages if return_raw_chat else None)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> PromptItem:
+        return self.items[i]
+
+
+def epoch_batches(n_items: int, batch_size: int, *, shuffle: bool, seed: int, epoch: int,
+                  drop_last: bool = True) -> Iterator[list[int]]:
+    """Index lists of one epoch; the order depends only on (seed, epoch), so a resumed run sees the same batches."""
+    order = list(range(n_items))
+    if shuffle:
+        random.Random(seed * 100003 + epoch).shuffle(order)
+    stop = n_items - n_items % batch_size if drop_last else n_items
+    for start in range(0, stop, batch_size):
+        yield order[start:start + batch_size]
+
+
+def batches_per_epoch(n_items: int, batch_size: int) -> int:
+    return n_items // batch_size
+
+
+def collate_prompts(items: Sequence[PromptItem], pad_id: int):
+    """Left-padded prompt ids and mask (B, P) plus the per-prompt fields."""
+    import torch
+
+    width = max(len(it.prompt_ids) for it in items)
+    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    for i, it in enumerate(items):
+        ids[i, width - len(it.prompt_ids):] = torch.tensor(it.prompt_ids)
+        mask[i, width - len(it.prompt_ids):] = 1
+    return ids, mask
+
+
+class SFTDataset:
+    """(prompt, response) pairs in the same layout: the prompt column plus a response column (a string).
+
+    Each example is prompt ids (chat template, generation prompt) + response ids + EOS; the loss mask covers the
+    response and its EOS only.
+    """
+
+    def __init__(self, files, tokenizer, *, prompt_key="prompt", response_key="response", max_length=1024,
+                 truncation="error"):
+        self.examples: list[tuple[list[int], list[int]]] = []
+        eos = tokenizer.eos_token_id
+        for path in _as_list(files):
+            for i, row in enumerate(read_rows(path)):
+                where = f"{path}: row {i}"
+                for column in (prompt_key, response_key):
+                    if column not in row:
+                        raise DataError(f"{where}: missing column '{column}' (columns: {sorted(row)})")
+                if not isinstance(row[response_key], str):
+                    raise DataError(f"{where}, column '{response_key}': expected a string, got {row[response_key]!r:.80}")
+                prompt = encode_prompt(tokenizer, prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'"))
+                response = tokenizer(row[response_key], add_special_tokens=False)["input_ids"] + [eos]
+                if len(prompt) + len(response) > max_length:
+                    if truncation == "error":
+                        raise DataError(f"{where}: {len(prompt) + len(response)} tokens > max_length={max_length}")
+                    response = response[: max(max_length - len(prompt), 1)]
+                self.examples.append((prompt, response))
+        if not self.examples:
+            raise DataError(f"{files}: no rows")
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def collate(self, indices: Sequence[int], pad_id: int):
+        """Right-padded input_ids, attention_mask and loss_mask (B, T)."""
+        import torch
+
+        seqs = [self.examples[i] for i in indices]
+        width = max(len(p) + len(r) for p, r in seqs)
+        ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+        attn = torch.zeros((len(seqs), width), dtype=torch.long)
+        loss = torch.zeros((len(seqs), width), dtype=torch.long)
+        for i, (p, r) in enumerate(seqs):
+            n = len(p) + len(r)
+            ids[i, :n] = torch.tensor(p + r)
+            attn[i, :n] = 1
+            loss[i, len(p):n] = 1
+        return ids, attn, loss

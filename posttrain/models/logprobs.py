@@ -1,0 +1,259 @@
+"""Log-probabilities and entropy of response tokens, computed in chunks of rows.
+
+Why chunks: a full ``tokens x vocabulary`` float32 log-softmax is the largest tensor of an RL step (e.g. 16k
+response tokens x 152k vocabulary x 4 bytes = 10 GB). We project only the hidden states that predict response
+tokens, ``chunk_size`` rows at a time, and reduce each chunk to two numbers per token (log-prob, entropy) before
+the next one. Under autograd each chunk runs inside ``torch.utils.checkpoint`` so the backward pass recomputes one
+chunk of logits at a time instead of keeping all of them alive.
+
+Layout convention (shared by rollout, roles and trainer): ``input_ids = prompt || response`` with the prompt
+left-padded to length P and the response right-padded to length L. The hidden state at position ``t`` predicts
+token ``t + 1``, so the response tokens are predicted by positions ``P-1 .. P+L-2``, i.e. ``[-(L+1):-1]`` counted
+from the end. Positions where the response is padding (``attention_mask == 0``) get log-prob 0 and entropy 0 and
+cost no compute; callers still mask them with ``response_mask``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = ["token_logprobs_and_entropy", "response_logprobs"]
+
+Projection = Callable[[Tensor], Tensor]
+
+
+def _chunk_stats(
+    hidden: Tensor,
+    labels: Tensor,
+    project: Projection,
+    temperature: float,
+    softcap: float | None,
+    with_entropy: bool,
+) -> tuple[Tensor, ...]:
+    """Log-prob of ``labels`` and entropy for one chunk of rows; the logits live only inside this call."""
+    z = project(hidden).float()
+    if softcap is not None:  # Gemma-2/3 style final logit soft-capping, applied by the model before sampling
+        z = torch.tanh(z / softcap) * softcap
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1)
+    logp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    if not with_entropy:
+        return (logp,)
+    p = torch.softmax(z, dim=-1)
+    # H = logsumexp(z) - E_p[z]; the row-wise dot product avoids materialising p * z as another chunk-sized tensor.
+    entropy = lse - torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1)
+    return logp, entropy
+
+
+def _chunked(
+    hidden: Tensor,
+    labels: Tensor,
+    project: Projection,
+    params: list[Tensor],
+    *,
+    temperature: float,
+    chunk_size: int,
+    with_entropy: bool,
+    softcap: float | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Run ``_chunk_stats`` over row chunks, checkpointing each one when a gradient will flow through it."""
+    if hidden.dim() != 2 or labels.dim() != 1 or hidden.shape[0] != labels.shape[0]:
+        raise ValueError(f"expected hidden (N, H) and labels (N,), got {tuple(hidden.shape)} and {tuple(labels.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    n = hidden.shape[0]
+    if n == 0:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty.clone() if with_entropy else None)
+    labels = labels.long()
+    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in params))
+    logps, ents = [], []
+    for start in range(0, n, chunk_size):
+        h, y = hidden[start : start + chunk_size], labels[start : start + chunk_size]
+        args = (h, y, project, temperature, softcap, with_entropy)
+        out = checkpoint(_chunk_stats, *args, use_reentrant=False) if needs_grad else _chunk_stats(*args)
+        logps.append(out[0])
+        if with_entropy:
+            ents.append(out[1])
+    logp = logps[0] if len(logps) == 1 else torch.cat(logps)
+    entropy = (ents[0] if len(ents) == 1 else torch.cat(ents)) if with_entropy else None
+    return logp, entropy
+
+
+def _linear_projection(weight: Tensor, bias: Tensor | None) -> Projection:
+    """``h @ W^T (+ b)`` in the dtype of ``h`` (bf16 under autocast stays bf16; the cast to float32 comes after)."""
+
+    def project(h: Tensor) -> Tensor:
+        w = weight if weight.dtype == h.dtype else weight.to(h.dtype)
+        b = None if bias is None or bias.dtype == h.dtype else bias.to(h.dtype)
+        return F.linear(h, w, bias if b is None else b)
+
+    return project
+
+
+def token_logprobs_and_entropy(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = True,
+    lm_head_bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Per-row ``log softmax(hidden @ W^T / T)[label]`` and entropy, never holding more than one chunk of logits.
+
+    ``hidden`` (N, H), ``lm_head_weight`` (V, H), ``labels`` (N,). Returns float32 ``logp`` (N,) and ``entropy``
+    (N,) — or ``None`` when ``with_entropy=False``, which skips the softmax pass (old/ref log-probs need no entropy).
+    """
+    return _chunked(
+        hidden,
+        labels,
+        _linear_projection(lm_head_weight, lm_head_bias),
+        [lm_head_weight] + ([lm_head_bias] if lm_head_bias is not None else []),
+        temperature=temperature,
+        chunk_size=chunk_size,
+        with_entropy=with_entropy,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- model plumbing
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The Hugging Face ``*ForCausalLM`` under a peft wrapper (its LoRA layers stay injected and active)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _decoder(base: nn.Module) -> nn.Module:
+    """The backbone whose ``last_hidden_state`` is already final-normed (``model.model`` for Llama/Qwen)."""
+    get_decoder = getattr(base, "get_decoder", None)
+    if callable(get_decoder):
+        try:
+            dec = get_decoder()
+            if dec is not None and dec is not base:
+                return dec
+        except (AttributeError, NotImplementedError, ValueError):
+            pass
+    for name in ("model", "transformer", "language_model", "decoder"):
+        dec = getattr(base, name, None)
+        if isinstance(dec, nn.Module):
+            return dec
+    raise TypeError(f"cannot find the decoder backbone of {type(base).__name__}")
+
+
+def _head_projection(head: nn.Module) -> tuple[Projection, list[Tensor]]:
+    """Projection for the output head: a plain matmul for ``nn.Linear``; otherwise call the module on each chunk.
+
+    The module call covers heads that are not a bare weight — e.g. a LoRA-wrapped ``lm_head`` (its ``.weight``
+    would silently drop the adapter delta) or custom head modules.
+    """
+    if isinstance(head, nn.Linear) and not hasattr(head, "base_layer"):
+        return _linear_projection(head.weight, head.bias), [p for p in (head.weight, head.bias) if p is not None]
+    return head, list(head.parameters())
+
+
+def _softcap(config) -> float | None:
+    """The final-logit soft-cap a model applies in its own forward (Gemma 2/3), or None."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cap = getattr(text_config, "final_logit_softcapping", None)
+    return float(cap) if cap else None
+
+
+def _check_head(base: nn.Module, model_logits: Tensor, last_hidden: Tensor, project: Projection, softcap) -> None:
+    """Refuse models whose forward transforms logits in a way we do not reproduce (e.g. a logit scale).
+
+    The model's own logits for the last position came back for free; we recompute them from the same hidden state
+    and require a match, so a head we do not understand fails loudly instead of giving wrong log-probs.
+    """
+    with torch.no_grad():
+        ours = project(last_hidden).float()
+        if softcap is not None:
+            ours = torch.tanh(ours / softcap) * softcap
+        theirs = model_logits.float()
+        tol = 1e-3 + 2e-2 * theirs.abs().max().item()
+        if ours.shape != theirs.shape or (ours - theirs).abs().max().item() > tol:
+            raise NotImplementedError(
+                f"{type(base).__name__} transforms its logits beyond the output projection (e.g. a logit scale); "
+                "posttrain.models.logprobs does not reproduce that transform"
+            )
+
+
+def response_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (B, L) and entropies (B, L) of the last ``response_length`` tokens of ``input_ids`` (B, P+L).
+
+    Positions are ``cumsum(attention_mask) - 1`` so left padding does not shift them. The model runs its normal
+    forward (so wrappers' hooks — peft, FSDP — see the call) with ``logits_to_keep=1``, which keeps the vocabulary
+    projection to one position; the final-normed hidden states are caught from the decoder with a forward hook and
+    only the rows predicting real response tokens are projected, in chunks. Models whose forward lacks
+    ``logits_to_keep`` run their decoder directly. Padded response positions return 0.
+    """
+    L = int(response_length)
+    if input_ids.dim() != 2 or input_ids.shape != attention_mask.shape:
+        raise ValueError(f"input_ids and attention_mask must be (B, T), got {tuple(input_ids.shape)}, "
+                         f"{tuple(attention_mask.shape)}")
+    if not 1 <= L < input_ids.shape[1]:
+        raise ValueError(f"response_length must be in [1, {input_ids.shape[1] - 1}], got {L}")
+    if getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
+        raise NotImplementedError("prompt-learning peft adapters are not supported; use LoRA")
+
+    base = _unwrap(model)
+    decoder = _decoder(base)
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
+    head = base.get_output_embeddings()
+    if head is None:
+        raise TypeError(f"{type(base).__name__} has no output embeddings (lm_head)")
+    project, params = _head_projection(head)
+    softcap = _softcap(base.config)
+
+    if "logits_to_keep" in inspect.signature(base.forward).parameters:
+        captured: list[Tensor] = []
+
+        def grab(_module, _args, output):
+            captured.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
+
+        handle = decoder.register_forward_hook(grab)
+        try:
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        use_cache=False, logits_to_keep=1)
+        finally:
+            handle.remove()
+        if len(captured) != 1:
+            raise RuntimeError(f"expected one decoder call per forward, saw {len(captured)}")
+        hidden = captured[0]
+        _check_head(base, out.logits[:, -1], hidden[:, -1], project, softcap)
+        del out
+    else:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
+
+    # Counted from the end: robust to anything a wrapper prepends to the sequence.
+    rows = hidden[:, -(L + 1) : -1]  # (B, L, H): position t predicts token t + 1
+    labels = input_ids[:, -L:]
+    valid = attention_mask[:, -L:].bool()
+    logp_v, ent_v = _chunked(
+        rows[valid], labels[valid], project, params,
+        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, softcap=softcap,
+    )
+    logp = logp_v.new_zeros(labels.shape).masked_scatter(valid, logp_v)
+    entropy = ent_v.new_zeros(labels.shape).masked_scatter(valid, ent_v) if with_entropy else None
+    return logp, entropy

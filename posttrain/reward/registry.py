@@ -1,0 +1,128 @@
+"""Which rule scorer grades which row: dispatch on the row's `data_source`, plus user-supplied scorers.
+
+Every row of the RL data layout names its `data_source`; routing on it lets one run mix datasets with different answer
+conventions (`#### N` vs `\\boxed{}`). Users extend the table with `@register_scorer` or replace it wholesale with
+`custom_reward_function.path/name` (loaded by `load_custom_reward_function`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from . import gsm8k as _gsm8k
+from . import math as _math
+
+Scorer = Callable[[str, str, Any], "float | dict"]  # (solution_str, ground_truth, extra_info) -> score
+
+
+class UnknownDataSourceError(KeyError):
+    """No scorer is registered for a row's data_source; the message says how to add one."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted (repr); keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+_SCORERS: dict[str, Scorer] = {}
+_EXTRACTORS: dict[str, Callable[[str], "str | None"]] = {}
+
+
+def register_scorer(*data_sources: str, extract_answer: Callable[[str], "str | None"] | None = None):
+    """Decorator: grade rows of these data sources with `fn(solution_str, ground_truth, extra_info=None)`.
+
+    `extract_answer`, when given, is what majority voting uses to read a response's final answer for these sources.
+    Registering a source again replaces the earlier scorer (so users can override a built-in one).
+    """
+    if not data_sources or not all(isinstance(s, str) and s for s in data_sources):
+        raise ValueError("register_scorer needs one or more non-empty data_source names, e.g. @register_scorer('foo')")
+
+    def decorator(fn):
+        if not callable(fn):
+            raise TypeError(f"register_scorer: {fn!r} is not callable")
+        for source in data_sources:
+            _SCORERS[source] = fn
+            if extract_answer is not None:
+                _EXTRACTORS[source] = extract_answer
+            else:
+                _EXTRACTORS.pop(source, None)
+        return fn
+
+    return decorator
+
+
+def known_data_sources() -> list[str]:
+    """Sorted names that `default_compute_score` can grade."""
+    return sorted(_SCORERS)
+
+
+def _unknown(data_source: str) -> UnknownDataSourceError:
+    return UnknownDataSourceError(
+        f"no reward function for data_source {data_source!r}. Known: {known_data_sources()}. "
+        "Add one with custom_reward_function.path=my_reward.py custom_reward_function.name=compute_score, "
+        f"or register it with @posttrain.reward.register_scorer({data_source!r})")
+
+
+def default_compute_score(data_source: str, solution_str: str, ground_truth: str,
+                          extra_info: dict | None = None) -> float | dict:
+    """Score one response with the scorer registered for its data_source (the reward manager's default)."""
+    try:
+        fn = _SCORERS[data_source]
+    except (KeyError, TypeError):  # TypeError: an unhashable data_source cell
+        raise _unknown(data_source) from None
+    return fn(solution_str, ground_truth, extra_info)
+
+
+def extract_answer_for(data_source: str, text: str) -> str | None:
+    """A response's final answer as the source's scorer reads it (for majority voting); None if there is none."""
+    if data_source not in _SCORERS:
+        raise _unknown(data_source)
+    extractor = _EXTRACTORS.get(data_source)
+    if extractor is None:
+        raise ValueError(f"the scorer for data_source {data_source!r} has no answer extractor; pass "
+                         "extract_answer=... to @register_scorer to enable majority voting for it")
+    return extractor(text)
+
+
+def load_custom_reward_function(path: str | Path, name: str = "compute_score") -> Callable:
+    """Import a Python file by path and return its function `name` (the `custom_reward_function` config keys)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"custom_reward_function.path: reward file not found: {file.resolve()}")
+    module_name = "posttrain_custom_reward_" + hashlib.sha1(str(file.resolve()).encode()).hexdigest()[:12]
+    spec = importlib.util.spec_from_file_location(module_name, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"custom_reward_function.path: cannot import {file} as a Python module (is it a .py file?)")
+    module = importlib.util.module_from_spec(spec)
+    # In sys.modules so the function pickles by reference: the reward manager's forked scorer workers inherit the
+    # module and can look it up by name (and dataclasses defined in the file can find their module while it runs).
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception:
+        sys.modules.pop(module_name, None)
+        raise
+    fn = getattr(module, name, None)
+    if fn is None:
+        public = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise AttributeError(f"custom_reward_function.name: {file} has no function {name!r} "
+                             f"(callables defined there: {public})")
+    if not callable(fn):
+        raise TypeError(f"custom_reward_function.name: {file}:{name} is a {type(fn).__name__}, not a function")
+    return fn
+
+
+def _gsm8k_strict(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    return _gsm8k.compute_score(solution_str, ground_truth, method="strict")
+
+
+def _math_verify(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    return _math.compute_score(solution_str, ground_truth)
+
+
+register_scorer("openai/gsm8k", "gsm8k", "synthetic/arithmetic",
+                extract_answer=lambda text: _gsm8k.extract_answer(text, "strict"))(_gsm8k_strict)
+register_scorer("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500", "math", "math500",
+                extract_answer=_math.extract_answer)(_math_verify)

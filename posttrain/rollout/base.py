@@ -1,0 +1,31 @@
+"""What a rollout engine takes and gives back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    n: int = 1
+    do_sample: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 512
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+
+class RolloutEngine:
+    """generate(batch, sampling) -> batch with `responses` (B*n, L), `response_mask`, `input_ids`, `attention_mask`.
+
+    The input batch holds left-padded `prompts` / `prompt_mask` (B, P) and per-prompt meta; every row is repeated
+    `sampling.n` times (consecutively, sharing a `uid`).
+    """
+
+    def generate(self, batch, sampling: SamplingParams):
+        raise TypeError(f"{type(self).__name__} must implement generate()")

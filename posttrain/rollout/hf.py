@@ -1,0 +1,65 @@
+"""The transformers `generate` engine: batched, KV-cached, sampling params as configured."""
+
+from __future__ import annotations
+
+import torch
+
+from ..data.batch import Batch
+from ..models.load import autocast
+from .base import RolloutEngine, SamplingParams
+
+
+def response_mask_from(responses: torch.Tensor, eos_ids: set[int], pad_id: int, ignore_eos: bool) -> torch.Tensor:
+    """1 up to and including the first EOS token, 0 after (B, L)."""
+    if ignore_eos:
+        return torch.ones_like(responses)
+    is_eos = torch.zeros_like(responses, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= responses == e
+    # tokens strictly after the first eos are padding
+    after = (torch.cumsum(is_eos.long(), dim=1) - is_eos.long()) > 0
+    return (~after).long()
+
+
+class HFRollout(RolloutEngine):
+    def __init__(self, model, tokenizer, *, device, dtype, micro_batch_size: int | None = None):
+        self.model, self.tokenizer, self.device, self.dtype = model, tokenizer, device, dtype
+        self.micro_batch_size = micro_batch_size
+        eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+
+    @torch.no_grad()
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        out = batch.repeat_interleave(sampling.n)
+        chunk = self.micro_batch_size * sampling.n if self.micro_batch_size else len(out)
+        parts = [self._generate(out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling)
+                 for i in range(0, len(out), chunk)]
+        width = max(p.shape[1] for p in parts)
+        responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=self.pad_id) for p in parts])
+        mask = response_mask_from(responses, self.eos_ids, self.pad_id, sampling.ignore_eos)
+        responses = torch.where(mask.bool(), responses, torch.full_like(responses, self.pad_id))
+        out["responses"], out["response_mask"] = responses, mask
+        out["input_ids"] = torch.cat([out["prompts"], responses], dim=1)
+        out["attention_mask"] = torch.cat([out["prompt_mask"], mask], dim=1)
+        return out
+
+    def _generate(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams) -> torch.Tensor:
+        model = self.model
+        was_training, use_cache = model.training, model.config.use_cache
+        model.eval()
+        model.config.use_cache = True
+        kwargs = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id, use_cache=True,
+                      eos_token_id=None if s.ignore_eos else sorted(self.eos_ids))
+        if s.greedy:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
+        try:
+            with autocast(self.device, self.dtype):
+                seqs = model.generate(input_ids=prompts.to(self.device), attention_mask=prompt_mask.to(self.device),
+                                      **kwargs)
+        finally:
+            model.config.use_cache = use_cache
+            model.train(was_training)
+        return seqs[:, prompts.shape[1]:].cpu()

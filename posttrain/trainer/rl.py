@@ -1,0 +1,273 @@
+"""RLTrainer.fit(): generate -> reward -> log-probs -> advantages -> update -> metrics, one readable loop."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..algo import compute_advantage, estimator_info, make_kl_controller
+from ..algo.kl import apply_kl_in_reward
+from ..config import ConfigError, to_yaml
+from ..data.batch import Batch
+from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_batches
+from ..models.load import compute_dtype, load_causal_lm, load_tokenizer, pick_device
+from ..reward.manager import RewardManager
+from ..reward.registry import extract_answer_for
+from ..roles.actor import Actor
+from ..roles.reference import Reference
+from ..rollout.base import SamplingParams
+from ..rollout.hf import HFRollout
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .metrics import data_metrics, validation_metrics
+from .tracking import Tracker
+
+
+def preflight(cfg) -> None:
+    """Settings the loop cannot run yet, rejected before any model is loaded."""
+    alg, model = cfg.algorithm, cfg.actor_rollout_ref.model
+    if estimator_info(alg.adv_estimator).needs_critic or cfg.critic.enable:
+        raise ConfigError(f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, which this version of "
+                          "posttrain does not train yet; use a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
+                          "remax, gpg, opo, ...)")
+    if alg.filter_groups.enable:
+        raise ConfigError("algorithm.filter_groups.enable=True (DAPO dynamic sampling) is not available yet")
+    if model.lora_rank > 0:
+        raise ConfigError("actor_rollout_ref.model.lora_rank > 0: LoRA is not available yet; train all weights")
+    if not model.path:
+        raise ConfigError("actor_rollout_ref.model.path is required (a local Hugging Face model directory)")
+    if not cfg.data.train_files:
+        raise ConfigError("data.train_files is required")
+
+
+def _to_batch(items, pad_id: int, uid_prefix: str) -> Batch:
+    prompts, prompt_mask = collate_prompts(items, pad_id)
+    return Batch({"prompts": prompts, "prompt_mask": prompt_mask},
+                 {"uid": [f"{uid_prefix}-{i}" for i in range(len(items))],
+                  "data_source": [it.data_source for it in items], "ground_truth": [it.ground_truth for it in items],
+                  "extra_info": [it.extra_info for it in items], "raw_prompt": [it.raw_prompt for it in items]})
+
+
+class RLTrainer:
+    def __init__(self, cfg):
+        preflight(cfg)
+        self.cfg = cfg
+        arr, tr = cfg.actor_rollout_ref, cfg.trainer
+        torch.manual_seed(tr.seed)
+        self.device = pick_device(tr.device)
+        self.dtype = compute_dtype(arr.model.dtype, self.device)
+        self.tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code)
+        data_kwargs = dict(prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
+                           max_prompt_length=cfg.data.max_prompt_length,
+                           filter_overlong_prompts=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation,
+                           return_raw_chat=cfg.data.return_raw_chat, image_key=cfg.data.image_key)
+        self.train_data = RLDataset(cfg.data.train_files, self.tokenizer, **data_kwargs)
+        self.val_data = RLDataset(cfg.data.val_files, self.tokenizer, **data_kwargs) if cfg.data.val_files else None
+        if len(self.train_data) < cfg.data.train_batch_size:
+            raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is larger than the training set "
+                              f"({len(self.train_data)} prompts)")
+        self.steps_per_epoch = batches_per_epoch(len(self.train_data), cfg.data.train_batch_size)
+        self.total_steps = tr.total_training_steps or self.steps_per_epoch * tr.total_epochs
+
+        model = load_causal_lm(arr.model.path, device=self.device, trust_remote_code=arr.model.trust_remote_code,
+                               override_config=arr.model.override_config,
+                               gradient_checkpointing=arr.model.enable_gradient_checkpointing)
+        temperature = arr.rollout.temperature if arr.rollout.temperature > 0 else 1.0
+        self.actor = Actor(model, arr.actor, device=self.device, dtype=self.dtype, temperature=temperature,
+                           n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
+                           total_steps=self.total_steps, seed=tr.seed)
+        self.use_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+        self.reference = Reference(model, arr.ref, device=self.device, dtype=self.dtype,
+                                   temperature=temperature) if self.use_ref else None
+        kc = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        self.reward = RewardManager.from_config(cfg, self.tokenizer)
+        self.rollout = HFRollout(model, self.tokenizer, device=self.device,
+                                 dtype=compute_dtype(arr.rollout.dtype, self.device),
+                                 micro_batch_size=arr.rollout.micro_batch_size)
+        r = arr.rollout
+        self.max_new = r.response_length or cfg.data.max_response_length
+        self.sampling = SamplingParams(n=r.n, do_sample=r.do_sample, temperature=r.temperature, top_p=r.top_p,
+                                       top_k=r.top_k, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
+        v = r.val_kwargs
+        self.val_sampling = SamplingParams(n=v.n, do_sample=v.do_sample, temperature=v.temperature, top_p=v.top_p,
+                                           top_k=v.top_k, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
+        a = arr.actor
+        self.needs_old_log_prob = (a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size
+                                   or cfg.algorithm.use_kl_in_reward or r.calculate_log_probs)
+        self.run_dir = Path(tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        self.global_step = 0
+
+    # ------------------------------------------------------------------ the step
+
+    def train_step(self, items) -> dict[str, float]:
+        cfg, timing = self.cfg, {}
+        t_step = time.perf_counter()
+        batch = _to_batch(items, self.rollout.pad_id, f"s{self.global_step}")
+
+        with _timer(timing, "gen"):
+            torch.manual_seed(cfg.trainer.seed * 1_000_003 + self.global_step)
+            batch = self.rollout.generate(batch, self.sampling)
+        if estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline:
+            with _timer(timing, "gen_greedy"):
+                greedy = self.rollout.generate(_to_batch(items, self.rollout.pad_id, "g"),
+                                               SamplingParams(n=1, do_sample=False, max_new_tokens=self.max_new))
+                baseline, _ = self.reward(greedy)
+                batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(self.sampling.n)
+        with _timer(timing, "reward"):
+            batch["token_level_scores"], extras = self.reward(batch)
+        if self.needs_old_log_prob:
+            with _timer(timing, "old_log_prob"):
+                batch["old_log_probs"], _ = self.actor.compute_log_prob(
+                    batch, micro_batch_size=cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
+        if self.reference is not None:
+            with _timer(timing, "ref"):
+                batch["ref_log_probs"] = self.reference.compute_log_prob(batch)
+        metrics = {}
+        with _timer(timing, "adv"):
+            if cfg.algorithm.use_kl_in_reward:
+                batch["token_level_rewards"], kl_metrics = apply_kl_in_reward(
+                    batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"], batch["response_mask"],
+                    self.kl_ctrl, cfg.algorithm.kl_penalty)
+                metrics |= kl_metrics
+            else:
+                batch["token_level_rewards"] = batch["token_level_scores"]
+            batch["advantages"], batch["returns"] = compute_advantage(
+                cfg.algorithm.adv_estimator, token_level_rewards=batch["token_level_rewards"],
+                response_mask=batch["response_mask"].float(), index=batch.meta["uid"],
+                reward_baselines=batch.get("reward_baselines"), gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
+                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+        if self.global_step > cfg.trainer.critic_warmup:
+            with _timer(timing, "update_actor"):
+                metrics |= self.actor.update(batch)
+        timing["step"] = time.perf_counter() - t_step
+        metrics |= data_metrics(batch, self.max_new)
+        for key in ("errors", "timeouts"):
+            metrics[f"reward/{key}"] = sum(extras[key])
+        for key, values in extras.items():
+            if key not in ("errors", "timeouts", "score", "response_text") and values and isinstance(values[0], float):
+                metrics[f"reward/{key}/mean"] = sum(values) / len(values)
+        metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
+        n_tokens = int(batch["attention_mask"].sum())
+        metrics["perf/throughput"] = n_tokens / timing["step"]
+        if cfg.trainer.rollout_data_dir:
+            self._dump(Path(cfg.trainer.rollout_data_dir) / f"{self.global_step}.jsonl", batch, extras)
+        return metrics
+
+    # ------------------------------------------------------------------ validation
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        if self.val_data is None:
+            return {}
+        chunk = self.cfg.data.val_batch_size or len(self.val_data)
+        sources, uids, scores, answers, samples = [], [], [], [], []
+        for start in range(0, len(self.val_data), chunk):
+            items = [self.val_data[i] for i in range(start, min(start + chunk, len(self.val_data)))]
+            torch.manual_seed(self.cfg.trainer.seed + 17 * start)
+            batch = self.rollout.generate(_to_batch(items, self.rollout.pad_id, f"v{start}"), self.val_sampling)
+            token_scores, extras = self.reward(batch)
+            texts = extras["response_text"]
+            sources += batch.meta["data_source"]
+            uids += batch.meta["uid"]
+            scores += token_scores.sum(-1).tolist()
+            answers += [extract_answer_for(ds, t) for ds, t in zip(batch.meta["data_source"], texts)]
+            samples += [{"data_source": ds, "ground_truth": str(gt), "response": t, "score": s}
+                        for ds, gt, t, s in zip(batch.meta["data_source"], batch.meta["ground_truth"], texts,
+                                                token_scores.sum(-1).tolist())]
+        out = validation_metrics(sources, uids, scores, answers)
+        tr = self.cfg.trainer
+        if tr.log_val_generations:
+            for s in samples[: tr.log_val_generations]:
+                print(f"[val] score={s['score']:.2f} truth={s['ground_truth']!r} response={s['response'][:200]!r}")
+        if tr.validation_data_dir:
+            path = Path(tr.validation_data_dir) / f"{self.global_step}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+        return out
+
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> dict[str, float]:
+        cfg, tr = self.cfg, self.cfg.trainer
+        self._maybe_resume()
+        tracker = Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name, name=tr.experiment_name)
+        last_val: dict[str, float] = {}
+        try:
+            if (tr.val_before_train or tr.val_only) and self.val_data is not None and self.global_step == 0:
+                last_val = self.validate()
+                tracker.log(last_val, self.global_step)
+                if tr.val_only:
+                    return last_val
+            while self.global_step < self.total_steps:
+                items = self._batch_items(self.global_step)
+                self.global_step += 1
+                metrics = self.train_step(items)
+                done = self.global_step == self.total_steps
+                if self.val_data is not None and tr.test_freq > 0 and (self.global_step % tr.test_freq == 0 or done):
+                    last_val = self.validate()
+                    metrics |= last_val
+                tracker.log(metrics, self.global_step)
+                tracker.advance(self.global_step)
+                if tr.save_freq > 0 and (self.global_step % tr.save_freq == 0 or done):
+                    self.save()
+        finally:
+            tracker.close()
+            self.reward.close()
+        return last_val
+
+    def _batch_items(self, step: int):
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        d = self.cfg.data
+        order = list(epoch_batches(len(self.train_data), d.train_batch_size, shuffle=d.shuffle, seed=d.seed, epoch=epoch))
+        return [self.train_data[i] for i in order[pos]]
+
+    def save(self) -> Path:
+        tr, actor = self.cfg.trainer, self.actor
+        return save_checkpoint(self.run_dir, self.global_step, model=actor.model, tokenizer=self.tokenizer,
+                               optimizer=actor.optimizer, scheduler=actor.scheduler,
+                               extra={"kl_ctrl": self.kl_ctrl.state_dict(), "skipped_steps": actor.skipped_steps},
+                               contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
+                               keep=tr.max_actor_ckpt_to_keep)
+
+    def _maybe_resume(self) -> None:
+        tr = self.cfg.trainer
+        if tr.resume_mode == "disable":
+            return
+        path = Path(tr.resume_from_path) if tr.resume_mode == "resume_path" else latest_checkpoint(self.run_dir)
+        if path is None:
+            return
+        ck = self.cfg.actor_rollout_ref.actor.checkpoint
+        extra = load_checkpoint(path, model=self.actor.model, optimizer=self.actor.optimizer,
+                                scheduler=self.actor.scheduler, contents=ck.load_contents or ck.save_contents)
+        self.global_step = int(extra.get("step", int(path.name.rsplit("_", 1)[1])))
+        if "kl_ctrl" in extra:
+            self.kl_ctrl.load_state_dict(extra["kl_ctrl"])
+        print(f"resumed from {path} at step {self.global_step}")
+
+    @staticmethod
+    def _dump(path: Path, batch: Batch, extras) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rows = [{"uid": u, "data_source": ds, "ground_truth": str(gt), "response": t, "score": s}
+                for u, ds, gt, t, s in zip(batch.meta["uid"], batch.meta["data_source"], batch.meta["ground_truth"],
+                                           extras["response_text"], extras["score"])]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+class _timer:
+    def __init__(self, store: dict, name: str):
+        self.store, self.name = store, name
+
+    def __enter__(self):
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.store[self.name] = self.store.get(self.name, 0.0) + time.perf_counter() - self.t
+
+
+def run_rl(cfg) -> dict[str, float]:
+    return RLTrainer(cfg).fit()

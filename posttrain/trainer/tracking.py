@@ -1,0 +1,79 @@
+"""Metric sinks: a JSONL file in the run folder (always), the console (progress bar with ETA and a compact
+per-step table), tensorboard, and wandb / mlflow when installed (the `tracking` extra)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+CONSOLE_KEYS = ("critic/score/mean", "val-core", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
+                "response_length/mean", "batch/zero_std_group_frac", "timing_s/step")
+
+
+class Tracker:
+    def __init__(self, loggers: list[str], run_dir: Path, total_steps: int, *, project: str = "", name: str = "",
+                 config: dict | None = None):
+        self.run_dir, self.total_steps = Path(run_dir), total_steps
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = (self.run_dir / "metrics.jsonl").open("a")
+        self.console = "console" in loggers
+        self.start = time.time()
+        self.tb = self.wandb = self.mlflow = None
+        if "tensorboard" in loggers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if "wandb" in loggers or "mlflow" in loggers:
+            try:
+                if "wandb" in loggers:
+                    import wandb
+
+                    self.wandb = wandb.init(project=project, name=name, config=config, dir=str(self.run_dir))
+                if "mlflow" in loggers:
+                    import mlflow
+
+                    mlflow.set_experiment(project)
+                    mlflow.start_run(run_name=name)
+                    self.mlflow = mlflow
+            except ImportError as e:
+                raise RuntimeError(f"trainer.logger asks for {e.name}; install it with pip install 'posttrain[tracking]'") from None
+        self._progress = None
+        if self.console:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
+                                      TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False)
+            self._task = self._progress.add_task("train", total=total_steps)
+            self._progress.start()
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        clean = {k: float(v) for k, v in metrics.items()}
+        self.jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+        self.jsonl.flush()
+        if self.tb:
+            for k, v in clean.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb:
+            self.wandb.log(clean, step=step)
+        if self.mlflow:
+            self.mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in clean.items()}, step=step)
+        if self.console:
+            shown = [(k, v) for k, v in clean.items() if k.startswith(CONSOLE_KEYS)]
+            line = "  ".join(f"{k.split('/', 1)[-1] if not k.startswith('val') else k}={v:.4g}" for k, v in shown)
+            self._progress.console.print(f"[dim]step {step:>4}[/dim] {line}")
+
+    def advance(self, step: int) -> None:
+        if self._progress:
+            self._progress.update(self._task, completed=step)
+
+    def close(self) -> None:
+        if self._progress:
+            self._progress.stop()
+        self.jsonl.close()
+        if self.tb:
+            self.tb.close()
+        if self.wandb:
+            self.wandb.finish()
+        if self.mlflow:
+            self.mlflow.end_run()

@@ -1,0 +1,102 @@
+"""RL / SFT datasets: layout, chat template, truncation, filtering, and errors that name file, row and column."""
+
+import json
+
+import pytest
+
+from posttrain.data.batch import Batch
+from posttrain.data.dataset import DataError, RLDataset, SFTDataset, collate_prompts, epoch_batches, read_rows
+from posttrain.data.synthetic import add_without_carry, rl_row, split_pairs
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def write_parquet(path, rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def test_jsonl_and_parquet_give_same_prompts(tmp_path, tiny_tokenizer):
+    rows = [rl_row(12, 34, "train", 0), rl_row(56, 78, "train", 1)]
+    a = RLDataset(write_jsonl(tmp_path / "a.jsonl", rows), tiny_tokenizer)
+    b = RLDataset([write_parquet(tmp_path / "b.parquet", rows)], tiny_tokenizer)
+    assert [it.prompt_ids for it in a.items] == [it.prompt_ids for it in b.items]
+    expected = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "12+34="}], add_generation_prompt=True,
+                                                  tokenize=False)
+    assert tiny_tokenizer.decode(a[0].prompt_ids) == expected
+    assert a[1].ground_truth == "134" and a[0].data_source == "synthetic/arithmetic"
+
+
+def test_bad_rows_name_file_row_and_column(tmp_path, tiny_tokenizer):
+    good = rl_row(1, 2, "train", 0)
+    path = write_jsonl(tmp_path / "x.jsonl", [good, {k: v for k, v in good.items() if k != "prompt"}])
+    with pytest.raises(DataError, match=r"x.jsonl: row 1: missing column 'prompt'"):
+        RLDataset(path, tiny_tokenizer)
+    path = write_jsonl(tmp_path / "y.jsonl", [good, {**good, "prompt": 5}])
+    with pytest.raises(DataError, match=r"y.jsonl: row 1, column 'prompt'"):
+        RLDataset(path, tiny_tokenizer)
+    path = write_jsonl(tmp_path / "z.jsonl", [{**good, "reward_model": {"style": "rule"}}])
+    with pytest.raises(DataError, match=r"z.jsonl: row 0: column 'reward_model'"):
+        RLDataset(path, tiny_tokenizer)
+    (tmp_path / "bad.jsonl").write_text(json.dumps(good) + "\n{not json\n")
+    with pytest.raises(DataError, match=r"bad.jsonl: row 1 \(line 2\) is not valid JSON"):
+        read_rows(tmp_path / "bad.jsonl")
+    with pytest.raises(DataError, match="file not found"):
+        read_rows(tmp_path / "missing.parquet")
+    with pytest.raises(DataError, match="unsupported file type"):
+        read_rows(write_jsonl(tmp_path / "w.csv", [good]))
+
+
+def test_truncation_and_filtering(tmp_path, tiny_tokenizer):
+    long_row = {**rl_row(1, 2, "train", 0), "prompt": [{"role": "user", "content": "1+2= " * 60}]}
+    path = write_jsonl(tmp_path / "l.jsonl", [long_row, rl_row(3, 4, "train", 1)])
+    with pytest.raises(DataError, match=r"l.jsonl: row 0: prompt has \d+ tokens > data.max_prompt_length=40"):
+        RLDataset(path, tiny_tokenizer, max_prompt_length=40)
+    kept = RLDataset(path, tiny_tokenizer, max_prompt_length=40, filter_overlong_prompts=True)
+    assert len(kept) == 1 and kept.num_filtered == 1
+    full = RLDataset(path, tiny_tokenizer, max_prompt_length=1000)[0].prompt_ids
+    left = RLDataset(path, tiny_tokenizer, max_prompt_length=40, truncation="left")[0].prompt_ids
+    right = RLDataset(path, tiny_tokenizer, max_prompt_length=40, truncation="right")[0].prompt_ids
+    middle = RLDataset(path, tiny_tokenizer, max_prompt_length=40, truncation="middle")[0].prompt_ids
+    assert left == full[-40:] and right == full[:40] and middle == full[:20] + full[-20:]
+
+
+def test_epoch_batches_are_seeded_and_disjoint():
+    a = list(epoch_batches(10, 3, shuffle=True, seed=1, epoch=0))
+    assert a == list(epoch_batches(10, 3, shuffle=True, seed=1, epoch=0))
+    assert a != list(epoch_batches(10, 3, shuffle=True, seed=1, epoch=1))
+    flat = [i for b in a for i in b]
+    assert len(a) == 3 and len(set(flat)) == 9
+
+
+def test_collate_left_pads_and_batch_ops():
+    from posttrain.data.dataset import PromptItem
+
+    ids, mask = collate_prompts([PromptItem([5, 6, 7], "s", "1"), PromptItem([8], "s", "2")], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    b = Batch({"x": ids}, {"uid": ["a", "b"]}).repeat_interleave(2)
+    assert b.meta["uid"] == ["a", "a", "b", "b"] and len(b) == 4 and b["x"][2].tolist() == [0, 0, 8]
+    assert [len(c) for c in b.chunks(3)] == [3, 1]
+    assert Batch.concat([b, b]).meta["uid"] == ["a", "a", "b", "b"] * 2
+
+
+def test_sft_dataset_masks_response_only(tmp_path, tiny_tokenizer):
+    row = {**rl_row(12, 34, "train", 0), "response": "#### 46"}
+    data = SFTDataset(write_jsonl(tmp_path / "s.jsonl", [row]), tiny_tokenizer)
+    ids, attn, loss = data.collate([0], tiny_tokenizer.pad_token_id)
+    response = tiny_tokenizer.decode(ids[0][loss[0].bool()])
+    assert response == "#### 46" + tiny_tokenizer.eos_token
+    with pytest.raises(DataError, match="missing column 'response'"):
+        SFTDataset(write_jsonl(tmp_path / "t.jsonl", [rl_row(1, 2, "x", 0)]), tiny_tokenizer)
+
+
+def test_synthetic_task():
+    assert add_without_carry(47, 38) == 75 and add_without_carry(75, 48) == 13 and add_without_carry(12, 34) == 46
+    train, dev, test = split_pairs(0)
+    assert not set(train) & set(test) and not set(dev) & set(test) and len(test) == 300
