@@ -30,8 +30,8 @@ def extract_answer(solution_str: str, method: str = "strict") -> str | None:
         matches = _STRICT.findall(solution_str[-_TAIL_CHARS:])
         if not matches:
             return None
-        # A trailing sentence period is not part of the number ("#### 18." -> "18").
-        return _clean(matches[-1]).rstrip(".") or None
+        # Exactly the common rule: "#### 18." yields "18." and fails the exact match (flexible mode accepts it).
+        return _clean(matches[-1]) or None
     for match in reversed(_FLEXIBLE.findall(solution_str)):
         cleaned = _clean(match).rstrip(".")
         if cleaned not in ("", "-", ".", "-."):

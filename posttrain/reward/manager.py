@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from ..data.batch import Batch
-from .registry import default_compute_score, load_custom_reward_function
+from .registry import _unknown, default_compute_score, known_data_sources, load_custom_reward_function
 
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, penalty_factor: float) -> float:
@@ -54,6 +54,14 @@ class RewardManager:
         overlong = (cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None
         return cls(tokenizer, compute_score=fn, num_workers=cfg.reward_model.num_workers,
                    timeout_s=cfg.reward_model.timeout_s, overlong=overlong)
+
+    def check_data_sources(self, sources) -> None:
+        """Fail before training when a data_source has no scorer (a custom function handles every source)."""
+        if self.compute_score is default_compute_score:
+            known = set(known_data_sources())
+            for source in sorted(set(sources)):
+                if source not in known:
+                    raise _unknown(source)
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
         """token_level_scores (B, L) with each score on the last real response token, and per-response extras."""

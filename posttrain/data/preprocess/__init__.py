@@ -1,0 +1,139 @@
+"""Turn the original GSM8K / MATH files into train/test files in the RL data layout (DESIGN.md, "Data layout").
+
+Training reads one uniform row format whatever the benchmark; this is the one place that knows each benchmark's
+original fields. Nothing is downloaded: input is the data kept beside the project (`shared/data`) or a path you give.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+# dataset name -> folder under shared/data holding its original files
+DATASET_DIRS = {"gsm8k": "gsm8k", "math": "math500"}
+SPLITS = ("train", "test")
+FORMATS = ("parquet", "jsonl", "both")
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(1-based line number, row) for each row of a jsonl file, so later checks can name the line too.
+
+    A bad line raises ValueError naming the file and its line number; a missing file, FileNotFoundError.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: line {lineno} is not a JSON object")
+            rows.append((lineno, row))
+    return rows
+
+
+def require_field(row: dict, field: str, path: Path | str, lineno: int) -> str:
+    """A non-empty string field of an original row, or a ValueError naming file, line and field."""
+    value = row.get(field)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{path}: line {lineno} has no usable {field!r} field (got {value!r:.60})")
+    return value
+
+
+def find_shared_data(start: str | Path | None = None) -> Path | None:
+    """The `shared/data` folder beside the project: searched upward from `start` (default: the CWD), then upward
+    from this package (the checkout lives at `<root>/main`, the data at `<root>/shared/data`)."""
+    bases = [Path(start) if start is not None else Path.cwd(), Path(__file__).resolve().parent]
+    for base in bases:
+        base = base.resolve()
+        for parent in (base, *base.parents):
+            candidate = parent / "shared" / "data"
+            if any((candidate / folder).is_dir() for folder in DATASET_DIRS.values()):
+                return candidate
+    return None
+
+
+def _split_files(name: str, source: Path) -> dict[str, Path]:
+    """{split: original file} for a dataset, from a file, a dataset folder, or a shared/data-style root folder."""
+    if source.is_file():
+        # "test.jsonl", "gsm8k_test.jsonl" -> test; a lone file of any other name is taken as training data
+        split = "test" if re.search(r"(^|[^a-z])test([^a-z]|$)", source.stem.lower()) else "train"
+        return {split: source}
+    if not source.is_dir():
+        raise FileNotFoundError(f"input not found: {source}")
+    folder = source / DATASET_DIRS[name] if (source / DATASET_DIRS[name]).is_dir() else source
+    files = {split: folder / f"{split}.jsonl" for split in SPLITS if (folder / f"{split}.jsonl").is_file()}
+    if not files:
+        expected = ", ".join(str(folder / f"{s}.jsonl") for s in SPLITS)
+        raise FileNotFoundError(f"no {name} input file found: expected one of {expected}")
+    return files
+
+
+def _write(rows: list[dict], out_dir: Path, split: str, fmt: str) -> Path:
+    """Write one split; via a temporary file so an interrupted run never leaves a half-written file behind."""
+    written = None
+    if fmt in ("jsonl", "both"):
+        path = out_dir / f"{split}.jsonl"
+        tmp = path.with_name(path.name + ".tmp")
+        with tmp.open("w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+        written = path
+    if fmt in ("parquet", "both"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = out_dir / f"{split}.parquet"
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, path)
+        written = path
+    return written
+
+
+def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: str | Path | None = None,
+            fmt: str = "parquet") -> dict[str, tuple[Path | None, int]]:
+    """Convert dataset `name` ("gsm8k" or "math") and write `<split>.parquet` (fmt="jsonl": `.jsonl`; "both": both).
+
+    Input defaults to the shared data folder; output defaults to `data/<name>` under the CWD. Returns
+    {split: (path written, rows)}. A split whose original file does not exist is listed as (None, 0) so the absence
+    is visible: MATH-500 is a test set only, so "math" yields test rows and `train: (None, 0)`. With fmt="both" the
+    path is the parquet file; the jsonl file lies beside it.
+    """
+    if name not in DATASET_DIRS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASET_DIRS)}")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; choose one of {list(FORMATS)}")
+    if input_dir_or_file is None:
+        shared = find_shared_data()
+        if shared is None:
+            raise FileNotFoundError("no shared/data folder found above the current directory or the posttrain "
+                                    "package; pass the original file or folder explicitly (--input)")
+        source = shared / DATASET_DIRS[name]
+    else:
+        source = Path(input_dir_or_file).expanduser()
+    if name == "gsm8k":
+        from .gsm8k import convert
+    else:
+        from .math import convert
+
+    files = _split_files(name, source)
+    out_dir = Path(output_dir) if output_dir is not None else Path("data") / name
+    converted = {split: convert(path, split) for split, path in files.items()}  # all parsed before anything is written
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, tuple[Path | None, int]] = {}
+    for split in SPLITS:
+        if split in converted:
+            summary[split] = (_write(converted[split], out_dir, split, fmt), len(converted[split]))
+        else:
+            summary[split] = (None, 0)
+    return summary

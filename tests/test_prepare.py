@@ -1,0 +1,139 @@
+"""`prepare`: original GSM8K / MATH files -> train/test files in the RL data layout, and its input errors."""
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from posttrain.data.preprocess import find_shared_data, prepare
+from posttrain.data.preprocess import gsm8k as gsm8k_pre
+from posttrain.data.preprocess import math as math_pre
+from posttrain.reward.registry import default_compute_score
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared benchmark data not found at {DATA}")
+COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+
+GSM8K_Q0 = ("Janet\u2019s ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her "
+            "friends every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck "
+            "egg. How much in dollars does she make every day at the farmers' market?")
+GSM8K_A0 = ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\nShe makes 9 * 2 = $<<9*2=18>>18 every day at the "
+            "farmer\u2019s market.\n#### 18")
+
+
+@needs_data
+def test_prepare_gsm8k_parquet(tmp_path):
+    summary = prepare("gsm8k", DATA / "gsm8k", tmp_path)
+    assert summary == {"train": (tmp_path / "train.parquet", 7473), "test": (tmp_path / "test.parquet", 1319)}
+    table = pq.read_table(tmp_path / "test.parquet")
+    assert table.column_names == COLUMNS
+    assert table.num_rows == 1319
+    rows = table.to_pylist()
+    assert rows[0] == {
+        "data_source": "openai/gsm8k",
+        "prompt": [{"role": "user", "content": GSM8K_Q0 + ' Let\'s think step by step and output the final answer '
+                                                          'after "####".'}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "18"},
+        "extra_info": {"split": "test", "index": 0, "answer": GSM8K_A0, "question": GSM8K_Q0},
+    }
+    assert [r["extra_info"]["index"] for r in rows] == list(range(1319))
+    # ground truths are bare numbers (commas stripped) and the rows score through the default dispatch
+    assert all("," not in r["reward_model"]["ground_truth"] for r in rows)
+    assert all(default_compute_score(r["data_source"], r["extra_info"]["answer"], r["reward_model"]["ground_truth"],
+                                     r["extra_info"]) == 1.0 for r in rows)
+    train = pq.read_table(tmp_path / "train.parquet")
+    assert train.column_names == COLUMNS
+    assert train.slice(0, 1).to_pylist()[0]["extra_info"]["split"] == "train"
+
+
+@needs_data
+def test_prepare_math_only_test_split(tmp_path):
+    summary = prepare("math", DATA / "math500" / "test.jsonl", tmp_path, fmt="both")
+    assert summary == {"train": (None, 0), "test": (tmp_path / "test.parquet", 500)}  # MATH-500 has no train split
+    assert not (tmp_path / "train.parquet").exists()
+    table = pq.read_table(tmp_path / "test.parquet")
+    assert table.column_names == COLUMNS
+    first = table.slice(0, 1).to_pylist()[0]
+    original = json.loads((DATA / "math500" / "test.jsonl").open().readline())
+    assert first == {
+        "data_source": "DigitalLearningGmbH/MATH-lighteval",
+        "prompt": [{"role": "user", "content": original["problem"] + " Let's think step by step and output the final "
+                                                                    "answer within \\boxed{}."}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "\\left( 3, \\frac{\\pi}{2} \\right)"},
+        "extra_info": {"split": "test", "index": 0, "answer": original["solution"], "question": original["problem"]},
+    }
+    jsonl = [json.loads(line) for line in (tmp_path / "test.jsonl").open()]
+    assert len(jsonl) == 500 and jsonl[0] == first
+
+
+def test_math_ground_truth_falls_back_to_last_box(tmp_path):
+    src = tmp_path / "train.jsonl"
+    src.write_text(json.dumps({"problem": "1+1?", "solution": "First \\boxed{3}, no: $\\boxed{\\frac{4}{2}}$."}) + "\n"
+                   + json.dumps({"problem": "2+2?", "solution": "it is \\boxed{4}", "answer": "4"}) + "\n")
+    rows = math_pre.convert(src, "train")
+    assert [r["reward_model"]["ground_truth"] for r in rows] == ["\\frac{4}{2}", "4"]
+    assert [r["extra_info"]["index"] for r in rows] == [0, 1]
+
+
+def test_prepare_jsonl_from_an_explicit_folder(tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "train.jsonl").write_text(json.dumps({"question": "How many?", "answer": "2+2=4\n#### 1,004"}) + "\n\n")
+    summary = prepare("gsm8k", src, tmp_path / "out", fmt="jsonl")
+    assert summary == {"train": (tmp_path / "out" / "train.jsonl", 1), "test": (None, 0)}
+    row = json.loads((tmp_path / "out" / "train.jsonl").read_text())
+    assert list(row) == COLUMNS
+    assert row["reward_model"] == {"style": "rule", "ground_truth": "1004"}
+
+
+def test_bad_json_line_names_file_and_line(tmp_path):
+    src = tmp_path / "test.jsonl"
+    good = json.dumps({"question": "q", "answer": "a\n#### 1"})
+    src.write_text(f"{good}\n{good}\n{{not json\n")
+    with pytest.raises(ValueError) as err:
+        prepare("gsm8k", src, tmp_path / "out")
+    assert str(src) in str(err.value) and "line 3" in str(err.value)
+    assert not (tmp_path / "out" / "test.parquet").exists()  # nothing written from a bad input
+
+
+def test_rows_without_an_answer_are_named(tmp_path):
+    src = tmp_path / "test.jsonl"
+    src.write_text(json.dumps({"question": "q", "answer": "a\n#### 1"}) + "\n"
+                   + json.dumps({"question": "q", "answer": "no final line"}) + "\n")
+    with pytest.raises(ValueError, match=r"line 2.*####"):
+        gsm8k_pre.convert(src, "test")
+    src.write_text(json.dumps({"problem": "p", "solution": "no box"}) + "\n")
+    with pytest.raises(ValueError, match=r"line 1.*boxed"):
+        math_pre.convert(src, "test")
+    src.write_text(json.dumps({"problem": "p"}) + "\n")
+    with pytest.raises(ValueError, match=r"line 1.*'solution'"):
+        math_pre.convert(src, "test")
+
+
+def test_missing_input_names_the_path(tmp_path):
+    missing = tmp_path / "nope" / "train.jsonl"
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        prepare("gsm8k", missing, tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="test.jsonl"):
+        prepare("math", tmp_path, tmp_path / "out")  # a folder with no input files in it
+    with pytest.raises(FileNotFoundError, match=str(missing)):
+        gsm8k_pre.convert(missing, "train")
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="unknown dataset"):
+        prepare("mmlu", tmp_path)
+    with pytest.raises(ValueError, match="unknown format"):
+        prepare("gsm8k", tmp_path, fmt="csv")
+
+
+@needs_data
+def test_default_input_is_the_shared_data(tmp_path, monkeypatch):
+    assert find_shared_data() == DATA  # found from the package location whatever the CWD
+    monkeypatch.chdir(tmp_path)
+    summary = prepare("math")  # default input and default output dir data/math under the CWD
+    assert summary["test"] == (Path("data") / "math" / "test.parquet", 500)
+    assert (tmp_path / "data" / "math" / "test.parquet").is_file()
