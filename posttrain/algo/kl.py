@@ -44,7 +44,7 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str) -> Tensor:
     if kind.endswith("+"):
         value = KL_ESTIMATORS.get(kind[:-1])(d)
         k2 = kl_k2(d)
-        return value + k2 - k2.detach()
+        return value.detach() + k2 - k2.detach()  # gradient of k2 only (not value's + k2's)
     return KL_ESTIMATORS.get(kind)(d)
 
 

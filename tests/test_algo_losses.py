@@ -1,0 +1,309 @@
+"""Policy losses and the value loss against independent float64 re-derivations of ALGORITHMS.md."""
+
+import math
+import random
+
+import pytest
+import torch
+
+import algo_reference as ref
+from algo_reference import single_torch_thread  # noqa: F401  (autouse fixture)
+from posttrain.algo import LOSS_AGG_MODES, POLICY_LOSSES, get_policy_loss, value_loss
+
+F64 = torch.float64
+C = 13.0  # seq-mean-token-sum-norm constant (loss_scale_factor / max_response_length), != padded length
+
+
+def t(x, dtype=F64):
+    return torch.tensor(x, dtype=dtype)
+
+
+def close(a, b, atol=1e-10):
+    a = float(a.detach()) if isinstance(a, torch.Tensor) else float(a)
+    return abs(a - b) <= atol * max(1.0, abs(b))
+
+
+def batch(seed, B=None, L=None, spread=0.6, adv_per_seq=False):
+    rng = random.Random(seed)
+    B = B or rng.randint(3, 7)
+    L = L or rng.randint(3, 9)
+    M = ref.random_mask(rng, B, L)
+    OLD = [[-rng.uniform(0.05, 3.0) for _ in range(L)] for _ in range(B)]
+    LP = [[o + rng.uniform(-spread, spread) for o in row] for row in OLD]
+    if adv_per_seq:
+        ADV = [[a] * L for a in (rng.uniform(-2, 2) for _ in range(B))]
+    else:
+        ADV = [[rng.uniform(-2, 2) for _ in range(L)] for _ in range(B)]
+    return LP, OLD, ADV, M
+
+
+# ----------------------------------------------------------------------------- vanilla (PPO, dual-clip)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("eps", [(0.2, 0.2), (0.2, 0.28), (0.1, 0.4)])
+def test_vanilla_value_and_metrics(seed, mode, eps):
+    LP, OLD, ADV, M = batch(seed, spread=1.5)  # wide spread: both clips and the dual clip bind
+    lo, hi = eps
+    loss, metrics = get_policy_loss("vanilla")(t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode,
+                                               clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=3.0, const=C)
+    e_loss, e_metrics = ref.vanilla(LP, OLD, ADV, M, mode, lo, hi, 3.0, C)
+    assert close(loss, e_loss)
+    for key, value in e_metrics.items():
+        assert close(metrics[key], value, atol=1e-6), key  # metrics may be float32
+
+
+def test_vanilla_dual_clip_binds_hand():
+    # ratio e^2 = 7.389 with A=-1: l1 = 7.389, l2 = -(-1)*1.2 = 1.2, lc = 7.389 > -A*c = 3 -> loss 3
+    # ratio e^0.1 = 1.105 with A=-1: l1 = 1.105, l2 = 1.105 -> loss 1.105 (no clip)
+    # ratio e^2 with A=+1: l1 = -7.389, l2 = -1.2 -> loss -1.2 (upper clip, eps_high 0.2)
+    # ratio e^-1 = 0.368 with A=-1: l1 = 0.368, l2 = 1 - 0.1 = 0.9 -> loss 0.9 (lower clip, eps_low 0.1)
+    lp = t([[2.0, 0.1, 2.0, -1.0]])
+    old = t([[0.0, 0.0, 0.0, 0.0]])
+    A = t([[-1.0, -1.0, 1.0, -1.0]])
+    m = t([[1.0, 1.0, 1.0, 1.0]])
+    loss, metrics = get_policy_loss("vanilla")(lp, old, A, m, loss_agg_mode="token-mean", clip_ratio_low=0.1,
+                                               clip_ratio_high=0.2, clip_ratio_c=3.0)
+    expect = (3.0 + math.exp(0.1) + -1.2 + 0.9) / 4
+    assert close(loss, expect, 1e-12)
+    # clipped (l2 > l1): tokens 2 and 3 -> 0.5 ; dual clip: token 0 -> 0.25 ; ppo_kl = mean(-delta) = -(3.1)/4
+    assert close(metrics["actor/pg_clipfrac"], 2 / (4 + 1e-8), 1e-6)
+    assert close(metrics["actor/pg_clipfrac_lower"], 1 / (4 + 1e-8), 1e-6)
+    assert close(metrics["actor/ppo_kl"], -3.1 / (4 + 1e-8), 1e-6)
+
+
+def test_vanilla_defaults_are_0_2_and_3():
+    LP, OLD, ADV, M = batch(4, spread=1.5)
+    loss, _ = get_policy_loss("vanilla")(t(LP), t(OLD), t(ADV), t(M))
+    e_loss, _ = ref.vanilla(LP, OLD, ADV, M, "token-mean", 0.2, 0.2, 3.0)
+    assert close(loss, e_loss)
+
+
+# ----------------------------------------------------------------------------- gradients vs own autograd
+
+
+def own_vanilla(lp, OLD, ADV, M, mode, lo, hi, c):
+    """Per-token scalar graph written from the spec (float64), aggregated by the spec formulas."""
+    B, L = len(M), len(M[0])
+    rows = []
+    for i in range(B):
+        row = []
+        for j in range(L):
+            A = ADV[i][j]
+            delta = torch.clamp(lp[i, j] - OLD[i][j], -20.0, 20.0)
+            ratio = torch.exp(delta)
+            l1 = -A * ratio
+            l2 = -A * torch.clamp(ratio, 1 - lo, 1 + hi)
+            lc = l1 if l1.item() >= l2.item() else l2
+            if A < 0 and lc.item() > -A * c:
+                lc = lc * 0 + (-A * c)
+            row.append(lc)
+        rows.append(row)
+    return own_agg(rows, M, mode)
+
+
+def own_agg(rows, M, mode):
+    S = sum(1 for r in M if sum(r) > 0)
+    T = sum(ref.flat(M))
+    total = 0.0
+    for row, m in zip(rows, M):
+        srow = sum(l * mm for l, mm in zip(row, m))
+        if mode == "seq-mean-token-mean":
+            total = total + srow / (sum(m) + 1e-8)
+        else:
+            total = total + srow
+    if mode == "token-mean":
+        return total / T
+    if mode == "seq-mean-token-sum-norm":
+        return total / (S * C)
+    return total / S
+
+
+def own_gspo(lp, OLD, ADV, M, lo, hi):
+    rows = []
+    for i in range(len(M)):
+        n = sum(M[i])
+        lr = sum((lp[i, j] - OLD[i][j]) * M[i][j] for j in range(len(M[i]))) / max(n, 1)
+        row = []
+        for j in range(len(M[i])):
+            A = ADV[i][j]
+            log_s = lp[i, j] - lp[i, j].detach() + lr.detach()
+            s = torch.exp(torch.clamp(log_s, max=10.0))
+            l1 = -A * s
+            l2 = -A * torch.clamp(s, 1 - lo, 1 + hi)
+            row.append(l1 if l1.item() >= l2.item() else l2)
+        rows.append(row)
+    return own_agg(rows, M, "seq-mean-token-mean")
+
+
+def own_cispo(lp, OLD, ADV, M, mode, lo, hi):
+    rows = []
+    for i in range(len(M)):
+        row = []
+        for j in range(len(M[i])):
+            ratio = torch.exp(torch.clamp(lp[i, j] - OLD[i][j], -20.0, 20.0))
+            w = torch.clamp(ratio, 1 - lo, 1 + hi).detach()
+            row.append(-w * ADV[i][j] * lp[i, j])
+        rows.append(row)
+    return own_agg(rows, M, mode)
+
+
+def own_gpg(lp, ADV, M, mode):
+    return own_agg([[-lp[i, j] * ADV[i][j] for j in range(len(M[i]))] for i in range(len(M))], M, mode)
+
+
+def grads(fn, LP):
+    lp = t(LP).requires_grad_(True)
+    out = fn(lp)
+    (g,) = torch.autograd.grad(out, lp)
+    return out.detach(), g
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_vanilla_gradient(seed, mode):
+    LP, OLD, ADV, M = batch(100 + seed, spread=1.5)
+    lo, hi, c = 0.2, 0.28, 3.0
+    v1, g1 = grads(lambda lp: get_policy_loss("vanilla")(lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode,
+                                                         clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c,
+                                                         const=C)[0], LP)
+    v2, g2 = grads(lambda lp: own_vanilla(lp, OLD, ADV, M, mode, lo, hi, c), LP)
+    assert close(v1, float(v2))
+    assert torch.allclose(g1, g2, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("per_seq", [True, False])
+def test_gspo_value_and_gradient(seed, per_seq):
+    LP, OLD, ADV, M = batch(200 + seed, spread=0.5, adv_per_seq=per_seq)
+    lo, hi = 0.2, 0.28
+    fn = get_policy_loss("gspo")
+    v1, g1 = grads(lambda lp: fn(lp, t(OLD), t(ADV), t(M), clip_ratio_low=lo, clip_ratio_high=hi)[0], LP)
+    v2, g2 = grads(lambda lp: own_gspo(lp, OLD, ADV, M, lo, hi), LP)
+    assert close(v1, ref.gspo(LP, OLD, ADV, M, lo, hi))
+    assert close(v1, float(v2))
+    assert torch.allclose(g1, g2, atol=1e-10, rtol=0)
+    assert g1.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_gspo_is_always_seq_mean_token_mean(mode):
+    LP, OLD, ADV, M = batch(7)
+    loss, metrics = get_policy_loss("gspo")(t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode, const=C)
+    assert close(loss, ref.gspo(LP, OLD, ADV, M))
+    kl = [o - lp for o, lp in zip(ref.flat(OLD), ref.flat(LP))]
+    assert close(metrics["actor/ppo_kl"], ref.masked_mean(kl, ref.flat(M)), 1e-6)
+    for key in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+        assert torch.isfinite(torch.as_tensor(metrics[key]))
+
+
+def test_gspo_hand():
+    # one sequence of 2 tokens, log-ratios 0.1 and 0.3 -> lr = 0.2, s = e^0.2 = 1.2214 > 1.2 -> clipped for A=1
+    lp = t([[0.1, 0.3, 5.0]])
+    old = t([[0.0, 0.0, 0.0]])
+    m = t([[1.0, 1.0, 0.0]])
+    loss, _ = get_policy_loss("gspo")(lp, old, t([[1.0, 1.0, 1.0]]), m)
+    assert close(loss, -1.2 * 2 / (2 + 1e-8), 1e-12)
+    loss, _ = get_policy_loss("gspo")(lp, old, t([[-1.0, -1.0, -1.0]]), m)
+    assert close(loss, math.exp(0.2) * 2 / (2 + 1e-8), 1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_cispo_value_and_gradient(seed, mode):
+    LP, OLD, ADV, M = batch(300 + seed, spread=1.0)
+    lo, hi = 0.2, 0.28
+    fn = get_policy_loss("cispo")
+    v1, g1 = grads(lambda lp: fn(lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode, clip_ratio_low=lo,
+                                 clip_ratio_high=hi, const=C)[0], LP)
+    v2, g2 = grads(lambda lp: own_cispo(lp, OLD, ADV, M, mode, lo, hi), LP)
+    assert close(v1, ref.cispo(LP, OLD, ADV, M, mode, lo, hi, C))
+    assert close(v1, float(v2))
+    assert torch.allclose(g1, g2, atol=1e-10, rtol=0)
+    # every valid token keeps a gradient (the clipped ratio is only a weight)
+    mt = t(M).bool()
+    assert (g1[mt] != 0).all()
+
+
+def test_cispo_metrics():
+    LP, OLD, ADV, M = batch(9, spread=1.0)
+    _, metrics = get_policy_loss("cispo")(t(LP), t(OLD), t(ADV), t(M), clip_ratio_low=0.2, clip_ratio_high=0.28)
+    ms = ref.flat(M)
+    kl = [-(lp - o) for lp, o in zip(ref.flat(LP), ref.flat(OLD))]
+    outside = [1.0 if not (0.8 <= math.exp(lp - o) <= 1.28) else 0.0 for lp, o in zip(ref.flat(LP), ref.flat(OLD))]
+    assert close(metrics["actor/ppo_kl"], ref.masked_mean(kl, ms), 1e-6)
+    assert close(metrics["actor/pg_clipfrac"], ref.masked_mean(outside, ms), 1e-6)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_gpg_loss(seed, mode):
+    LP, OLD, ADV, M = batch(400 + seed)
+    fn = get_policy_loss("gpg")
+    v1, g1 = grads(lambda lp: fn(lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode, const=C)[0], LP)
+    v2, g2 = grads(lambda lp: own_gpg(lp, ADV, M, mode), LP)
+    assert close(v1, ref.gpg_loss(LP, ADV, M, mode, C))
+    assert torch.allclose(g1, g2, atol=1e-10, rtol=0)
+    _, metrics = fn(t(LP), t(OLD), t(ADV), t(M))
+    kl = [o - lp for o, lp in zip(ref.flat(OLD), ref.flat(LP))]
+    assert close(metrics["actor/ppo_kl"], ref.masked_mean(kl, ref.flat(M)), 1e-6)
+    assert float(metrics["actor/pg_clipfrac"]) == 0.0 == float(metrics["actor/pg_clipfrac_lower"])
+
+
+# ----------------------------------------------------------------------------- huge log-ratios
+
+
+@pytest.mark.parametrize("name", ["vanilla", "gpg", "gspo", "cispo"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_huge_log_ratio_is_finite(name, mode):
+    old = t([[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    lp0 = t([[1e4, -1e4, 1e4, -1e4], [1e4, 1e4, 0.5, -1e4]])
+    A = t([[1.0, 1.0, -1.0, -1.0], [-2.0, -2.0, -2.0, -2.0]])
+    m = t([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    lp = lp0.clone().requires_grad_(True)
+    loss, metrics = get_policy_loss(name)(lp, old, A, m, loss_agg_mode=mode, const=C)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
+    for v in metrics.values():
+        assert torch.isfinite(torch.as_tensor(v)).all()
+    LP, OLD, ADV, M = lp0.tolist(), old.tolist(), A.tolist(), m.tolist()
+    if name == "vanilla":
+        assert close(loss, ref.vanilla(LP, OLD, ADV, M, mode, C=C)[0])
+    elif name == "gspo":
+        assert close(loss, ref.gspo(LP, OLD, ADV, M))
+    elif name == "cispo":
+        assert close(loss, ref.cispo(LP, OLD, ADV, M, mode, C=C))
+
+
+# ----------------------------------------------------------------------------- value loss
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("clip", [0.5, 0.2])
+def test_value_loss(seed, mode, clip):
+    rng = random.Random(600 + seed)
+    B, L = rng.randint(2, 7), rng.randint(2, 9)
+    M = ref.random_mask(rng, B, L)
+    VOLD = [[rng.uniform(-1, 1) for _ in range(L)] for _ in range(B)]
+    VP = [[v + rng.uniform(-1, 1) for v in row] for row in VOLD]
+    RET = [[rng.uniform(-2, 2) for _ in range(L)] for _ in range(B)]
+    loss, metrics = value_loss(t(VP), t(VOLD), t(RET), t(M), cliprange_value=clip, loss_agg_mode=mode, const=C)
+    e_loss, e_frac = ref.value_loss(VP, VOLD, RET, M, clip, mode, C)
+    assert close(loss, e_loss)
+    assert close(metrics["critic/vf_clipfrac"], e_frac, 1e-6)
+
+
+def test_value_loss_hand():
+    # v=2, v_old=0, R=0: v_clip=0.5 -> max(4, 0.25)=4 ; v=2, v_old=0, R=3: v_clip=0.5 -> max(1, 6.25) = 6.25 (clipped)
+    loss, metrics = value_loss(t([[2.0, 2.0]]), t([[0.0, 0.0]]), t([[0.0, 3.0]]), t([[1.0, 1.0]]))
+    assert close(loss, 0.5 * (4 + 6.25) / 2, 1e-12)
+    assert close(metrics["critic/vf_clipfrac"], 1 / (2 + 1e-8), 1e-6)
+
+
+def test_policy_loss_registry_names():
+    for name in ("vanilla", "gpg", "gspo", "cispo"):
+        assert name in POLICY_LOSSES
+    with pytest.raises(KeyError, match="Did you mean 'vanilla'"):
+        get_policy_loss("vanila")

@@ -1,0 +1,156 @@
+"""Masked statistics, entropy, group ids, and the name registries users extend (ALGORITHMS.md, Notation)."""
+
+import math
+import random
+import statistics
+
+import pytest
+import torch
+
+import algo_reference as ref
+from algo_reference import single_torch_thread  # noqa: F401  (autouse fixture)
+from posttrain.algo import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, compute_advantage,
+                            entropy_from_logits, estimator_info, get_advantage_estimator, get_policy_loss,
+                            group_ids, is_kl_estimator, kl_penalty, masked_mean, masked_var, masked_whiten,
+                            register_advantage, register_kl, register_policy_loss)
+from posttrain.algo import advantages as advantages_module
+
+F64 = torch.float64
+
+
+def t(x, dtype=F64):
+    return torch.tensor(x, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_masked_mean_var_whiten(seed):
+    rng = random.Random(seed)
+    B, L = rng.randint(2, 6), rng.randint(2, 8)
+    M = ref.random_mask(rng, B, L, zero_rows=True)
+    if sum(ref.flat(M)) < 2:
+        M[0][:2] = [1.0, 1.0]
+    X = [[rng.uniform(-5, 5) for _ in range(L)] for _ in range(B)]
+    xs, ms = ref.flat(X), ref.flat(M)
+    assert abs(masked_mean(t(X), t(M)).item() - ref.masked_mean(xs, ms)) < 1e-12
+    var = masked_var(t(X), t(M)).item()
+    assert abs(var - ref.masked_var(xs, ms)) < 1e-10
+    assert abs(var - statistics.variance([x for x, m in zip(xs, ms) if m])) < 1e-10  # unbiased, N-1
+    W = masked_whiten(t(X), t(M)).tolist()
+    E = ref.masked_whiten(X, M)
+    for i in range(B):
+        for j in range(L):
+            if M[i][j]:
+                assert abs(W[i][j] - E[i][j]) < 1e-9
+    # per-row mean with dim
+    rows = masked_mean(t(X), t(M), dim=-1).tolist()
+    for i in range(B):
+        assert abs(rows[i] - ref.masked_mean(X[i], M[i])) < 1e-12
+
+
+def test_masked_var_is_unbiased_hand():
+    # entries 1, 2, 3, 6 (one masked 100): mean 3, squares 4+1+0+9 = 14, / 3
+    x = t([[1.0, 2.0, 100.0], [3.0, 6.0, 0.0]])
+    m = t([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    assert abs(masked_var(x, m).item() - 14 / 3) < 1e-9
+
+
+def test_masked_stats_all_masked_no_nan():
+    x = t([[1.0, 2.0]])
+    m = t([[0.0, 0.0]])
+    assert masked_mean(x, m).item() == 0.0
+    assert torch.isfinite(masked_var(x, m)) and torch.isfinite(masked_whiten(x, m)).all()
+    assert torch.isfinite(masked_var(x, t([[1.0, 0.0]])))
+
+
+@pytest.mark.parametrize("scale", [1.0, 30.0, 1000.0])
+def test_entropy_from_logits(scale):
+    g = torch.Generator().manual_seed(int(scale))
+    logits = scale * torch.randn(3, 4, 7, generator=g, dtype=F64)
+    H = entropy_from_logits(logits)
+    assert H.shape == (3, 4) and torch.isfinite(H).all()
+    z = logits.tolist()
+    for i in range(3):
+        for j in range(4):
+            assert abs(H[i, j].item() - ref.entropy(z[i][j])) < 1e-9 * max(1.0, scale)
+    # uniform logits: log V ; temperature applied by the caller: logits / T
+    assert abs(entropy_from_logits(torch.zeros(5, dtype=F64)).item() - math.log(5)) < 1e-12
+    zz = logits[0, 0] / 0.7
+    assert abs(entropy_from_logits(zz).item() - ref.entropy(zz.tolist())) < 1e-9 * max(1.0, scale)
+
+
+def test_group_ids():
+    ids = group_ids(["b", "a", "b", "c", "a"]).tolist()
+    assert ids[0] == ids[2] and ids[1] == ids[4] and len(set(ids)) == 3 and sorted(set(ids)) == [0, 1, 2]
+    ids = group_ids(torch.tensor([7, 3, 7, 9])).tolist()
+    assert ids[0] == ids[2] and len(set(ids)) == 3 and sorted(set(ids)) == [0, 1, 2]
+    ids = group_ids([10, 10, 11]).tolist()
+    assert ids == [0, 0, 1]
+
+
+# ----------------------------------------------------------------------------- registries
+
+
+@pytest.fixture
+def cleanup():
+    added = []
+    yield added
+    for registry, name in added:
+        registry._table.pop(name, None)
+        advantages_module.ESTIMATOR_INFO.pop(name, None)
+
+
+def test_user_advantage_estimator(cleanup):
+    @register_advantage("_test_half_score", uses_groups=True)
+    def half(*, token_level_rewards, response_mask, **_):
+        a = 0.5 * token_level_rewards.sum(-1, keepdim=True) * response_mask
+        return a, a
+
+    cleanup.append((ADVANTAGE_ESTIMATORS, "_test_half_score"))
+    assert get_advantage_estimator("_test_half_score") is half
+    adv, _ = compute_advantage("_test_half_score", token_level_rewards=t([[0.0, 2.0]]), response_mask=t([[1.0, 1.0]]),
+                               index=["a"])
+    assert torch.equal(adv, t([[1.0, 1.0]]))
+    assert estimator_info("_test_half_score").uses_groups
+    assert "_test_half_score" in ADVANTAGE_ESTIMATORS.names()
+    with pytest.raises(KeyError, match="Did you mean '_test_half_score'"):
+        compute_advantage("_test_half_scor")
+
+
+def test_user_policy_loss(cleanup):
+    @register_policy_loss("_test_neg_mean")
+    def neg_mean(log_prob, old_log_prob, advantages, response_mask, **_):
+        return -(log_prob * response_mask).sum(), {}
+
+    cleanup.append((POLICY_LOSSES, "_test_neg_mean"))
+    assert "_test_neg_mean" in POLICY_LOSSES
+    loss, _ = get_policy_loss("_test_neg_mean")(t([[-1.0, -2.0]]), None, None, t([[1.0, 0.0]]))
+    assert loss.item() == 1.0
+    with pytest.raises(KeyError, match="Did you mean '_test_neg_mean'"):
+        get_policy_loss("_test_neg_meen")
+
+
+def test_user_kl(cleanup):
+    @register_kl("_test_quartic", "_test_q4")
+    def quartic(d):
+        return d ** 4
+
+    cleanup += [(KL_ESTIMATORS, "_test_quartic"), (KL_ESTIMATORS, "_test_q4")]
+    x = t([1.5, -1.0]).requires_grad_(True)
+    y = t([0.5, 0.0])
+    assert torch.allclose(kl_penalty(x, y, "_test_quartic"), t([1.0, 1.0]))
+    assert torch.allclose(kl_penalty(x, y, "_test_q4"), t([1.0, 1.0]))
+    assert is_kl_estimator("_test_quartic+")
+    out = kl_penalty(x, y, "_test_quartic+")  # value of the user's estimator, gradient of k2 (= d)
+    out.sum().backward()
+    assert torch.allclose(out, t([1.0, 1.0])) and torch.allclose(x.grad, t([1.0, -1.0]))
+    with pytest.raises(KeyError, match="Did you mean '_test_quartic'"):
+        kl_penalty(x, y, "_test_quartik")
+
+
+def test_unknown_name_without_close_match_lists_known():
+    with pytest.raises(KeyError) as err:
+        get_policy_loss("zzzzzzzzzzzz")
+    assert "Did you mean" not in str(err.value) and "vanilla" in str(err.value)
