@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=1024)
-    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--patience", type=int, default=0, help="stop after this many evaluations without improvement")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sft)
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="offline demo: tiny model, SFT warm start, GRPO, held-out accuracy and a plot")
     p.add_argument("--output-dir", default="runs/demo")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rl-steps", type=int, default=100)
+    p.add_argument("--rl-steps", type=int, default=40)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("prepare", help="turn GSM8K / MATH original files into the RL data layout")

@@ -38,22 +38,26 @@ def sft_row(a: int, b: int, rng: random.Random, carry_drop_frac: float, index: i
     return {**rl_row(a, b, "sft", index), "response": f"#### {answer}"}
 
 
-def split_pairs(seed: int, max_operand: int = 99, held_out: int = 300, dev: int = 200):
+def split_pairs(seed: int, held_out: int = 300, dev: int = 200, operands: range = range(10, 100)):
     """All operand pairs shuffled and cut into disjoint (train, dev, test) lists."""
-    pairs = [(a, b) for a in range(10, max_operand + 1) for b in range(10, max_operand + 1)]
+    pairs = [(a, b) for a in operands for b in operands]
     random.Random(seed).shuffle(pairs)
     return pairs[held_out + dev:], pairs[held_out:held_out + dev], pairs[:held_out]
 
 
 def write_task(out_dir: str | Path, *, seed: int = 0, carry_drop_frac: float = 0.7, held_out: int = 300,
-               dev: int = 200) -> dict[str, Path]:
-    """sft_train / sft_dev (demonstrations, mixed), rl_train (prompts), test (held-out prompts) as jsonl."""
+               dev: int = 200, operands: range = range(10, 100), copies: int = 1) -> dict[str, Path]:
+    """sft_train / sft_dev (demonstrations, mixed), rl_train (prompts), test (held-out prompts) as jsonl.
+
+    `copies` > 1 repeats every SFT problem with independently drawn demonstrations, so that even a task small
+    enough to memorise keeps both behaviours per prompt.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    train, dev_pairs, test = split_pairs(seed, held_out=held_out, dev=dev)
+    train, dev_pairs, test = split_pairs(seed, held_out=held_out, dev=dev, operands=operands)
     rng = random.Random(seed + 1)
     files = {
-        "sft_train": [sft_row(a, b, rng, carry_drop_frac, i) for i, (a, b) in enumerate(train)],
+        "sft_train": [sft_row(a, b, rng, carry_drop_frac, i) for i, (a, b) in enumerate(train) for _ in range(copies)],
         "sft_dev": [sft_row(a, b, rng, carry_drop_frac, i) for i, (a, b) in enumerate(dev_pairs)],
         "rl_train": [rl_row(a, b, "train", i) for i, (a, b) in enumerate(train)],
         "test": [rl_row(a, b, "test", i) for i, (a, b) in enumerate(test)],

@@ -51,6 +51,8 @@ class Actor:
         eps_high = cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio
         need_entropy = cfg.entropy_coeff != 0
         totals = defaultdict(float)
+        if norm.tokens == 0:  # nothing to learn from; the loss is 0 by construction, say so
+            sums["actor/empty_mini_batches"].append(1.0)
         self.optimizer.zero_grad(set_to_none=True)
         for mb in micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu, max_tokens=max_tokens):
             mask = mb["response_mask"].float().to(self.device)
@@ -69,11 +71,11 @@ class Actor:
                 kl = agg_loss(kl_penalty(logp, mb["ref_log_probs"].to(self.device), cfg.kl_loss_type), mask,
                               cfg.loss_agg_mode, norm)
                 loss = loss + cfg.kl_loss_coef * kl
-                totals["actor/kl_loss"] += float(kl)
+                totals["actor/kl_loss"] += kl.item()
             loss.backward()
             share = float(mask.sum()) / max(norm.tokens, 1.0)  # token share: metrics averaged per token
-            totals["actor/pg_loss"] += float(pg_loss)
-            totals["actor/entropy"] += float(entropy)
+            totals["actor/pg_loss"] += pg_loss.item()
+            totals["actor/entropy"] += entropy.item()
             for k, v in metrics.items():
                 totals[k] += float(v) * share
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)

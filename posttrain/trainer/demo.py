@@ -24,7 +24,7 @@ DEMO_RL_OVERRIDES = [
 ]
 
 
-def run_demo(out_dir: str = "runs/demo", *, seed: int = 0, rl_steps: int = 100, sft_epochs: float = 6.0,
+def run_demo(out_dir: str = "runs/demo", *, seed: int = 0, rl_steps: int = 40, sft_epochs: float = 15.0,
              extra_overrides: list[str] = (), quiet: bool = False) -> dict:
     from ..data.synthetic import tokenizer_corpus, write_task
     from ..models.tiny import build_tiny_model

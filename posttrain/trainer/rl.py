@@ -84,6 +84,9 @@ class RLTrainer:
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.reward = RewardManager.from_config(cfg, self.tokenizer)
+        for data in (self.train_data, self.val_data):
+            if data is not None:
+                self.reward.check_data_sources(it.data_source for it in data.items)
         self.rollout = HFRollout(model, self.tokenizer, device=self.device,
                                  dtype=compute_dtype(arr.rollout.dtype, self.device),
                                  micro_batch_size=arr.rollout.micro_batch_size)
@@ -175,7 +178,7 @@ class RLTrainer:
             sources += batch.meta["data_source"]
             uids += batch.meta["uid"]
             scores += token_scores.sum(-1).tolist()
-            answers += [extract_answer_for(ds, t) for ds, t in zip(batch.meta["data_source"], texts)]
+            answers += [_answer(ds, t) for ds, t in zip(batch.meta["data_source"], texts)]
             samples += [{"data_source": ds, "ground_truth": str(gt), "response": t, "score": s}
                         for ds, gt, t, s in zip(batch.meta["data_source"], batch.meta["ground_truth"], texts,
                                                 token_scores.sum(-1).tolist())]
@@ -256,6 +259,14 @@ class RLTrainer:
                 for u, ds, gt, t, s in zip(batch.meta["uid"], batch.meta["data_source"], batch.meta["ground_truth"],
                                            extras["response_text"], extras["score"])]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _answer(data_source: str, text: str):
+    """The extracted final answer for maj@n; None where the source's scorer has no extractor."""
+    try:
+        return extract_answer_for(data_source, text)
+    except (KeyError, ValueError):
+        return None
 
 
 class _timer:

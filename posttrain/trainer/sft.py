@@ -96,7 +96,7 @@ def run_sft(args: SFTArgs) -> dict:
         opt.step()
         sched.step()
         if step % args.eval_every == 0 or step == total:
-            record = {"step": step, "train_loss": float(loss), "time_s": round(time.time() - t0, 1)}
+            record = {"step": step, "train_loss": loss.item(), "time_s": round(time.time() - t0, 1)}
             if dev is not None:
                 record["dev_loss"] = dev_loss(model, dev, tok.pad_token_id, device, dtype, args.batch_size * 4)
                 if record["dev_loss"] < best - 1e-4:
