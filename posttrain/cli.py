@@ -39,7 +39,7 @@ def cmd_prepare(args) -> int:
 
     summary = prepare(args.dataset, args.input, args.output_dir, fmt=args.format)
     for split, (path, rows) in summary.items():
-        print(f"{split}: {rows} rows -> {path}")
+        print(f"{split}: {rows} rows -> {path}" if path else f"{split}: the source has no {split} split")
     return 0
 
 
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dataset", choices=["gsm8k", "math"])
     p.add_argument("--input", default=None, help="original file or folder (default: the shared data folder)")
     p.add_argument("--output-dir", default=None, help="where to write train/test files (default: data/<dataset>)")
-    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl"])
+    p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "both"])
     p.set_defaults(func=cmd_prepare)
     return parser
 
