@@ -63,3 +63,28 @@ class HFRollout(RolloutEngine):
             model.config.use_cache = use_cache
             model.train(was_training)
         return seqs[:, prompts.shape[1]:].cpu()
+
+
+def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:
+    """Join scored rollouts of different widths: prompts re-padded on the left, responses (and every other (B, L)
+    field) on the right, then input_ids / attention_mask rebuilt from the two."""
+    if len(batches) == 1:
+        return batches[0]
+    P = max(b["prompts"].shape[1] for b in batches)
+    L = max(b["responses"].shape[1] for b in batches)
+    pad = torch.nn.functional.pad
+    parts = []
+    for b in batches:
+        p, l = P - b["prompts"].shape[1], L - b["responses"].shape[1]
+        t = dict(b.tensors)
+        t["prompts"] = pad(t["prompts"], (p, 0), value=pad_id)
+        t["prompt_mask"] = pad(t["prompt_mask"], (p, 0))
+        t["responses"] = pad(t["responses"], (0, l), value=pad_id)
+        for key, value in t.items():
+            if key not in ("prompts", "prompt_mask", "responses", "input_ids", "attention_mask") and value.dim() == 2:
+                t[key] = pad(value, (0, l))
+        parts.append(Batch(t, b.meta))
+    out = Batch.concat(parts)
+    out["input_ids"] = torch.cat([out["prompts"], out["responses"]], dim=1)
+    out["attention_mask"] = torch.cat([out["prompt_mask"], out["response_mask"]], dim=1)
+    return out

@@ -1,4 +1,8 @@
-"""Atomic checkpoints (write to a temporary folder, then rename) and resume from the latest one."""
+"""Atomic checkpoints (write to a temporary folder, then rename) and resume from the latest one.
+
+Layout: run_dir/global_step_N/{actor/, actor_optim.pt, critic/, critic_optim.pt, extra.pt} and
+run_dir/latest_checkpointed_iteration.txt. A run killed while saving leaves only a `.tmp_*` folder, which is ignored.
+"""
 
 from __future__ import annotations
 
@@ -27,20 +31,21 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(run_dir: Path, step: int, *, model, tokenizer, optimizer=None, scheduler=None,
-                    extra: dict | None = None, contents=("model", "optimizer", "extra"), keep: int | None = None) -> Path:
-    """run_dir/global_step_{step}/{actor/, optim.pt, extra.pt}; a crash mid-write leaves the previous one intact."""
+def save_checkpoint(run_dir: Path, step: int, roles: dict, *, tokenizer, extra: dict | None = None,
+                    contents=("model", "optimizer", "extra"), keep: int | None = None) -> Path:
+    """`roles` maps a name (actor, critic) to an object with .model, .optimizer, .scheduler."""
     run_dir = Path(run_dir)
     final = run_dir / f"global_step_{step}"
     tmp = run_dir / f".tmp_global_step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    if "model" in contents:
-        model.save_pretrained(tmp / "actor", safe_serialization=True)
-        tokenizer.save_pretrained(tmp / "actor")
-    if "optimizer" in contents and optimizer is not None:
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict() if scheduler else None},
-                   tmp / "optim.pt")
+    for name, role in roles.items():
+        if "model" in contents:
+            role.model.save_pretrained(tmp / name, safe_serialization=True)
+            tokenizer.save_pretrained(tmp / name)
+        if "optimizer" in contents:
+            torch.save({"optimizer": role.optimizer.state_dict(), "scheduler": role.scheduler.state_dict()},
+                       tmp / f"{name}_optim.pt")
     if "extra" in contents:
         torch.save({"step": step, "rng": rng_state(), **(extra or {})}, tmp / "extra.pt")
     shutil.rmtree(final, ignore_errors=True)
@@ -61,27 +66,39 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
-def load_checkpoint(path: Path, *, model, optimizer=None, scheduler=None, contents=("model", "optimizer", "extra")) -> dict:
-    """Restore weights / optimizer / extra state in place; returns the extra dict (with `step`)."""
+def load_safetensors_dir(path: Path, exclude: str | None = None) -> dict:
     from safetensors.torch import load_file
 
+    shards = sorted(p for p in Path(path).glob("*.safetensors") if p.name != exclude)
+    if not shards:
+        raise FileNotFoundError(f"{path} holds no safetensors weights")
+    state = {}
+    for shard in shards:
+        state.update(load_file(str(shard)))
+    return state
+
+
+def _load_weights(model, path: Path) -> None:
+    if hasattr(model, "load_weights"):
+        model.load_weights(path)
+        return
+    missing, unexpected = model.load_state_dict(load_safetensors_dir(path), strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings are saved once
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def load_checkpoint(path: Path, roles: dict, *, contents=("model", "optimizer", "extra")) -> dict:
+    """Restore weights / optimizer / extra state in place; returns the extra dict (with `step`)."""
     path = Path(path)
-    if "model" in contents:
-        shards = sorted((path / "actor").glob("*.safetensors"))
-        if not shards:
-            raise FileNotFoundError(f"{path}/actor holds no safetensors weights")
-        state = {}
-        for shard in shards:
-            state.update(load_file(str(shard)))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings are saved once
-        if real_missing or unexpected:
-            raise RuntimeError(f"checkpoint {path} does not match the model: missing {real_missing[:5]}, unexpected {unexpected[:5]}")
-    if "optimizer" in contents and optimizer is not None and (path / "optim.pt").is_file():
-        state = torch.load(path / "optim.pt", weights_only=False)
-        optimizer.load_state_dict(state["optimizer"])
-        if scheduler is not None and state["scheduler"] is not None:
-            scheduler.load_state_dict(state["scheduler"])
+    for name, role in roles.items():
+        if "model" in contents:
+            _load_weights(role.model, path / name)
+        optim = path / f"{name}_optim.pt"
+        if "optimizer" in contents and optim.is_file():
+            state = torch.load(optim, weights_only=False)
+            role.optimizer.load_state_dict(state["optimizer"])
+            role.scheduler.load_state_dict(state["scheduler"])
     extra = {}
     if "extra" in contents and (path / "extra.pt").is_file():
         extra = torch.load(path / "extra.pt", weights_only=False)

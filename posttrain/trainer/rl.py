@@ -17,9 +17,10 @@ from ..models.load import compute_dtype, load_causal_lm, load_tokenizer, pick_de
 from ..reward.manager import RewardManager
 from ..reward.registry import extract_answer_for
 from ..roles.actor import Actor
+from ..roles.critic import Critic, ValueModel
 from ..roles.reference import Reference
 from ..rollout.base import SamplingParams
-from ..rollout.hf import HFRollout
+from ..rollout.hf import HFRollout, concat_rollouts
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .metrics import data_metrics, validation_metrics
 from .tracking import Tracker
@@ -27,13 +28,7 @@ from .tracking import Tracker
 
 def preflight(cfg) -> None:
     """Settings the loop cannot run yet, rejected before any model is loaded."""
-    alg, model = cfg.algorithm, cfg.actor_rollout_ref.model
-    if estimator_info(alg.adv_estimator).needs_critic or cfg.critic.enable:
-        raise ConfigError(f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, which this version of "
-                          "posttrain does not train yet; use a critic-free estimator (grpo, rloo, reinforce_plus_plus, "
-                          "remax, gpg, opo, ...)")
-    if alg.filter_groups.enable:
-        raise ConfigError("algorithm.filter_groups.enable=True (DAPO dynamic sampling) is not available yet")
+    model = cfg.actor_rollout_ref.model
     if model.lora_rank > 0:
         raise ConfigError("actor_rollout_ref.model.lora_rank > 0: LoRA is not available yet; train all weights")
     if not model.path:
@@ -81,6 +76,16 @@ class RLTrainer:
         self.use_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
         self.reference = Reference(model, arr.ref, device=self.device, dtype=self.dtype,
                                    temperature=temperature) if self.use_ref else None
+        self.critic = None
+        if estimator_info(cfg.algorithm.adv_estimator).needs_critic or cfg.critic.enable:
+            cm = cfg.critic.model
+            value_model = ValueModel.from_pretrained(cm.path or arr.model.path, device=self.device,
+                                                     trust_remote_code=cm.trust_remote_code,
+                                                     override_config=cm.override_config,
+                                                     gradient_checkpointing=cm.enable_gradient_checkpointing)
+            self.critic = Critic(value_model, cfg.critic, arr.actor, device=self.device, dtype=self.dtype,
+                                 n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
+                                 total_steps=self.total_steps, seed=tr.seed)
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.reward = RewardManager.from_config(cfg, self.tokenizer)
@@ -104,25 +109,58 @@ class RLTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.global_step = 0
+        self.data_cursor = 0  # batches of prompts drawn so far (dynamic sampling draws more than one per step)
 
     # ------------------------------------------------------------------ the step
 
-    def train_step(self, items) -> dict[str, float]:
-        cfg, timing = self.cfg, {}
-        t_step = time.perf_counter()
-        batch = _to_batch(items, self.rollout.pad_id, f"s{self.global_step}")
-
+    def _generate_scored(self, items, uid_prefix: str, timing: dict) -> Batch:
+        """Sample `n` responses per prompt, add the ReMax greedy baseline if needed, and score them; the reward
+        extras travel in `meta` under `reward:<name>` so they follow any later row selection."""
+        batch = _to_batch(items, self.rollout.pad_id, uid_prefix)
         with _timer(timing, "gen"):
-            torch.manual_seed(cfg.trainer.seed * 1_000_003 + self.global_step)
             batch = self.rollout.generate(batch, self.sampling)
-        if estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline:
+        if estimator_info(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
             with _timer(timing, "gen_greedy"):
-                greedy = self.rollout.generate(_to_batch(items, self.rollout.pad_id, "g"),
+                greedy = self.rollout.generate(_to_batch(items, self.rollout.pad_id, "greedy"),
                                                SamplingParams(n=1, do_sample=False, max_new_tokens=self.max_new))
                 baseline, _ = self.reward(greedy)
                 batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(self.sampling.n)
         with _timer(timing, "reward"):
             batch["token_level_scores"], extras = self.reward(batch)
+        batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
+        return batch
+
+    def _rollout(self, timing: dict) -> tuple[Batch, dict]:
+        """One training batch of scored rollouts. With DAPO dynamic sampling, groups whose metric does not vary
+        are dropped and more prompts are generated until the batch is full or max_num_gen_batches is reached."""
+        fg, want = self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
+        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + self.global_step)
+        if not fg.enable:
+            return self._generate_scored(self._next_items(), f"s{self.global_step}", timing), {}
+        kept, n_prompts, n_gen = [], 0, 0
+        while n_prompts < want:
+            n_gen += 1
+            batch = self._generate_scored(self._next_items(), f"s{self.global_step}g{n_gen}", timing)
+            metric = batch.meta["reward:acc"] if fg.metric == "acc" else batch.meta["reward:score"]
+            groups: dict = {}
+            for i, (uid, value) in enumerate(zip(batch.meta["uid"], metric)):
+                groups.setdefault(uid, []).append((i, value))
+            varied = [[i for i, _ in g] for g in groups.values() if len({v for _, v in g}) > 1]
+            take = varied[: want - n_prompts]
+            if take:
+                kept.append(batch.select([i for g in take for i in g]))
+                n_prompts += len(take)
+            if 0 < fg.max_num_gen_batches <= n_gen:
+                break
+        if not kept:  # every group was uniform up to the cap: train on the last batch (its advantages are 0)
+            kept, n_prompts = [batch], want
+        out = concat_rollouts(kept, self.rollout.pad_id)
+        return out, {"batch/num_gen_batches": n_gen, "batch/kept_prompts": n_prompts}
+
+    def train_step(self) -> dict[str, float]:
+        cfg, timing = self.cfg, {}
+        t_step = time.perf_counter()
+        batch, metrics = self._rollout(timing)
         if self.needs_old_log_prob:
             with _timer(timing, "old_log_prob"):
                 batch["old_log_probs"], _ = self.actor.compute_log_prob(
@@ -130,7 +168,9 @@ class RLTrainer:
         if self.reference is not None:
             with _timer(timing, "ref"):
                 batch["ref_log_probs"] = self.reference.compute_log_prob(batch)
-        metrics = {}
+        if self.critic is not None:
+            with _timer(timing, "values"):
+                batch["values"] = self.critic.compute_values(batch)
         with _timer(timing, "adv"):
             if cfg.algorithm.use_kl_in_reward:
                 batch["token_level_rewards"], kl_metrics = apply_kl_in_reward(
@@ -141,24 +181,29 @@ class RLTrainer:
                 batch["token_level_rewards"] = batch["token_level_scores"]
             batch["advantages"], batch["returns"] = compute_advantage(
                 cfg.algorithm.adv_estimator, token_level_rewards=batch["token_level_rewards"],
-                response_mask=batch["response_mask"].float(), index=batch.meta["uid"],
+                response_mask=batch["response_mask"].float(), index=batch.meta["uid"], values=batch.get("values"),
                 reward_baselines=batch.get("reward_baselines"), gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
                 norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+        if self.critic is not None:
+            with _timer(timing, "update_critic"):
+                metrics |= self.critic.update(batch)
         if self.global_step > cfg.trainer.critic_warmup:
             with _timer(timing, "update_actor"):
                 metrics |= self.actor.update(batch)
         timing["step"] = time.perf_counter() - t_step
         metrics |= data_metrics(batch, self.max_new)
-        for key in ("errors", "timeouts"):
-            metrics[f"reward/{key}"] = sum(extras[key])
-        for key, values in extras.items():
-            if key not in ("errors", "timeouts", "score", "response_text") and values and isinstance(values[0], float):
-                metrics[f"reward/{key}/mean"] = sum(values) / len(values)
+        for key, values in batch.meta.items():
+            if not key.startswith("reward:") or key in ("reward:score", "reward:response_text"):
+                continue
+            name = key.split(":", 1)[1]
+            if name in ("errors", "timeouts"):
+                metrics[f"reward/{name}"] = sum(values)
+            elif values and isinstance(values[0], float):
+                metrics[f"reward/{name}/mean"] = sum(values) / len(values)
         metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
-        n_tokens = int(batch["attention_mask"].sum())
-        metrics["perf/throughput"] = n_tokens / timing["step"]
+        metrics["perf/throughput"] = int(batch["attention_mask"].sum()) / timing["step"]
         if cfg.trainer.rollout_data_dir:
-            self._dump(Path(cfg.trainer.rollout_data_dir) / f"{self.global_step}.jsonl", batch, extras)
+            self._dump(Path(cfg.trainer.rollout_data_dir) / f"{self.global_step}.jsonl", batch)
         return metrics
 
     # ------------------------------------------------------------------ validation
@@ -207,9 +252,8 @@ class RLTrainer:
                 if tr.val_only:
                     return last_val
             while self.global_step < self.total_steps:
-                items = self._batch_items(self.global_step)
                 self.global_step += 1
-                metrics = self.train_step(items)
+                metrics = self.train_step()
                 done = self.global_step == self.total_steps
                 if self.val_data is not None and tr.test_freq > 0 and (self.global_step % tr.test_freq == 0 or done):
                     last_val = self.validate()
@@ -223,17 +267,23 @@ class RLTrainer:
             self.reward.close()
         return last_val
 
-    def _batch_items(self, step: int):
-        epoch, pos = divmod(step, self.steps_per_epoch)
+    def _next_items(self):
+        """The next batch of prompts; the order depends only on (data.seed, epoch), so a resume replays it."""
+        epoch, pos = divmod(self.data_cursor, self.steps_per_epoch)
+        self.data_cursor += 1
         d = self.cfg.data
         order = list(epoch_batches(len(self.train_data), d.train_batch_size, shuffle=d.shuffle, seed=d.seed, epoch=epoch))
         return [self.train_data[i] for i in order[pos]]
 
+    @property
+    def roles(self) -> dict:
+        return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
+
     def save(self) -> Path:
-        tr, actor = self.cfg.trainer, self.actor
-        return save_checkpoint(self.run_dir, self.global_step, model=actor.model, tokenizer=self.tokenizer,
-                               optimizer=actor.optimizer, scheduler=actor.scheduler,
-                               extra={"kl_ctrl": self.kl_ctrl.state_dict(), "skipped_steps": actor.skipped_steps},
+        tr = self.cfg.trainer
+        return save_checkpoint(self.run_dir, self.global_step, self.roles, tokenizer=self.tokenizer,
+                               extra={"kl_ctrl": self.kl_ctrl.state_dict(), "skipped_steps": self.actor.skipped_steps,
+                                      "data_cursor": self.data_cursor},
                                contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
                                keep=tr.max_actor_ckpt_to_keep)
 
@@ -245,19 +295,20 @@ class RLTrainer:
         if path is None:
             return
         ck = self.cfg.actor_rollout_ref.actor.checkpoint
-        extra = load_checkpoint(path, model=self.actor.model, optimizer=self.actor.optimizer,
-                                scheduler=self.actor.scheduler, contents=ck.load_contents or ck.save_contents)
+        extra = load_checkpoint(path, self.roles, contents=ck.load_contents or ck.save_contents)
         self.global_step = int(extra.get("step", int(path.name.rsplit("_", 1)[1])))
+        self.data_cursor = int(extra.get("data_cursor", self.global_step))
         if "kl_ctrl" in extra:
             self.kl_ctrl.load_state_dict(extra["kl_ctrl"])
         print(f"resumed from {path} at step {self.global_step}")
 
     @staticmethod
-    def _dump(path: Path, batch: Batch, extras) -> None:
+    def _dump(path: Path, batch: Batch) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        m = batch.meta
         rows = [{"uid": u, "data_source": ds, "ground_truth": str(gt), "response": t, "score": s}
-                for u, ds, gt, t, s in zip(batch.meta["uid"], batch.meta["data_source"], batch.meta["ground_truth"],
-                                           extras["response_text"], extras["score"])]
+                for u, ds, gt, t, s in zip(m["uid"], m["data_source"], m["ground_truth"], m["reward:response_text"],
+                                           m["reward:score"])]
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
