@@ -67,7 +67,7 @@ def test_overlong_penalty_formula():
     assert overlong_penalty(16, 20, 5, 1.0) == pytest.approx(-0.2)
     assert overlong_penalty(20, 20, 5, 0.5) == pytest.approx(-0.5)
     assert overlong_penalty(25, 20, 5, 0.5) == pytest.approx(-0.5)
-    rm = RewardManager(FakeTokenizer(), compute_score=lambda *a: 1.0, overlong=(4, 2, 1.0))
+    rm = RewardManager(FakeTokenizer(), compute_score=lambda *a: 1.0, overlong=(4, 2, 1.0), log_overlong=True)
     scores, extras = rm(make_batch([[0, 0, 0, 0], [0, 0, 0, 0]], [[1, 1, 0, 0], [1, 1, 1, 1]]))
     assert scores.sum(-1).tolist() == [1.0, 0.0] and extras["overlong_penalty"] == [0.0, -1.0]
 

@@ -86,3 +86,25 @@ def test_sft_cli_trains_on_response_tokens(tmp_path, tiny_model_dir):
     history = json.loads((tmp_path / "out" / "sft_history.json").read_text())["history"]
     assert history[-1]["dev_loss"] < history[0]["dev_loss"]
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_concat_rollouts_repads_prompts_left_and_responses_right():
+    from posttrain.rollout.hf import concat_rollouts
+
+    def rollout(prompts, responses, scores):
+        p, r = torch.tensor(prompts), torch.tensor(responses)
+        pm, rm = (p != 0).long(), (r != 0).long()
+        return Batch({"prompts": p, "prompt_mask": pm, "responses": r, "response_mask": rm,
+                      "input_ids": torch.cat([p, r], 1), "attention_mask": torch.cat([pm, rm], 1),
+                      "token_level_scores": torch.tensor(scores), "reward_baselines": torch.tensor([0.5])},
+                     {"uid": ["a"]})
+
+    a = rollout([[0, 7, 8]], [[3, 0]], [[1.0, 0.0]])
+    b = rollout([[9, 9]], [[4, 5, 6]], [[0.0, 0.0, 2.0]])
+    out = concat_rollouts([a, b], pad_id=0)
+    assert out["prompts"].tolist() == [[0, 7, 8], [0, 9, 9]]
+    assert out["responses"].tolist() == [[3, 0, 0], [4, 5, 6]]
+    assert out["token_level_scores"].tolist() == [[1.0, 0.0, 0.0], [0.0, 0.0, 2.0]]
+    assert out["input_ids"].tolist() == [[0, 7, 8, 3, 0, 0], [0, 9, 9, 4, 5, 6]]
+    assert out["attention_mask"].tolist() == [[0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]
+    assert out["reward_baselines"].tolist() == [0.5, 0.5] and out.meta["uid"] == ["a", "a"]

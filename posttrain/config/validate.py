@@ -127,9 +127,17 @@ def validate_config(cfg: Config) -> Config:
     _check(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights between "
                               "actor and rollout; remove the key")
 
+    ctok = cfg.critic.model.tokenizer_path
+    _check(ctok is None or ctok in (model.tokenizer_path, model.path),
+           "critic.model.tokenizer_path differs from the actor's tokenizer; the critic reads the actor's token ids, "
+           "so it must use the same tokenizer (remove the key)")
+
     # ---- rollout
     _choice(rollout.name, ("hf", "vllm", "sglang"), "actor_rollout_ref.rollout.name")
     _check(rollout.n >= 1, "actor_rollout_ref.rollout.n must be >= 1")
+    _check(rollout.prompt_length in (None, d.max_prompt_length),
+           "actor_rollout_ref.rollout.prompt_length differs from data.max_prompt_length; prompts are cut by "
+           "data.max_prompt_length, set that instead")
     _check(rollout.temperature >= 0, "actor_rollout_ref.rollout.temperature must be >= 0")
     _check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must lie in (0, 1]")
     _check(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n must be >= 1")

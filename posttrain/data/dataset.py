@@ -121,8 +121,11 @@ class RLDataset:
         if not isinstance(reward, dict) or "ground_truth" not in reward:
             raise DataError(f"{where}: column 'reward_model' must be a struct with 'ground_truth', got {reward!r:.80}")
         messages = prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'")
+        extra_info = dict(row.get("extra_info") or {})
+        if return_raw_chat:  # scorers see the conversation, e.g. to grade with their own template
+            extra_info["raw_prompt"] = messages
         return PromptItem(prompt_ids=encode_prompt(tokenizer, messages), data_source=str(row[reward_fn_key]),
-                          ground_truth=reward["ground_truth"], extra_info=dict(row.get("extra_info") or {}),
+                          ground_truth=reward["ground_truth"], extra_info=extra_info,
                           raw_prompt=messages if return_raw_chat else None)
 
     def __len__(self) -> int:

@@ -64,6 +64,14 @@ def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool =
     model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32,
                                                  trust_remote_code=trust_remote_code).to(device)
     if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
         model.config.use_cache = False
     return model
+
+
+def enable_checkpointing(model) -> None:
+    """Activation checkpointing under whichever name this transformers version uses."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -38,10 +38,10 @@ def _call(fn, args):
 
 class RewardManager:
     def __init__(self, tokenizer, *, compute_score: Callable | None = None, num_workers: int = 0,
-                 timeout_s: float = 10.0, overlong: tuple[int, int, float] | None = None):
+                 timeout_s: float = 10.0, overlong: tuple[int, int, float] | None = None, log_overlong: bool = False):
         self.tokenizer = tokenizer
         self.compute_score = compute_score or default_compute_score
-        self.num_workers, self.timeout_s, self.overlong = num_workers, timeout_s, overlong
+        self.num_workers, self.timeout_s, self.overlong, self.log_overlong = num_workers, timeout_s, overlong, log_overlong
         self._pool: ProcessPoolExecutor | None = None
         self.warned = 0
 
@@ -53,7 +53,7 @@ class RewardManager:
         ob = cfg.reward_model.overlong_buffer
         overlong = (cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None
         return cls(tokenizer, compute_score=fn, num_workers=cfg.reward_model.num_workers,
-                   timeout_s=cfg.reward_model.timeout_s, overlong=overlong)
+                   timeout_s=cfg.reward_model.timeout_s, overlong=overlong, log_overlong=ob.log)
 
     def check_data_sources(self, sources) -> None:
         """Fail before training when a data_source has no scorer (a custom function handles every source)."""
@@ -90,13 +90,14 @@ class RewardManager:
                 value = value["score"]
             scores[i] = float(value)
         extras["acc"] = [float(s > 0) for s in scores.tolist()]
+        extras["score"] = scores.tolist()  # the task's own score; shaping below changes only the training reward
         if self.overlong:
             max_len, buf, factor = self.overlong
             lengths = mask.sum(-1).tolist()
             penalties = [overlong_penalty(int(n), max_len, buf, factor) for n in lengths]
-            extras["overlong_penalty"] = penalties
+            if self.log_overlong:
+                extras["overlong_penalty"] = penalties
             scores = scores + torch.tensor(penalties)
-        extras["score"] = scores.tolist()
         extras["response_text"] = texts
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
         last = (mask.sum(-1) - 1).clamp(min=0)

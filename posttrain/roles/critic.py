@@ -35,7 +35,9 @@ class ValueModel(nn.Module):
             setattr(config, key, value)
         backbone = AutoModel.from_pretrained(path, config=config, dtype=torch.float32, trust_remote_code=trust_remote_code)
         if gradient_checkpointing:
-            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            from ..models.load import enable_checkpointing
+
+            enable_checkpointing(backbone)
         model = cls(backbone, config.hidden_size).to(device)
         head = Path(path) / "value_head.safetensors"
         if head.is_file():  # a critic checkpoint: restore its head too

@@ -76,12 +76,12 @@ def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:
     parts = []
     for b in batches:
         p, l = P - b["prompts"].shape[1], L - b["responses"].shape[1]
-        t = dict(b.tensors)
+        t = {k: v for k, v in b.tensors.items() if k not in ("input_ids", "attention_mask")}  # rebuilt below
         t["prompts"] = pad(t["prompts"], (p, 0), value=pad_id)
         t["prompt_mask"] = pad(t["prompt_mask"], (p, 0))
         t["responses"] = pad(t["responses"], (0, l), value=pad_id)
         for key, value in t.items():
-            if key not in ("prompts", "prompt_mask", "responses", "input_ids", "attention_mask") and value.dim() == 2:
+            if key not in ("prompts", "prompt_mask", "responses") and value.dim() == 2:
                 t[key] = pad(value, (0, l))
         parts.append(Batch(t, b.meta))
     out = Batch.concat(parts)

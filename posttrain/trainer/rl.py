@@ -141,7 +141,8 @@ class RLTrainer:
         while n_prompts < want:
             n_gen += 1
             batch = self._generate_scored(self._next_items(), f"s{self.global_step}g{n_gen}", timing)
-            metric = batch.meta["reward:acc"] if fg.metric == "acc" else batch.meta["reward:score"]
+            # acc: correct or not; score / seq_reward / seq_final_reward: the sequence reward incl. shaping
+            metric = batch.meta["reward:acc"] if fg.metric == "acc" else batch["token_level_scores"].sum(-1).tolist()
             groups: dict = {}
             for i, (uid, value) in enumerate(zip(batch.meta["uid"], metric)):
                 groups.setdefault(uid, []).append((i, value))
@@ -163,8 +164,10 @@ class RLTrainer:
         batch, metrics = self._rollout(timing)
         if self.needs_old_log_prob:
             with _timer(timing, "old_log_prob"):
+                r = cfg.actor_rollout_ref.rollout
                 batch["old_log_probs"], _ = self.actor.compute_log_prob(
-                    batch, micro_batch_size=cfg.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)
+                    batch, micro_batch_size=r.log_prob_micro_batch_size_per_gpu,
+                    max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None)
         if self.reference is not None:
             with _timer(timing, "ref"):
                 batch["ref_log_probs"] = self.reference.compute_log_prob(batch)
@@ -218,15 +221,15 @@ class RLTrainer:
             items = [self.val_data[i] for i in range(start, min(start + chunk, len(self.val_data)))]
             torch.manual_seed(self.cfg.trainer.seed + 17 * start)
             batch = self.rollout.generate(_to_batch(items, self.rollout.pad_id, f"v{start}"), self.val_sampling)
-            token_scores, extras = self.reward(batch)
+            _, extras = self.reward(batch)
             texts = extras["response_text"]
             sources += batch.meta["data_source"]
             uids += batch.meta["uid"]
-            scores += token_scores.sum(-1).tolist()
+            scores += extras["score"]
             answers += [_answer(ds, t) for ds, t in zip(batch.meta["data_source"], texts)]
             samples += [{"data_source": ds, "ground_truth": str(gt), "response": t, "score": s}
                         for ds, gt, t, s in zip(batch.meta["data_source"], batch.meta["ground_truth"], texts,
-                                                token_scores.sum(-1).tolist())]
+                                                extras["score"])]
         out = validation_metrics(sources, uids, scores, answers)
         tr = self.cfg.trainer
         if tr.log_val_generations:
@@ -243,7 +246,8 @@ class RLTrainer:
     def fit(self) -> dict[str, float]:
         cfg, tr = self.cfg, self.cfg.trainer
         self._maybe_resume()
-        tracker = Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name, name=tr.experiment_name)
+        tracker = Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name, name=tr.experiment_name,
+                          resumed_step=self.global_step)
         last_val: dict[str, float] = {}
         try:
             if (tr.val_before_train or tr.val_only) and self.val_data is not None and self.global_step == 0:
@@ -285,7 +289,8 @@ class RLTrainer:
                                extra={"kl_ctrl": self.kl_ctrl.state_dict(), "skipped_steps": self.actor.skipped_steps,
                                       "data_cursor": self.data_cursor},
                                contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
-                               keep=tr.max_actor_ckpt_to_keep)
+                               keep=min((k for k in (tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep) if k),
+                                        default=None))
 
     def _maybe_resume(self) -> None:
         tr = self.cfg.trainer

@@ -13,10 +13,10 @@ CONSOLE_KEYS = ("critic/score/mean", "val-core", "actor/pg_loss", "actor/kl_loss
 
 class Tracker:
     def __init__(self, loggers: list[str], run_dir: Path, total_steps: int, *, project: str = "", name: str = "",
-                 config: dict | None = None):
+                 config: dict | None = None, resumed_step: int = 0):
         self.run_dir, self.total_steps = Path(run_dir), total_steps
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = (self.run_dir / "metrics.jsonl").open("a")
+        self.jsonl = self._open_jsonl(self.run_dir / "metrics.jsonl", resumed_step)
         self.console = "console" in loggers
         self.start = time.time()
         self.tb = self.wandb = self.mlflow = None
@@ -46,6 +46,18 @@ class Tracker:
                                       TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False)
             self._task = self._progress.add_task("train", total=total_steps)
             self._progress.start()
+
+    @staticmethod
+    def _open_jsonl(path: Path, resumed_step: int):
+        """A fresh run starts an empty file; a resumed one keeps the lines up to its checkpoint (a killed run may
+        have logged steps after it, which will be run again)."""
+        kept = []
+        if resumed_step > 0 and path.is_file():
+            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resumed_step]
+        f = path.open("w")
+        f.write("".join(line + "\n" for line in kept))
+        f.flush()
+        return f
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items()}
