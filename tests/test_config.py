@@ -50,7 +50,7 @@ def test_typical_command_line_is_accepted():
     actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.fsdp_config.param_offload=True
     algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","tensorboard"]
-    trainer.project_name=grpo_example trainer.experiment_name=qwen2_7b_function_rm trainer.n_gpus_per_node=8
+    trainer.project_name=grpo_example trainer.experiment_name=qwen2_7b_function_rm trainer.n_gpus_per_node=1
     trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15"""
     cfg = load_config(None, line.split())
     assert cfg.data.train_files == ["a.parquet", "b.parquet"]
@@ -70,7 +70,13 @@ def test_unknown_key_suggests_closest():
 def test_unsupported_keys_say_what_to_use():
     rejects(["actor_rollout_ref.actor.ppo_micro_batch_size=4"], "not supported", "ppo_micro_batch_size_per_gpu")
     rejects(["ray_init.num_cpus=4"], "does not use Ray")
-    rejects(["actor_rollout_ref.actor.strategy=megatron"], "FSDP2")
+    rejects(["actor_rollout_ref.actor.strategy=megatron"], "use fsdp or fsdp2")
+    rejects(["trainer.n_gpus_per_node=8"], "more than one process is not available yet", "n_gpus_per_node=1")
+    rejects(["trainer.nnodes=2"], "more than one process")
+    rejects(["actor_rollout_ref.actor.fsdp_config.param_offload=True"], "offloading", "not available yet")
+    rejects(["critic.model.fsdp_config.optimizer_offload=True"], "critic.model.fsdp_config")
+    rejects(["actor_rollout_ref.ref.fsdp_config.fsdp_size=4"], "fsdp_size=4")
+    rejects(["actor_rollout_ref.model.lora_rank=8"], "LoRA is not available yet")
     rejects(["actor_rollout_ref.model.use_liger=True"], "not supported")
     rejects(["reward_model.enable=True"], "not supported")
 

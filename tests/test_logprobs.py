@@ -296,7 +296,7 @@ def test_absolute_position_model_uses_mask_positions():
 def test_unsupported_logit_transform_fails_loudly():
     model = _tiny("CohereForCausalLM", "CohereConfig", logit_scale=0.25)
     ids, mask = _batch(96, seed=8)
-    with pytest.raises(NotImplementedError, match="transforms its logits"):
+    with pytest.raises(ValueError, match="transforms its logits"):
         response_logprobs(model, ids, mask, L)
 
 

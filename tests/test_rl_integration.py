@@ -99,3 +99,13 @@ def test_gsm8k_command_line_runs_and_checkpoints(tmp_path, tiny_model_dir):
         assert key in metrics[-1], key
     assert (run / "global_step_2" / "actor" / "model.safetensors").is_file()
     assert (run / "config.yaml").is_file() and list((run / "tensorboard").iterdir())
+
+
+def test_start_as_several_processes_is_refused(monkeypatch, tiny_model_dir):
+    from posttrain.config import ConfigError
+    from posttrain.trainer.rl import preflight
+
+    cfg = load_config(None, [f"actor_rollout_ref.model.path={tiny_model_dir}", "data.train_files=x.jsonl"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="more than one process is not available yet"):
+        preflight(cfg)

@@ -19,9 +19,9 @@ UNSUPPORTED_KEYS = {
     "actor_rollout_ref.rollout.multi_turn": "multi-turn tool rollouts are not supported; remove the key",
     "actor_rollout_ref.rollout.engine_kwargs": "engine-specific kwargs of vLLM/SGLang; posttrain generates with "
                                                "transformers, remove the key",
-    "actor_rollout_ref.actor.megatron": "Megatron is not supported; posttrain uses FSDP2 (strategy=fsdp2)",
-    "actor_rollout_ref.ref.megatron": "Megatron is not supported; posttrain uses FSDP2",
-    "ray_init": "posttrain does not use Ray; multi-process runs are launched with torchrun",
+    "actor_rollout_ref.actor.megatron": "Megatron is not supported; remove the key (strategy=fsdp)",
+    "actor_rollout_ref.ref.megatron": "Megatron is not supported; remove the key",
+    "ray_init": "posttrain does not use Ray; remove the key",
     "trainer.ray_wait_register_center_timeout": "posttrain does not use Ray; remove the key",
 }
 
@@ -106,8 +106,18 @@ def validate_config(cfg: Config) -> Config:
     _check(actor.loss_scale_factor is None or actor.loss_scale_factor > 0,
            "actor_rollout_ref.actor.loss_scale_factor must be positive (or null for data.max_response_length)")
     _check(actor.strategy in ("fsdp", "fsdp2"),
-           f"actor_rollout_ref.actor.strategy={actor.strategy!r}: posttrain trains with FSDP2; use fsdp or fsdp2")
+           f"actor_rollout_ref.actor.strategy={actor.strategy!r} is not supported; use fsdp or fsdp2")
     _check(cfg.critic.strategy in ("fsdp", "fsdp2"), f"critic.strategy={cfg.critic.strategy!r}: use fsdp or fsdp2")
+    for key, fsdp in (("actor_rollout_ref.actor.fsdp_config", actor.fsdp_config),
+                      ("critic.model.fsdp_config", cfg.critic.model.fsdp_config)):
+        _check(not fsdp.param_offload and not fsdp.optimizer_offload,
+               f"{key}.param_offload/optimizer_offload=True: offloading trained weights or optimizer state is not "
+               "available yet (training runs in one process); set both to False")
+    for key, fsdp in (("actor_rollout_ref.actor.fsdp_config", actor.fsdp_config),
+                      ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config),
+                      ("critic.model.fsdp_config", cfg.critic.model.fsdp_config)):
+        _check(fsdp.fsdp_size in (-1, 1), f"{key}.fsdp_size={fsdp.fsdp_size}: sharding across processes is not "
+                                          "available yet (training runs in one process); use -1")
     _check(actor.ulysses_sequence_parallel_size == 1,
            "actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1: sequence parallelism is not supported; "
            "use use_dynamic_bsz / gradient checkpointing to fit long sequences")
@@ -123,7 +133,8 @@ def validate_config(cfg: Config) -> Config:
     for key in ("use_liger", "use_fused_kernels", "enable_activation_offload"):
         _check(not getattr(model, key), f"actor_rollout_ref.model.{key}=True is not supported; posttrain computes "
                                          "log-probs in chunks and offers enable_gradient_checkpointing instead")
-    _check(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank must be >= 0")
+    _check(model.lora_rank == 0, f"actor_rollout_ref.model.lora_rank={model.lora_rank}: LoRA is not available yet; "
+                                 "use 0 to train all weights")
     _check(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights between "
                               "actor and rollout; remove the key")
 
@@ -167,6 +178,10 @@ def validate_config(cfg: Config) -> Config:
     if tr.resume_mode == "resume_path":
         _check(bool(tr.resume_from_path), "trainer.resume_mode=resume_path needs trainer.resume_from_path")
     _choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
+    _check(tr.nnodes == 1 and tr.n_gpus_per_node == 1,
+           f"trainer.nnodes={tr.nnodes} trainer.n_gpus_per_node={tr.n_gpus_per_node}: training in more than one "
+           "process is not available yet; posttrain trains in one process on one device (CPU or one GPU) — set "
+           "trainer.nnodes=1 trainer.n_gpus_per_node=1")
     _check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
     _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
     return cfg

@@ -19,6 +19,26 @@ def _as_list(files) -> list[str]:
     return [files] if isinstance(files, str) else [str(f) for f in files]
 
 
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(1-based line number, row) for each non-blank line of a jsonl file, so later checks can name the line too."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: file not found")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: row {lineno - 1} (line {lineno}) is not valid JSON: {e.msg}") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}: row {lineno - 1} (line {lineno}) is not a JSON object")
+            rows.append((lineno, row))
+    return rows
+
+
 def read_rows(path: str | Path) -> list[dict]:
     """All rows of one parquet or jsonl file as dicts."""
     path = Path(path)
@@ -32,19 +52,7 @@ def read_rows(path: str | Path) -> list[dict]:
         except Exception as e:  # pyarrow raises several types for corrupt files
             raise DataError(f"{path}: not a readable parquet file ({e})") from None
     if path.suffix in (".jsonl", ".json"):
-        rows = []
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: row {lineno - 1} (line {lineno}) is not valid JSON: {e.msg}") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}: row {lineno - 1} (line {lineno}) is not a JSON object")
-                rows.append(row)
-        return rows
+        return [row for _, row in read_jsonl(path)]
     raise DataError(f"{path}: unsupported file type '{path.suffix}' (use .parquet or .jsonl)")
 
 

@@ -183,7 +183,7 @@ def _check_head(base: nn.Module, model_logits: Tensor, last_hidden: Tensor, proj
         theirs = model_logits.float()
         tol = 1e-3 + 2e-2 * theirs.abs().max().item()
         if ours.shape != theirs.shape or (ours - theirs).abs().max().item() > tol:
-            raise NotImplementedError(
+            raise ValueError(
                 f"{type(base).__name__} transforms its logits beyond the output projection (e.g. a logit scale); "
                 "posttrain.models.logprobs does not reproduce that transform"
             )
@@ -214,7 +214,7 @@ def response_logprobs(
     if not 1 <= L < input_ids.shape[1]:
         raise ValueError(f"response_length must be in [1, {input_ids.shape[1] - 1}], got {L}")
     if getattr(getattr(model, "active_peft_config", None), "is_prompt_learning", False):
-        raise NotImplementedError("prompt-learning peft adapters are not supported; use LoRA")
+        raise ValueError("prompt-learning peft adapters are not supported; use LoRA")
 
     base = _unwrap(model)
     decoder = _decoder(base)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -29,8 +30,9 @@ from .tracking import Tracker
 def preflight(cfg) -> None:
     """Settings the loop cannot run yet, rejected before any model is loaded."""
     model = cfg.actor_rollout_ref.model
-    if model.lora_rank > 0:
-        raise ConfigError("actor_rollout_ref.model.lora_rank > 0: LoRA is not available yet; train all weights")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("started as several processes (WORLD_SIZE > 1, e.g. by torchrun): training in more than "
+                          "one process is not available yet; start posttrain as one process")
     if not model.path:
         raise ConfigError("actor_rollout_ref.model.path is required (a local Hugging Face model directory)")
     if not cfg.data.train_files:

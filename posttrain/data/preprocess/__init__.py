@@ -11,33 +11,12 @@ import os
 import re
 from pathlib import Path
 
+from ..dataset import read_jsonl  # noqa: F401  (re-exported for the per-dataset converters)
+
 # dataset name -> folder under shared/data holding its original files
 DATASET_DIRS = {"gsm8k": "gsm8k", "math": "math500"}
 SPLITS = ("train", "test")
 FORMATS = ("parquet", "jsonl", "both")
-
-
-def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
-    """(1-based line number, row) for each row of a jsonl file, so later checks can name the line too.
-
-    A bad line raises ValueError naming the file and its line number; a missing file, FileNotFoundError.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"input file not found: {path}")
-    rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {lineno} is not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}: line {lineno} is not a JSON object")
-            rows.append((lineno, row))
-    return rows
 
 
 def require_field(row: dict, field: str, path: Path | str, lineno: int) -> str:
