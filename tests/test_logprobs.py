@@ -143,6 +143,17 @@ def _model_reference(model, ids, mask, temperature=1.0):
     return reference(logits[:, P - 1 : -1], ids[:, P:], temperature)
 
 
+def _assert_matches_model_reference(model, seed: int, chunk_size: int = 3):
+    """response_logprobs of ``model`` on a random batch equals the float64 full-logits reference on real positions."""
+    ids, mask = _batch(96, seed=seed)
+    valid = mask[:, P:].bool()
+    ref_lp, ref_ent = _model_reference(model, ids, mask)
+    with torch.no_grad():
+        logp, ent = response_logprobs(model, ids, mask, L, chunk_size=chunk_size)
+    assert (logp.double() - ref_lp)[valid].abs().max() < 1e-4
+    assert (ent.double() - ref_ent)[valid].abs().max() < 1e-4
+
+
 def test_response_logprobs_matches_float64_reference(model):
     ids, mask = _batch(model.config.vocab_size)
     valid = mask[:, P:].bool()
@@ -265,13 +276,7 @@ def test_gemma2_final_logit_softcapping():
     model = _tiny("Gemma2ForCausalLM", "Gemma2Config", final_logit_softcapping=1.5)
     with torch.no_grad():  # make the cap bite: large logits
         model.model.embed_tokens.weight.mul_(30)
-    ids, mask = _batch(96, seed=7)
-    valid = mask[:, P:].bool()
-    ref_lp, ref_ent = _model_reference(model, ids, mask)
-    with torch.no_grad():
-        logp, ent = response_logprobs(model, ids, mask, L, chunk_size=3)
-    assert (logp.double() - ref_lp)[valid].abs().max() < 1e-4
-    assert (ent.double() - ref_ent)[valid].abs().max() < 1e-4
+    _assert_matches_model_reference(model, seed=7)
 
 
 def test_absolute_position_model_uses_mask_positions():
@@ -284,13 +289,7 @@ def test_absolute_position_model_uses_mask_positions():
     model = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
         model.transformer.wpe.weight.normal_(0, 1.0)
-    ids, mask = _batch(96, seed=9)
-    valid = mask[:, P:].bool()
-    ref_lp, ref_ent = _model_reference(model, ids, mask)
-    with torch.no_grad():
-        logp, ent = response_logprobs(model, ids, mask, L, chunk_size=3)
-    assert (logp.double() - ref_lp)[valid].abs().max() < 1e-4
-    assert (ent.double() - ref_ent)[valid].abs().max() < 1e-4
+    _assert_matches_model_reference(model, seed=9)
 
 
 def test_unsupported_logit_transform_fails_loudly():

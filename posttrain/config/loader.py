@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import typing
@@ -105,24 +106,12 @@ def coerce(value: Any, tp, key: str) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "false"):
             return value.lower() == "true"
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
+    elif tp in (int, float) and not isinstance(value, bool):
         if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
+            with contextlib.suppress(ValueError):
+                return tp(value)
+        elif isinstance(value, int) or (isinstance(value, float) and (tp is float or value.is_integer())):
+            return tp(value)
     elif tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)

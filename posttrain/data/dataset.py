@@ -19,6 +19,12 @@ def _as_list(files) -> list[str]:
     return [files] if isinstance(files, str) else [str(f) for f in files]
 
 
+def layout_row(data_source: str, user_text: str, ground_truth: str, extra_info: dict, ability: str = "math") -> dict:
+    """One row of the RL data layout (DESIGN.md): a single user turn scored by the rule scorer of ``data_source``."""
+    return {"data_source": data_source, "prompt": [{"role": "user", "content": user_text}], "ability": ability,
+            "reward_model": {"style": "rule", "ground_truth": ground_truth}, "extra_info": extra_info}
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(1-based line number, row) for each non-blank line of a jsonl file, so later checks can name the line too."""
     path = Path(path)

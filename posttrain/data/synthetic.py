@@ -11,6 +11,8 @@ import json
 import random
 from pathlib import Path
 
+from .dataset import layout_row
+
 DATA_SOURCE = "synthetic/arithmetic"
 
 
@@ -28,9 +30,7 @@ def prompt_text(a: int, b: int) -> str:
 
 
 def rl_row(a: int, b: int, split: str, index: int) -> dict:
-    return {"data_source": DATA_SOURCE, "prompt": [{"role": "user", "content": prompt_text(a, b)}], "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
-            "extra_info": {"split": split, "index": index}}
+    return layout_row(DATA_SOURCE, prompt_text(a, b), str(a + b), {"split": split, "index": index})
 
 
 def sft_row(a: int, b: int, rng: random.Random, carry_drop_frac: float, index: int) -> dict:

@@ -15,6 +15,12 @@ class SamplingParams:
     max_new_tokens: int = 512
     ignore_eos: bool = False
 
+    @classmethod
+    def of(cls, settings, *, max_new_tokens: int, ignore_eos: bool = False) -> "SamplingParams":
+        """From config settings holding n / do_sample / temperature / top_p / top_k (rollout or its val_kwargs)."""
+        return cls(n=settings.n, do_sample=settings.do_sample, temperature=settings.temperature,
+                   top_p=settings.top_p, top_k=settings.top_k, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
+
     @property
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0

@@ -99,11 +99,8 @@ class RLTrainer:
                                  micro_batch_size=arr.rollout.micro_batch_size)
         r = arr.rollout
         self.max_new = r.response_length or cfg.data.max_response_length
-        self.sampling = SamplingParams(n=r.n, do_sample=r.do_sample, temperature=r.temperature, top_p=r.top_p,
-                                       top_k=r.top_k, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
-        v = r.val_kwargs
-        self.val_sampling = SamplingParams(n=v.n, do_sample=v.do_sample, temperature=v.temperature, top_p=v.top_p,
-                                           top_k=v.top_k, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
+        self.sampling = SamplingParams.of(r, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
+        self.val_sampling = SamplingParams.of(r.val_kwargs, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
         a = arr.actor
         self.needs_old_log_prob = (a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size
                                    or cfg.algorithm.use_kl_in_reward or r.calculate_log_probs)

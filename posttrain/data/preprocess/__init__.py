@@ -11,8 +11,6 @@ import os
 import re
 from pathlib import Path
 
-from ..dataset import read_jsonl  # noqa: F401  (re-exported for the per-dataset converters)
-
 # dataset name -> folder under shared/data holding its original files
 DATASET_DIRS = {"gsm8k": "gsm8k", "math": "math500"}
 SPLITS = ("train", "test")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import read_jsonl, require_field
+from ..dataset import layout_row, read_jsonl
+from . import require_field
 
 DATA_SOURCE = "openai/gsm8k"
 # The instruction matches what the strict scorer looks for, so a model can earn reward by following the prompt.
@@ -28,11 +29,6 @@ def convert(input_path: str | Path, split: str) -> list[dict]:
         truth = ground_truth_of(solution)
         if truth is None:
             raise ValueError(f"{input_path}: line {lineno}: 'answer' has no final '#### N' line")
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": question + INSTRUCTION}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": truth},
-            "extra_info": {"split": split, "index": index, "answer": solution, "question": question},
-        })
+        rows.append(layout_row(DATA_SOURCE, question + INSTRUCTION, truth,
+                               {"split": split, "index": index, "answer": solution, "question": question}))
     return rows

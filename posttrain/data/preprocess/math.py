@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...reward.math import extract_boxed
-from . import read_jsonl, require_field
+from ..dataset import layout_row, read_jsonl
+from . import require_field
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 # The instruction asks for the `\boxed{}` form that the scorer extracts.
@@ -26,11 +27,6 @@ def convert(input_path: str | Path, split: str) -> list[dict]:
         truth = answer.strip() if isinstance(answer, str) and answer.strip() else extract_boxed(solution)
         if not truth:
             raise ValueError(f"{input_path}: line {lineno}: no 'answer' field and no \\boxed{{}} answer in 'solution'")
-        rows.append({
-            "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": problem + INSTRUCTION}],
-            "ability": "math",
-            "reward_model": {"style": "rule", "ground_truth": truth},
-            "extra_info": {"split": split, "index": index, "answer": solution, "question": problem},
-        })
+        rows.append(layout_row(DATA_SOURCE, problem + INSTRUCTION, truth,
+                               {"split": split, "index": index, "answer": solution, "question": problem}))
     return rows
