@@ -150,6 +150,33 @@ def test_user_kl(cleanup):
         kl_penalty(x, y, "_test_quartik")
 
 
+def test_registering_a_taken_name_needs_override(cleanup):
+    """A built-in name is never replaced by accident: grpo keeps its function and its `uses_groups` metadata."""
+    grpo_fn = get_advantage_estimator("grpo")
+    with pytest.raises(ValueError, match=r"\['grpo'\] is already registered; pass override=True"):
+        @register_advantage("grpo")
+        def mine(**_):
+            raise AssertionError
+    assert get_advantage_estimator("grpo") is grpo_fn and estimator_info("grpo").uses_groups
+    for register, name in ((register_policy_loss, "vanilla"), (register_kl, "k3")):
+        with pytest.raises(ValueError, match="pass override=True"):
+            register(name)(lambda *a, **k: None)
+    with pytest.raises(TypeError):  # metadata typos fail before anything is registered
+        register_advantage("_test_bad_meta", uses_group=True)
+    assert "_test_bad_meta" not in ADVANTAGE_ESTIMATORS
+
+    @register_advantage("_test_twice")
+    def first(**_):
+        return None
+
+    @register_advantage("_test_twice", override=True, uses_groups=True)
+    def second(**_):
+        return None
+
+    cleanup.append((ADVANTAGE_ESTIMATORS, "_test_twice"))
+    assert get_advantage_estimator("_test_twice") is second and estimator_info("_test_twice").uses_groups
+
+
 def test_unknown_name_without_close_match_lists_known():
     with pytest.raises(KeyError) as err:
         get_policy_loss("zzzzzzzzzzzz")

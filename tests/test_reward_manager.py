@@ -87,3 +87,15 @@ def test_default_dispatch_and_unknown_source(tiny_tokenizer):
     with pytest.raises(KeyError, match="no reward function for data_source 'nope'.*custom_reward_function.path"):
         rm.check_data_sources(["openai/gsm8k", "nope"])
     RewardManager(tiny_tokenizer, compute_score=scorer).check_data_sources(["nope"])  # a custom function takes all
+
+
+def test_scorer_acc_is_kept():
+    """A scorer's own `acc` wins over `score > 0` (partial credit is not success; DAPO filters on this field);
+    rows whose scorer gives no `acc` get `score > 0`."""
+    def partial(data_source, solution_str, ground_truth, extra_info):
+        return {"score": 0.5, "acc": 0.0} if solution_str == "a" else 1.0
+
+    rm = RewardManager(FakeTokenizer(), compute_score=partial)
+    scores, extras = rm(make_batch([[0], [1]], [[1], [1]]))
+    assert scores.sum(-1).tolist() == [0.5, 1.0]
+    assert extras["acc"] == [0.0, 1.0]

@@ -252,7 +252,10 @@ def test_register_scorer(clean_registry):
 
 
 def test_register_scorer_can_override_a_builtin(clean_registry):
-    register_scorer("gsm8k")(lambda s, gt, extra_info=None: 0.5)
+    with pytest.raises(ValueError, match=r"'gsm8k'\] already has a scorer; pass override=True"):
+        register_scorer("gsm8k")(lambda s, gt, extra_info=None: 0.5)
+    assert default_compute_score("gsm8k", "#### 1", "1") == 1.0  # the refused registration changed nothing
+    register_scorer("gsm8k", override=True)(lambda s, gt, extra_info=None: 0.5)
     assert default_compute_score("gsm8k", "#### 1", "1") == 0.5
     assert default_compute_score("openai/gsm8k", "#### 1", "1") == 1.0  # other sources keep theirs
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from posttrain.config import load_config
 from posttrain.trainer.rl import RLTrainer
@@ -37,15 +38,20 @@ def test_same_seed_same_numbers(small_task):
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("algo", [[], ["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.type=adaptive",
-                                          "algorithm.use_kl_in_reward=True"]], ids=["grpo", "ppo_adaptive_kl"])
-def test_resume_continues_from_the_last_checkpoint(small_task, algo):
+SHUFFLED_MINI_BATCHES = ["actor_rollout_ref.actor.shuffle=True", "actor_rollout_ref.actor.ppo_mini_batch_size=15"]
+
+
+@pytest.mark.parametrize("algo", [[], SHUFFLED_MINI_BATCHES,
+                                  ["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.type=adaptive",
+                                   "algorithm.use_kl_in_reward=True", "critic.shuffle=True", *SHUFFLED_MINI_BATCHES]],
+                         ids=["grpo", "grpo_shuffled", "ppo_adaptive_kl_shuffled"])
+def test_resume_continues_from_the_last_checkpoint(small_task, algo, request):
     out, files = small_task
-    name = "resume_" + ("ppo" if algo else "grpo")
+    name = "resume_" + request.node.callspec.id
     RLTrainer(rl_config(out, files, name, 2, "trainer.save_freq=1", *algo)).fit()
     step2 = out / name / "global_step_2"
     assert (step2 / "actor" / "model.safetensors").is_file() and (step2 / "actor_optim.pt").is_file()
-    if algo:
+    if "algorithm.adv_estimator=gae" in algo:
         assert (step2 / "critic" / "value_head.safetensors").is_file() and (step2 / "critic_optim.pt").is_file()
     (out / name / ".tmp_global_step_3").mkdir()  # debris of a run killed while saving is ignored
     RLTrainer(rl_config(out, files, name, 3, "trainer.save_freq=1", *algo)).fit()
@@ -109,3 +115,46 @@ def test_start_as_several_processes_is_refused(monkeypatch, tiny_model_dir):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="more than one process is not available yet"):
         preflight(cfg)
+
+
+def test_resume_restores_skipped_steps(small_task):
+    out, files = small_task
+    cfg = rl_config(out, files, "resume_skipped", 2)
+    trainer = RLTrainer(cfg)
+    trainer.global_step, trainer.actor.skipped_steps = 1, 3
+    trainer.save()
+    resumed = RLTrainer(cfg)
+    resumed._maybe_resume()
+    assert resumed.global_step == 1 and resumed.actor.skipped_steps == 3
+
+
+def test_val_only_validates_and_stops_from_a_checkpoint_too(small_task):
+    from posttrain.config import ConfigError
+
+    out, files = small_task
+    with pytest.raises(ConfigError, match="val_only=True validates and stops, so it needs data.val_files"):
+        rl_config(out, files, "val_only", 2, "trainer.val_only=True")
+    run = "val_only"
+    RLTrainer(rl_config(out, files, run, 1, "trainer.save_freq=1")).fit()
+    before = (out / run / "global_step_1" / "actor" / "model.safetensors").read_bytes()
+    val = RLTrainer(rl_config(out, files, run, 3, "trainer.val_only=True", f"data.val_files={files['rl_train']}",
+                              "data.val_batch_size=45")).fit()
+    assert any(k.startswith("val-core/") for k in val)
+    assert [m["step"] for m in read_metrics(out / run)] == [1, 1]  # the step-1 training line, then the validation
+    assert not (out / run / "global_step_2").exists()
+    assert (out / run / "global_step_1" / "actor" / "model.safetensors").read_bytes() == before
+
+
+def test_log_prob_passes_run_without_dropout(small_task):
+    """With dropout in the model config, old log-probs computed after an update (the model left in train mode)
+    are still deterministic: the pass runs in eval mode, so the first PPO ratio of a step is exactly 1."""
+    out, files = small_task
+    trainer = RLTrainer(rl_config(out, files, "dropout", 2, "+actor_rollout_ref.model.override_config.attention_dropout=0.5",
+                                  "actor_rollout_ref.actor.ppo_mini_batch_size=15"))
+    trainer.global_step = 1
+    trainer.train_step()
+    assert trainer.actor.model.training  # the update trains with dropout, as the config asks
+    batch, _ = trainer._rollout({})
+    first, _ = trainer.actor.compute_log_prob(batch)
+    second, _ = trainer.actor.compute_log_prob(batch)
+    assert torch.equal(first, second)

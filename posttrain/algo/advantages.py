@@ -29,12 +29,16 @@ ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator (algorithm.adv_es
 ESTIMATOR_INFO: dict[str, EstimatorInfo] = {}
 
 
-def register_advantage(name: str, **info):
-    """Decorator: `@register_advantage("my_est", uses_groups=True)` makes `algorithm.adv_estimator=my_est` work."""
+def register_advantage(name: str, *, override: bool = False, **info):
+    """Decorator: `@register_advantage("my_est", uses_groups=True)` makes `algorithm.adv_estimator=my_est` work.
+
+    Replacing an existing estimator needs `override=True`, and then its metadata is the one given here."""
+    metadata = EstimatorInfo(**info)  # a misspelt field fails here, before anything is registered
+    register = ADVANTAGE_ESTIMATORS.register(name, override=override)
 
     def decorate(fn):
-        ADVANTAGE_ESTIMATORS.register(name)(fn)
-        ESTIMATOR_INFO[name] = EstimatorInfo(**info)
+        register(fn)
+        ESTIMATOR_INFO[name] = metadata
         return fn
 
     return decorate

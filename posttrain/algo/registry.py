@@ -15,13 +15,25 @@ class Registry(Generic[F]):
         self.kind = kind
         self._table: dict[str, F] = {}
 
-    def register(self, *names: str) -> Callable[[F], F]:
+    def register(self, *names: str, override: bool = False) -> Callable[[F], F]:
+        """Decorator adding `fn` under `names`; a name already taken raises unless `override=True`, so a user's
+        function never silently replaces a built-in one (and the metadata that travels with it)."""
+        if not names:
+            raise ValueError(f"register a {self.kind} under at least one name")
+        if not override:
+            self.check_free(*names)
+
         def decorate(fn: F) -> F:
             for name in names:
                 self._table[name] = fn
             return fn
 
         return decorate
+
+    def check_free(self, *names: str) -> None:
+        taken = [n for n in names if n in self._table]
+        if taken:
+            raise ValueError(f"{self.kind} {taken} is already registered; pass override=True to replace it")
 
     def get(self, name: str) -> F:
         try:

@@ -182,6 +182,8 @@ def validate_config(cfg: Config) -> Config:
            f"trainer.nnodes={tr.nnodes} trainer.n_gpus_per_node={tr.n_gpus_per_node}: training in more than one "
            "process is not available yet; posttrain trains in one process on one device (CPU or one GPU) — set "
            "trainer.nnodes=1 trainer.n_gpus_per_node=1")
+    _check(not tr.val_only or bool(d.val_files), "trainer.val_only=True validates and stops, so it needs "
+                                                 "data.val_files")
     _check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
     _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
     return cfg

@@ -72,6 +72,7 @@ class RewardManager:
                 zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], batch.meta["extra_info"])]
         results = self._run_all(jobs)
         scores = torch.zeros(len(jobs))
+        own_acc: dict[int, float] = {}  # rows whose scorer reported its own `acc` (partial credit is not success)
         extras: dict[str, list] = {"errors": [], "timeouts": []}
         for i, (status, value) in enumerate(results):
             extras["errors"].append(float(status == "error"))
@@ -85,11 +86,13 @@ class RewardManager:
                 if "score" not in value:
                     raise ValueError(f"a reward function returned a dict without 'score': {value}")
                 for key, v in value.items():
-                    if key != "score" and isinstance(v, (int, float, bool)):
+                    if key == "acc" and isinstance(v, (int, float, bool)):
+                        own_acc[i] = float(v)
+                    elif key != "score" and isinstance(v, (int, float, bool)):
                         extras.setdefault(key, [0.0] * len(jobs))[i] = float(v)
                 value = value["score"]
             scores[i] = float(value)
-        extras["acc"] = [float(s > 0) for s in scores.tolist()]
+        extras["acc"] = [own_acc.get(i, float(s > 0)) for i, s in enumerate(scores.tolist())]
         extras["score"] = scores.tolist()  # the task's own score; shaping below changes only the training reward
         if self.overlong:
             max_len, buf, factor = self.overlong

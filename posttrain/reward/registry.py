@@ -30,14 +30,18 @@ _SCORERS: dict[str, Scorer] = {}
 _EXTRACTORS: dict[str, Callable[[str], "str | None"]] = {}
 
 
-def register_scorer(*data_sources: str, extract_answer: Callable[[str], "str | None"] | None = None):
+def register_scorer(*data_sources: str, extract_answer: Callable[[str], "str | None"] | None = None,
+                    override: bool = False):
     """Decorator: grade rows of these data sources with `fn(solution_str, ground_truth, extra_info=None)`.
 
     `extract_answer`, when given, is what majority voting uses to read a response's final answer for these sources.
-    Registering a source again replaces the earlier scorer (so users can override a built-in one).
+    A source that already has a scorer (a built-in one included) is replaced only with `override=True`.
     """
     if not data_sources or not all(isinstance(s, str) and s for s in data_sources):
         raise ValueError("register_scorer needs one or more non-empty data_source names, e.g. @register_scorer('foo')")
+    taken = [s for s in data_sources if s in _SCORERS]
+    if taken and not override:
+        raise ValueError(f"data_source {taken} already has a scorer; pass override=True to replace it")
 
     def decorator(fn):
         if not callable(fn):

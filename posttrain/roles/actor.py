@@ -22,6 +22,14 @@ class Actor:
         self.generator = torch.Generator().manual_seed(seed)
         self.skipped_steps = 0
 
+    def counters(self) -> dict:
+        """State beside weights and optimizer that a resume must restore for the run to continue exactly."""
+        return {"generator": self.generator.get_state(), "skipped_steps": self.skipped_steps}
+
+    def load_counters(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        self.skipped_steps = int(state["skipped_steps"])
+
     def compute_log_prob(self, batch: Batch, micro_batch_size=None, max_tokens=None, with_entropy=False):
         return batch_logprobs(self.model, batch, micro_batch_size=micro_batch_size or self.cfg.ppo_micro_batch_size_per_gpu,
                               max_tokens=max_tokens, device=self.device, dtype=self.dtype,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -53,15 +54,28 @@ def forward_logprobs(model, batch: Batch, *, device, dtype, temperature: float, 
     return logp, ent
 
 
+@contextlib.contextmanager
+def eval_mode(model):
+    """Dropout off for passes that must be deterministic (old/ref log-probs, values), the mode restored after;
+    updates run in train mode, so a model with dropout trains with it, as its config asks."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def batch_logprobs(model, batch: Batch, *, micro_batch_size, max_tokens, device, dtype, temperature,
                    with_entropy=False) -> tuple[torch.Tensor, torch.Tensor | None]:
     logps, ents = [], []
-    for mb in micro_batches(batch, micro_batch_size, max_tokens=max_tokens):
-        logp, ent = forward_logprobs(model, mb, device=device, dtype=dtype, temperature=temperature,
-                                     with_entropy=with_entropy)
-        logps.append(logp.cpu())
-        ents.append(ent.cpu() if ent is not None else None)
+    with eval_mode(model):
+        for mb in micro_batches(batch, micro_batch_size, max_tokens=max_tokens):
+            logp, ent = forward_logprobs(model, mb, device=device, dtype=dtype, temperature=temperature,
+                                         with_entropy=with_entropy)
+            logps.append(logp.cpu())
+            ents.append(ent.cpu() if ent is not None else None)
     return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
 
 

@@ -12,7 +12,7 @@ from torch import nn
 from ..algo import agg_norm, value_loss
 from ..data.batch import Batch
 from ..models.load import autocast
-from .common import make_optimizer, micro_batches, trimmed
+from .common import eval_mode, make_optimizer, micro_batches, trimmed
 
 
 class ValueModel(nn.Module):
@@ -82,6 +82,12 @@ class Critic:
         self.optimizer, self.scheduler = make_optimizer(model, cfg.optim, total_steps)
         self.generator = torch.Generator().manual_seed(seed + 1)
 
+    def counters(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_counters(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
     def _values(self, mb: Batch) -> torch.Tensor:
         ids, mask, resp_l, full_l = trimmed(mb)
         with autocast(self.device, self.dtype):
@@ -91,10 +97,9 @@ class Critic:
 
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        self.model.eval()
-        out = torch.cat([self._values(mb).cpu() for mb in micro_batches(batch, self.micro, max_tokens=self._max_tokens)])
-        self.model.train()
-        return out
+        with eval_mode(self.model):
+            return torch.cat([self._values(mb).cpu()
+                              for mb in micro_batches(batch, self.micro, max_tokens=self._max_tokens)])
 
     @property
     def _max_tokens(self):

@@ -249,11 +249,13 @@ class RLTrainer:
                           resumed_step=self.global_step)
         last_val: dict[str, float] = {}
         try:
-            if (tr.val_before_train or tr.val_only) and self.val_data is not None and self.global_step == 0:
+            if tr.val_only:  # evaluate the starting point (a resumed checkpoint too) and stop: nothing trains
                 last_val = self.validate()
                 tracker.log(last_val, self.global_step)
-                if tr.val_only:
-                    return last_val
+                return last_val
+            if tr.val_before_train and self.val_data is not None and self.global_step == 0:
+                last_val = self.validate()
+                tracker.log(last_val, self.global_step)
             while self.global_step < self.total_steps:
                 self.global_step += 1
                 metrics = self.train_step()
@@ -285,8 +287,8 @@ class RLTrainer:
     def save(self) -> Path:
         tr = self.cfg.trainer
         return save_checkpoint(self.run_dir, self.global_step, self.roles, tokenizer=self.tokenizer,
-                               extra={"kl_ctrl": self.kl_ctrl.state_dict(), "skipped_steps": self.actor.skipped_steps,
-                                      "data_cursor": self.data_cursor},
+                               extra={"kl_ctrl": self.kl_ctrl.state_dict(), "data_cursor": self.data_cursor,
+                                      "roles": {name: role.counters() for name, role in self.roles.items()}},
                                contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
                                keep=min((k for k in (tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep) if k),
                                         default=None))
@@ -304,6 +306,8 @@ class RLTrainer:
         self.data_cursor = int(extra.get("data_cursor", self.global_step))
         if "kl_ctrl" in extra:
             self.kl_ctrl.load_state_dict(extra["kl_ctrl"])
+        for name, state in extra.get("roles", {}).items():
+            self.roles[name].load_counters(state)
         print(f"resumed from {path} at step {self.global_step}")
 
     @staticmethod
