@@ -22,15 +22,31 @@ def _load(args):
 
 
 def cmd_train(args) -> int:
+    from .parallel import launch
+
     cfg = _load(args)
+    if launch.inside_launcher():
+        for note in launch.adopt_launcher_world(cfg):
+            print(f"note: {note}", file=sys.stderr)
     if args.print_config:
         from .config import to_yaml
 
         print(to_yaml(cfg), end="")
         return 0
+    if launch.requested_world(cfg) > 1 and not launch.inside_launcher():
+        launch.check_launchable(cfg)
+        return launch.launch_local(args.argv, cfg.trainer.n_gpus_per_node)
     from .trainer.rl import run_rl
 
     run_rl(cfg)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .trainer.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.output_dir, role=args.role)
+    print(f"{args.role} of {args.checkpoint} -> {out}")
     return 0
 
 
@@ -90,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rl-steps", type=int, default=40)
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("export", help="a checkpoint as a plain Hugging Face folder (LoRA merged)")
+    p.add_argument("checkpoint", help="RUN_DIR/global_step_N")
+    p.add_argument("output_dir")
+    p.add_argument("--role", default="actor", choices=["actor", "critic"])
+    p.set_defaults(func=cmd_export)
+
     p = sub.add_parser("prepare", help="turn GSM8K / MATH original files into the RL data layout")
     p.add_argument("dataset", choices=["gsm8k", "math"])
     p.add_argument("--input", default=None, help="original file or folder (default: the shared data folder)")
@@ -102,13 +124,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
 
+    from .parallel.launch import WorkerFailed
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except WorkerFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # under a launcher, record() writes a failing rank's error where the launcher reports it from
+    sys.exit(record(main)())

@@ -71,14 +71,34 @@ def test_unsupported_keys_say_what_to_use():
     rejects(["actor_rollout_ref.actor.ppo_micro_batch_size=4"], "not supported", "ppo_micro_batch_size_per_gpu")
     rejects(["ray_init.num_cpus=4"], "does not use Ray")
     rejects(["actor_rollout_ref.actor.strategy=megatron"], "use fsdp or fsdp2")
-    rejects(["trainer.n_gpus_per_node=8"], "more than one process is not available yet", "n_gpus_per_node=1")
-    rejects(["trainer.nnodes=2"], "more than one process")
-    rejects(["actor_rollout_ref.actor.fsdp_config.param_offload=True"], "offloading", "not available yet")
-    rejects(["critic.model.fsdp_config.optimizer_offload=True"], "critic.model.fsdp_config")
-    rejects(["actor_rollout_ref.ref.fsdp_config.fsdp_size=4"], "fsdp_size=4")
-    rejects(["actor_rollout_ref.model.lora_rank=8"], "LoRA is not available yet")
     rejects(["actor_rollout_ref.model.use_liger=True"], "not supported")
     rejects(["reward_model.enable=True"], "not supported")
+
+
+def test_process_layout_is_checked():
+    """Multi-process settings load; layouts that cannot split whole prompt groups evenly are rejected."""
+    ok = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
+    cfg = load_config(None, ok + ["trainer.nnodes=2", "trainer.n_gpus_per_node=4",
+                                  "actor_rollout_ref.actor.fsdp_config.tp_size=2",
+                                  "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
+                                  "actor_rollout_ref.actor.fsdp_config.param_offload=True"])
+    assert cfg.trainer.nnodes == 2 and cfg.actor_rollout_ref.actor.fsdp_config.tp_size == 2
+    assert load_config(None, ok + ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.lora_rank=8"])
+    rejects(ok + ["trainer.n_gpus_per_node=3"], "data.train_batch_size=16 must be divisible by the 3 data-parallel")
+    rejects(["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=4"],
+            "ppo_mini_batch_size=2 must be divisible by the 4")
+    rejects(ok + ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.tp_size=3"],
+            "tp_size=3 must divide the 4 processes")
+    rejects(ok + ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"],
+            "fsdp_size=3 must divide the 4 data-parallel ranks")
+    rejects(ok + ["actor_rollout_ref.ref.fsdp_config.fsdp_size=4"], "ref.fsdp_config.fsdp_size=4", "actor's sharding")
+    rejects(ok + ["critic.model.fsdp_config.tp_size=2"], "critic.model.fsdp_config.tp_size=2", "actor's tensor")
+    rejects(ok + ["actor_rollout_ref.actor.fsdp_config.model_dtype=fp8"], "model_dtype='fp8'")
+    rejects(ok + ["actor_rollout_ref.model.lora_rank=-1"], "lora_rank must be >= 0")
+    rejects(ok + ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.fsdp_config.tp_size=2",
+                  "actor_rollout_ref.model.lora_rank=8"], "LoRA runs with FSDP2 sharding alone")
+    rejects(ok + ["actor_rollout_ref.actor.grad_clip=-1"], "grad_clip=-1.0 must be positive")
+    rejects(ok + ["actor_rollout_ref.actor.checkpoint.save_contents=['model','weights']"], "'weights' is not one of")
 
 
 def test_wrong_type_names_key_and_type():

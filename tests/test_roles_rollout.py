@@ -11,7 +11,10 @@ from posttrain.config import load_config
 from posttrain.data.batch import Batch
 from posttrain.data.dataset import PromptItem, collate_prompts
 from posttrain.models.load import load_causal_lm
+from posttrain.models.policy import PolicyModel
+from posttrain.parallel import Parallel
 from posttrain.roles.actor import Actor
+from posttrain.roles.common import Worker
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRollout, response_mask_from
 
@@ -66,8 +69,8 @@ def test_actor_gradient_does_not_depend_on_micro_batches(tiny_model_dir, tiny_to
                                  "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.grad_clip=1e9",
                                  f"actor_rollout_ref.actor.loss_agg_mode={mode}",
                                  f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro or 'null'}"])
-        actor = Actor(model, cfg.actor_rollout_ref.actor, device=CPU, dtype=torch.float32, temperature=1.0, n=2,
-                      max_response_length=5, total_steps=1)
+        actor = Actor(Worker(PolicyModel(model), Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.actor,
+                      temperature=1.0, max_response_length=5, total_steps=1)
         metrics = actor.update(batch)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())

@@ -63,10 +63,21 @@ class OptimConfig:
 
 
 @dataclass
+class MixedPrecisionConfig:
+    param_dtype: Optional[str] = None  # compute dtype of a sharded model; null = actor_rollout_ref.model.dtype
+    reduce_dtype: str = "fp32"  # gradient reduction dtype
+    buffer_dtype: str = "fp32"  # accepted for portability; buffers keep the model's dtype
+
+
+@dataclass
 class FSDPConfig:
     param_offload: bool = False
     optimizer_offload: bool = False
     fsdp_size: int = -1
+    tp_size: int = 1  # tensor-parallel degree (read from actor.fsdp_config; ref / critic follow it)
+    model_dtype: str = "fp32"  # dtype of the stored (sharded) weights
+    reshard_after_forward: bool = True
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
 @dataclass

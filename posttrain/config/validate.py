@@ -103,21 +103,14 @@ def validate_config(cfg: Config) -> Config:
                        ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)):
         _check(value is None or value > 0, f"{key} must be positive")
     _check(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs must be >= 1")
+    for key, clip in (("actor_rollout_ref.actor.grad_clip", actor.grad_clip), ("critic.grad_clip", cfg.critic.grad_clip)):
+        _check(clip > 0, f"{key}={clip} must be positive (the largest gradient norm kept)")
     _check(actor.loss_scale_factor is None or actor.loss_scale_factor > 0,
            "actor_rollout_ref.actor.loss_scale_factor must be positive (or null for data.max_response_length)")
     _check(actor.strategy in ("fsdp", "fsdp2"),
            f"actor_rollout_ref.actor.strategy={actor.strategy!r} is not supported; use fsdp or fsdp2")
     _check(cfg.critic.strategy in ("fsdp", "fsdp2"), f"critic.strategy={cfg.critic.strategy!r}: use fsdp or fsdp2")
-    for key, fsdp in (("actor_rollout_ref.actor.fsdp_config", actor.fsdp_config),
-                      ("critic.model.fsdp_config", cfg.critic.model.fsdp_config)):
-        _check(not fsdp.param_offload and not fsdp.optimizer_offload,
-               f"{key}.param_offload/optimizer_offload=True: offloading trained weights or optimizer state is not "
-               "available yet (training runs in one process); set both to False")
-    for key, fsdp in (("actor_rollout_ref.actor.fsdp_config", actor.fsdp_config),
-                      ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config),
-                      ("critic.model.fsdp_config", cfg.critic.model.fsdp_config)):
-        _check(fsdp.fsdp_size in (-1, 1), f"{key}.fsdp_size={fsdp.fsdp_size}: sharding across processes is not "
-                                          "available yet (training runs in one process); use -1")
+    _check_layout(cfg)
     _check(actor.ulysses_sequence_parallel_size == 1,
            "actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1: sequence parallelism is not supported; "
            "use use_dynamic_bsz / gradient checkpointing to fit long sequences")
@@ -133,8 +126,12 @@ def validate_config(cfg: Config) -> Config:
     for key in ("use_liger", "use_fused_kernels", "enable_activation_offload"):
         _check(not getattr(model, key), f"actor_rollout_ref.model.{key}=True is not supported; posttrain computes "
                                          "log-probs in chunks and offers enable_gradient_checkpointing instead")
-    _check(model.lora_rank == 0, f"actor_rollout_ref.model.lora_rank={model.lora_rank}: LoRA is not available yet; "
-                                 "use 0 to train all weights")
+    _check(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank must be >= 0 (0 = train all weights)")
+    if model.lora_rank > 0:
+        _check(model.lora_alpha > 0, "actor_rollout_ref.model.lora_alpha must be positive")
+        _check(isinstance(model.target_modules, (str, list)) and bool(model.target_modules),
+               "actor_rollout_ref.model.target_modules must be 'all-linear', a comma-separated string or a list "
+               "of module names")
     _check(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights between "
                               "actor and rollout; remove the key")
 
@@ -178,15 +175,58 @@ def validate_config(cfg: Config) -> Config:
     if tr.resume_mode == "resume_path":
         _check(bool(tr.resume_from_path), "trainer.resume_mode=resume_path needs trainer.resume_from_path")
     _choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
-    _check(tr.nnodes == 1 and tr.n_gpus_per_node == 1,
-           f"trainer.nnodes={tr.nnodes} trainer.n_gpus_per_node={tr.n_gpus_per_node}: training in more than one "
-           "process is not available yet; posttrain trains in one process on one device (CPU or one GPU) — set "
-           "trainer.nnodes=1 trainer.n_gpus_per_node=1")
     _check(not tr.val_only or bool(d.val_files), "trainer.val_only=True validates and stops, so it needs "
                                                  "data.val_files")
     _check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
     _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
     return cfg
+
+
+def _check_layout(cfg: Config) -> None:
+    """Processes, sharding and batch sizes fit together: every data-parallel rank gets whole prompt groups."""
+    from ..algo import estimator_info
+
+    arr, tr, d = cfg.actor_rollout_ref, cfg.trainer, cfg.data
+    actor = arr.actor
+    _check(tr.nnodes >= 1 and tr.n_gpus_per_node >= 1, "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+    world = tr.nnodes * tr.n_gpus_per_node
+    tp, fsdp_size = actor.fsdp_config.tp_size, actor.fsdp_config.fsdp_size
+    _check(tp >= 1 and world % tp == 0, f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} must divide the {world} "
+                                        "processes (trainer.nnodes x trainer.n_gpus_per_node)")
+    dp = world // tp
+    _check(tp == 1 or arr.model.lora_rank == 0,
+           f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} with tp_size={tp}: LoRA runs with FSDP2 sharding "
+           "alone; set actor_rollout_ref.actor.fsdp_config.tp_size=1 (the frozen base shards over every rank)")
+    _check(fsdp_size in (-1, 0) or (fsdp_size >= 1 and dp % fsdp_size == 0),
+           f"actor_rollout_ref.actor.fsdp_config.fsdp_size={fsdp_size} must divide the {dp} data-parallel ranks "
+           "(-1 = shard over all of them)")
+    roles = [("actor_rollout_ref.actor.fsdp_config", actor.fsdp_config),
+             ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config),
+             ("critic.model.fsdp_config", cfg.critic.model.fsdp_config)]
+    for key, fsdp in roles[1:]:
+        _check(fsdp.tp_size in (1, tp), f"{key}.tp_size={fsdp.tp_size}: every role uses the actor's tensor-parallel "
+                                        f"layout ({tp}); remove the key")
+        _check(fsdp.fsdp_size in (-1, fsdp_size), f"{key}.fsdp_size={fsdp.fsdp_size}: every role uses the actor's "
+                                                  f"sharding layout (fsdp_size={fsdp_size}); remove the key")
+    for key, fsdp in roles:
+        _choice(fsdp.model_dtype, DTYPES[1:], f"{key}.model_dtype")
+        if fsdp.mixed_precision.param_dtype is not None:
+            _choice(fsdp.mixed_precision.param_dtype, DTYPES[1:], f"{key}.mixed_precision.param_dtype")
+        _choice(fsdp.mixed_precision.reduce_dtype, DTYPES[1:], f"{key}.mixed_precision.reduce_dtype")
+    if dp > 1:
+        _check(d.train_batch_size % dp == 0, f"data.train_batch_size={d.train_batch_size} must be divisible by the "
+                                             f"{dp} data-parallel ranks (each takes whole prompts)")
+        _check(actor.ppo_mini_batch_size % dp == 0,
+               f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be divisible by the "
+               f"{dp} data-parallel ranks (a mini-batch's prompts are split over them)")
+        critic_mini = cfg.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
+        if estimator_info(cfg.algorithm.adv_estimator).needs_critic or cfg.critic.enable:
+            _check(critic_mini % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} must be divisible by the {dp} "
+                                          "data-parallel ranks")
+    for key in ("save_contents", "load_contents"):
+        value = getattr(actor.checkpoint, key)
+        for item in value or []:
+            _choice(item, ("model", "optimizer", "extra", "hf_model"), f"actor_rollout_ref.actor.checkpoint.{key} entry")
 
 
 def config_warnings(cfg: Config) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -51,22 +52,57 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return tok
 
 
-def load_causal_lm(path: str, *, device: torch.device, trust_remote_code: bool = False,
-                   override_config: dict | None = None, gradient_checkpointing: bool = False):
-    """fp32 weights on `device` (mixed precision comes from autocast), optional gradient checkpointing."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def model_config(path: str, *, trust_remote_code: bool = False, override_config: dict | None = None):
+    """The model's config with the `override_config` entries set on it."""
+    from transformers import AutoConfig
 
     if not Path(path).is_dir():
         raise FileNotFoundError(f"model path '{path}' is not a local directory (posttrain never downloads weights)")
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     for key, value in (override_config or {}).items():
         setattr(config, key, value)
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code).to(device)
+    return config
+
+
+def load_causal_lm(path: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                   meta: bool = False, trust_remote_code: bool = False, override_config: dict | None = None,
+                   gradient_checkpointing: bool = False, lora: "LoraSettings | None" = None):
+    """Weights in `dtype` (mixed precision comes from autocast or FSDP's policy), or the bare structure on the
+    meta device (`meta=True`: the weights arrive later from rank 0); optional activation checkpointing and LoRA."""
+    from transformers import AutoModelForCausalLM
+
+    config = model_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
+    if meta:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
+                                                     trust_remote_code=trust_remote_code).to(device)
     if gradient_checkpointing:
         enable_checkpointing(model)
         model.config.use_cache = False
+    if lora is not None:
+        model = lora.apply(model)
     return model
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """`actor_rollout_ref.model.lora_rank / lora_alpha / target_modules` for peft's LoRA."""
+
+    rank: int
+    alpha: float = 16
+    target_modules: object = "all-linear"
+
+    def apply(self, model):
+        from peft import LoraConfig, get_peft_model
+
+        targets = self.target_modules
+        if isinstance(targets, str) and targets != "all-linear":
+            targets = [t.strip() for t in targets.split(",") if t.strip()]
+        config = LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, lora_dropout=0.0,
+                            bias="none", task_type="CAUSAL_LM")
+        return get_peft_model(model, config)
 
 
 def enable_checkpointing(model) -> None:

@@ -1,4 +1,10 @@
-"""The actor: owns the policy model and its optimizer; log-probs and the PPO-style update."""
+"""The actor: owns the policy model and its optimizer; log-probs and the PPO-style update.
+
+The update runs the model in train mode (dropout on, if the model config has any); log-prob passes run in eval
+mode. Mini-batches hold whole prompt groups (`ppo_mini_batch_size` prompts; `shuffle` permutes the groups), each
+split over data-parallel ranks; the loss normaliser is the whole mini-batch's, so the summed gradient — and every
+metric — is the same at any world size.
+"""
 
 from __future__ import annotations
 
@@ -8,66 +14,84 @@ import torch
 
 from ..algo import agg_loss, agg_norm, get_policy_loss, kl_penalty
 from ..data.batch import Batch
-from .common import batch_logprobs, forward_logprobs, make_optimizer, micro_batches
+from ..parallel import gathered_for_generation, set_gradient_sync
+from .common import Worker, eval_mode, group_rows, make_optimizer
 
 
 class Actor:
-    def __init__(self, model, cfg, *, device, dtype, temperature: float, n: int, max_response_length: int,
-                 total_steps: int, seed: int = 0):
-        self.model, self.cfg, self.device, self.dtype = model, cfg, device, dtype
-        self.temperature, self.n = temperature, n
+    def __init__(self, worker: Worker, cfg, *, temperature: float, max_response_length: int, total_steps: int,
+                 seed: int = 0, offload_optimizer: bool = False):
+        self.worker, self.model, self.cfg = worker, worker.model, cfg
+        self.temperature = temperature
         self.norm_const = cfg.loss_scale_factor or max_response_length
-        self.optimizer, self.scheduler = make_optimizer(model, cfg.optim, total_steps)
+        self.optimizer, self.scheduler = make_optimizer(self.model, cfg.optim, total_steps)
         self.policy_loss = get_policy_loss(cfg.policy_loss.loss_mode)
         self.generator = torch.Generator().manual_seed(seed)
         self.skipped_steps = 0
+        self.offload_optimizer = offload_optimizer
+
+    def generation(self):
+        """Around a generate call: the sharded policy gathered once (see parallel.gathered_for_generation)."""
+        return gathered_for_generation(self.model)
 
     def counters(self) -> dict:
         """State beside weights and optimizer that a resume must restore for the run to continue exactly."""
-        return {"generator": self.generator.get_state(), "skipped_steps": self.skipped_steps}
+        return {"generator": self.generator.get_state(), "skipped_steps": self.skipped_steps,
+                "scheduler": self.scheduler.state_dict()}
 
     def load_counters(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
         self.skipped_steps = int(state["skipped_steps"])
+        if "scheduler" in state:
+            self.scheduler.load_state_dict(state["scheduler"])
 
+    @torch.no_grad()
     def compute_log_prob(self, batch: Batch, micro_batch_size=None, max_tokens=None, with_entropy=False):
-        return batch_logprobs(self.model, batch, micro_batch_size=micro_batch_size or self.cfg.ppo_micro_batch_size_per_gpu,
-                              max_tokens=max_tokens, device=self.device, dtype=self.dtype,
-                              temperature=self.temperature, with_entropy=with_entropy)
+        """(B, L) log-probs (and entropy) of every row of the global batch."""
+        def compute(mb):
+            logp, ent = self.worker.logprobs(mb, temperature=self.temperature, with_entropy=with_entropy)
+            return (logp, ent) if with_entropy else (logp,)
+
+        with eval_mode(self.model):
+            out = self.worker.per_row(batch, compute,
+                                      micro_batch_size=micro_batch_size or self.cfg.ppo_micro_batch_size_per_gpu,
+                                      max_tokens=max_tokens)
+        return out[0], (out[1] if with_entropy else None)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation)."""
         cfg = self.cfg
         sums: dict[str, list[float]] = defaultdict(list)
         self.model.train()
+        groups = group_rows(batch.meta["uid"])
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch), generator=self.generator) if cfg.shuffle else torch.arange(len(batch))
-            mini_size = min(cfg.ppo_mini_batch_size * self.n, len(batch))
-            for start in range(0, len(batch), mini_size):
-                mini = batch.select(order[start:start + mini_size])
-                self._step(mini, sums)
+            order = (torch.randperm(len(groups), generator=self.generator).tolist() if cfg.shuffle
+                     else list(range(len(groups))))
+            for start in range(0, len(groups), cfg.ppo_mini_batch_size):
+                rows = [r for g in order[start:start + cfg.ppo_mini_batch_size] for r in groups[g]]
+                self._step(batch.select(rows), sums)
         out = {k: sum(v) / len(v) for k, v in sums.items() if v}
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         return out
 
     def _step(self, mini: Batch, sums) -> None:
-        cfg = self.cfg
-        norm = agg_norm(mini["response_mask"].float(), self.norm_const)
-        max_tokens = cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None
+        cfg, worker = self.cfg, self.worker
+        norm = agg_norm(mini["response_mask"].float(), self.norm_const)  # the whole mini-batch's, on every rank
         eps_low = cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio
         eps_high = cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio
         need_entropy = cfg.entropy_coeff != 0
         totals = defaultdict(float)
-        if norm.tokens == 0:  # nothing to learn from; the loss is 0 by construction, say so
-            sums["actor/empty_mini_batches"].append(1.0)
+        mine = mini.select(worker.my_rows(mini))
+        micros = worker.micro_batches(mine, cfg.ppo_micro_batch_size_per_gpu,
+                                      max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
         self.optimizer.zero_grad(set_to_none=True)
-        for mb in micro_batches(mini, cfg.ppo_micro_batch_size_per_gpu, max_tokens=max_tokens):
-            mask = mb["response_mask"].float().to(self.device)
-            logp, ent = forward_logprobs(self.model, mb, device=self.device, dtype=self.dtype,
-                                         temperature=self.temperature, with_entropy=True)
-            old = mb["old_log_probs"].to(self.device) if "old_log_probs" in mb else logp.detach()
-            pg_loss, metrics = self.policy_loss(logp, old, mb["advantages"].to(self.device), mask,
+        for i, mb in enumerate(micros):
+            set_gradient_sync(self.model, i == len(micros) - 1)
+            mask = mb["response_mask"].float().to(worker.device)
+            logp, ent = worker.logprobs(mb, temperature=self.temperature, with_entropy=True)
+            old = mb["old_log_probs"].to(worker.device) if "old_log_probs" in mb else logp.detach()
+            pg_loss, metrics = self.policy_loss(logp, old, mb["advantages"].to(worker.device), mask,
                                                 loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=eps_low,
                                                 clip_ratio_high=eps_high, clip_ratio_c=cfg.clip_ratio_c,
                                                 norm=norm, const=self.norm_const)
@@ -76,7 +100,7 @@ class Actor:
             if need_entropy:
                 loss = loss - cfg.entropy_coeff * entropy
             if cfg.use_kl_loss:
-                kl = agg_loss(kl_penalty(logp, mb["ref_log_probs"].to(self.device), cfg.kl_loss_type), mask,
+                kl = agg_loss(kl_penalty(logp, mb["ref_log_probs"].to(worker.device), cfg.kl_loss_type), mask,
                               cfg.loss_agg_mode, norm)
                 loss = loss + cfg.kl_loss_coef * kl
                 totals["actor/kl_loss"] += kl.item()
@@ -86,13 +110,12 @@ class Actor:
             totals["actor/entropy"] += entropy.item()
             for k, v in metrics.items():
                 totals[k] += float(v) * share
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
+        grad_norm, stepped = worker.clip_and_step(self.optimizer, cfg.grad_clip, self.offload_optimizer)
+        if not stepped:
             self.skipped_steps += 1
-            self.optimizer.zero_grad(set_to_none=True)
-        sums["actor/grad_norm"].append(float(grad_norm))
-        sums["actor/skipped_steps"].append(float(self.skipped_steps))
-        for k, v in totals.items():
+        for k, v in worker.sum_metrics(totals).items():
             sums[k].append(v)
+        if norm.tokens == 0:  # nothing to learn from; the loss is 0 by construction, say so
+            sums["actor/empty_mini_batches"].append(1.0)
+        sums["actor/grad_norm"].append(grad_norm)
+        sums["actor/skipped_steps"].append(float(self.skipped_steps))

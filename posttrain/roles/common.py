@@ -1,4 +1,9 @@
-"""What every role does with a batch: split it into micro-batches and compute response log-probs on them."""
+"""What every role does with a batch.
+
+Every rank holds the whole (global) batch of a step; a role computes on its data-parallel share — whole prompt
+groups, balanced by tokens — split into micro-batches whose count is the same on every rank, and gathers the
+per-row results back into a (B, L) tensor. In one process the share is the whole batch and the gathers are no-ops.
+"""
 
 from __future__ import annotations
 
@@ -7,27 +12,20 @@ import math
 
 import torch
 
+from ..algo import group_ids
 from ..data.batch import Batch
 from ..models.load import autocast
-from ..models.logprobs import response_logprobs
+from ..parallel import Parallel, balance, clip_grad_norm, is_sharded
 
 
-def micro_batches(batch: Batch, size: int | None, *, max_tokens: int | None = None) -> list[Batch]:
-    """Split into micro-batches of `size` responses, or (with `max_tokens`) greedy packs of at most that many
-    real tokens (a single longer response still gets its own micro-batch)."""
-    if max_tokens:
-        lengths = batch["attention_mask"].sum(-1).tolist()
-        groups, current, used = [], [], 0
-        for i, n in enumerate(lengths):
-            if current and used + n > max_tokens:
-                groups.append(current)
-                current, used = [], 0
-            current.append(i)
-            used += n
-        if current:
-            groups.append(current)
-        return [batch.select(g) for g in groups]
-    return list(batch.chunks(size or len(batch)))
+def group_rows(uids) -> list[list[int]]:
+    """Row indices of each prompt group, groups in order of first appearance."""
+    groups: list[list[int]] = []
+    for row, g in enumerate(group_ids(uids).tolist()):
+        if g == len(groups):
+            groups.append([])
+        groups[g].append(row)
+    return groups
 
 
 def trimmed(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
@@ -39,19 +37,6 @@ def trimmed(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     resp_l = max(int(batch["response_mask"].sum(-1).max()), 1)
     end = prompts_w + resp_l
     return batch["input_ids"][:, start:end], mask[:, start:end], resp_l, full_l
-
-
-def forward_logprobs(model, batch: Batch, *, device, dtype, temperature: float, with_entropy: bool,
-                     chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(B, L) log-probs (and entropy) of the response tokens of one micro-batch, padded back to full width."""
-    ids, mask, resp_l, full_l = trimmed(batch)
-    with autocast(device, dtype):
-        logp, ent = response_logprobs(model, ids.to(device), mask.to(device), resp_l, temperature=temperature,
-                                      chunk_size=chunk_size, with_entropy=with_entropy)
-    pad = full_l - resp_l
-    logp = torch.nn.functional.pad(logp.float(), (0, pad))
-    ent = torch.nn.functional.pad(ent.float(), (0, pad)) if ent is not None else None
-    return logp, ent
 
 
 @contextlib.contextmanager
@@ -66,17 +51,117 @@ def eval_mode(model):
         model.train(was_training)
 
 
-@torch.no_grad()
-def batch_logprobs(model, batch: Batch, *, micro_batch_size, max_tokens, device, dtype, temperature,
-                   with_entropy=False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    logps, ents = [], []
-    with eval_mode(model):
-        for mb in micro_batches(batch, micro_batch_size, max_tokens=max_tokens):
-            logp, ent = forward_logprobs(model, mb, device=device, dtype=dtype, temperature=temperature,
-                                         with_entropy=with_entropy)
-            logps.append(logp.cpu())
-            ents.append(ent.cpu() if ent is not None else None)
-    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+class Worker:
+    """One role's model on this rank: its data-parallel share of a batch, micro-batches, precision, clipping."""
+
+    def __init__(self, model, par: Parallel, *, dtype: torch.dtype, balance_batch: bool = True):
+        self.model, self.par, self.dtype, self.balance_batch = model, par, dtype, balance_batch
+        self.sharded = is_sharded(model)
+
+    @property
+    def device(self) -> torch.device:
+        return self.par.device
+
+    def autocast(self):
+        """Sharded models compute in FSDP's param dtype (MixedPrecisionPolicy); a plain one under autocast."""
+        return contextlib.nullcontext() if self.sharded else autocast(self.device, self.dtype)
+
+    # ------------------------------------------------------------------ splitting a global batch
+
+    def my_rows(self, batch: Batch) -> list[int]:
+        """This rank's rows: an equal number of whole prompt groups per data-parallel rank, balanced by tokens
+        (`trainer.balance_batch`) or in batch order."""
+        if self.par.dp == 1:
+            return list(range(len(batch)))
+        groups = group_rows(batch.meta["uid"])
+        if len(groups) % self.par.dp:
+            raise ValueError(f"{len(groups)} prompt groups cannot be split evenly over {self.par.dp} data-parallel "
+                             "ranks")
+        if self.balance_batch:
+            tokens = batch["attention_mask"].sum(-1).tolist()
+            parts = balance.balanced_parts([sum(tokens[r] for r in g) for g in groups], self.par.dp, equal_count=True)
+        else:
+            parts = balance.contiguous_parts(len(groups), self.par.dp)
+        return sorted(r for g in parts[self.par.dp_rank] for r in groups[g])
+
+    def micro_batches(self, batch: Batch, size: int | None, *, max_tokens: int | None = None) -> list[Batch]:
+        return [batch.select(p) for p in self.micro_parts(batch, size, max_tokens=max_tokens)]
+
+    def micro_parts(self, batch: Batch, size: int | None, *, max_tokens: int | None = None) -> list[list[int]]:
+        """Row indices of micro-batches of `size` rows, or (with `max_tokens`) of packs near-equal in tokens of at
+        most about that many; as many on every rank (the most any rank needs)."""
+        n = len(batch)
+        if max_tokens:
+            lengths = batch["attention_mask"].sum(-1).tolist()
+            count = self.par.max(balance.token_budget_count(lengths, max_tokens))
+            parts = balance.micro_batch_parts(lengths, count)
+        else:
+            size = size or n
+            mine = math.ceil(n / size)
+            count = self.par.max(mine)
+            parts = ([list(range(s, min(s + size, n))) for s in range(0, n, size)] if count == mine
+                     else balance.contiguous_parts(n, count))
+        return parts
+
+    def gather_rows(self, rows: list[int], values: torch.Tensor, total: int) -> torch.Tensor:
+        """Every rank's (rows, values) placed into one (total, ...) tensor, on every rank."""
+        pieces = self.par.gather((rows, values.cpu()))
+        width = max(v.shape[1] for _, v in pieces)
+        out = torch.zeros((total, width), dtype=values.dtype)
+        for r, v in pieces:
+            out[r, : v.shape[1]] = v
+        return out
+
+    def per_row(self, batch: Batch, compute, *, micro_batch_size, max_tokens) -> tuple[torch.Tensor, ...]:
+        """`compute(micro_batch) -> tuple of (b, L) tensors` over this rank's share, gathered for every row."""
+        rows = self.my_rows(batch)
+        mine = batch.select(rows)
+        parts = self.micro_parts(mine, micro_batch_size, max_tokens=max_tokens)
+        outputs = [compute(mine.select(p)) for p in parts]
+        order = [rows[i] for p in parts for i in p]
+        return tuple(self.gather_rows(order, torch.cat([o[k].cpu() for o in outputs]), len(batch))
+                     for k in range(len(outputs[0])))
+
+    def sum_metrics(self, totals: dict[str, float]) -> dict[str, float]:
+        """Per-rank metric shares summed over data-parallel ranks (keys are the same on every rank)."""
+        keys = sorted(totals)
+        summed = self.par.sum(torch.tensor([totals[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, summed.tolist()))
+
+    # ------------------------------------------------------------------ forward and optimizer step
+
+    def logprobs(self, mb: Batch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(b, L) log-probs (and entropy) of one micro-batch's response tokens, padded back to full width."""
+        ids, mask, resp_l, full_l = trimmed(mb)
+        with self.autocast():
+            logp, ent = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
+                                   with_entropy=with_entropy)
+        pad = full_l - resp_l
+        logp = torch.nn.functional.pad(logp.float(), (0, pad))
+        ent = torch.nn.functional.pad(ent.float(), (0, pad)) if ent is not None else None
+        return logp, ent
+
+    def clip_and_step(self, optimizer, grad_clip: float, offload_optimizer: bool = False) -> tuple[float, bool]:
+        """Clip to `grad_clip` by the global norm; step only when that norm is finite (else the gradients are
+        dropped and the step counts as skipped)."""
+        norm = float(clip_grad_norm(self.model.parameters(), grad_clip))
+        if not math.isfinite(norm):
+            optimizer.zero_grad(set_to_none=True)
+            return norm, False
+        if offload_optimizer:
+            move_optimizer_state(optimizer, self.device)
+        optimizer.step()
+        if offload_optimizer:
+            move_optimizer_state(optimizer, torch.device("cpu"))
+        return norm, True
+
+
+def move_optimizer_state(optimizer, device: torch.device) -> None:
+    """Adam's moments to `device` (back to the accelerator for the step, to CPU memory between steps)."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device, non_blocking=True)
 
 
 def lr_lambda(warmup_steps: int, total_steps: int, style: str, min_lr_ratio: float):

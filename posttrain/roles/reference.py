@@ -1,34 +1,53 @@
-"""The reference policy: a frozen copy of the starting weights, used only when a KL term is on."""
+"""The reference policy, used only when a KL term is on: a frozen model loaded from the starting weights, or — with
+LoRA — the actor's own model with its adapter switched off (no second copy of the weights)."""
 
 from __future__ import annotations
 
-import copy
+import contextlib
 
 import torch
 
-from .common import batch_logprobs
+from ..data.batch import Batch
+from .common import Worker, eval_mode
 
 
 class Reference:
-    """``ref.fsdp_config.param_offload=True`` keeps the weights in CPU memory between uses, which frees accelerator
-    memory for rollout and the update at the cost of one copy in and out per step (nothing to do on a CPU run)."""
+    """``ref.fsdp_config.param_offload=True`` keeps the weights in CPU memory between uses: with FSDP2 through its
+    CPU offload policy; in one plain process on a GPU by moving the model in and out per step."""
 
-    def __init__(self, policy_model, cfg, *, device, dtype, temperature: float):
-        self.model = copy.deepcopy(policy_model).eval().requires_grad_(False)
-        self.cfg, self.device, self.dtype, self.temperature = cfg, device, dtype, temperature
-        self.offload = bool(cfg.fsdp_config.param_offload) and torch.device(device).type != "cpu"
-        if self.offload:
+    def __init__(self, worker: Worker, cfg, *, temperature: float, adapter_off: bool = False):
+        self.worker, self.model, self.cfg, self.temperature = worker, worker.model, cfg, temperature
+        self.adapter_off = adapter_off
+        if not adapter_off:
+            self.model.eval().requires_grad_(False)
+        self.swap_to_cpu = (bool(cfg.fsdp_config.param_offload) and not worker.sharded and not adapter_off
+                            and worker.device.type != "cpu")
+        if self.swap_to_cpu:
             self.model.to("cpu")
 
-    def compute_log_prob(self, batch):
-        if self.offload:
-            self.model.to(self.device)
+    @contextlib.contextmanager
+    def _weights(self):
+        if self.adapter_off:  # the actor's model with the LoRA adapter disabled = the starting weights
+            with self.model.lm.disable_adapter():
+                yield
+            return
+        if self.swap_to_cpu:
+            self.model.to(self.worker.device)
         try:
-            logp, _ = batch_logprobs(self.model, batch, micro_batch_size=self.cfg.log_prob_micro_batch_size_per_gpu,
-                                     max_tokens=self.cfg.log_prob_max_token_len_per_gpu
-                                     if self.cfg.log_prob_use_dynamic_bsz else None,
-                                     device=self.device, dtype=self.dtype, temperature=self.temperature)
+            yield
         finally:
-            if self.offload:
+            if self.swap_to_cpu:
                 self.model.to("cpu")
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: Batch) -> torch.Tensor:
+        def compute(mb):
+            logp, _ = self.worker.logprobs(mb, temperature=self.temperature, with_entropy=False)
+            return (logp,)
+
+        cfg = self.cfg
+        with self._weights(), eval_mode(self.model):
+            (logp,) = self.worker.per_row(batch, compute, micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
+                                          max_tokens=cfg.log_prob_max_token_len_per_gpu
+                                          if cfg.log_prob_use_dynamic_bsz else None)
         return logp

@@ -49,7 +49,8 @@ class HFRollout(RolloutEngine):
         was_training, use_cache = model.training, model.config.use_cache
         model.eval()
         model.config.use_cache = True
-        kwargs = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id, use_cache=True,
+        # synced_gpus=False: a sharded policy is gathered before generate, so ranks decode independently
+        kwargs = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id, use_cache=True, synced_gpus=False,
                       eos_token_id=None if s.ignore_eos else sorted(self.eos_ids))
         if s.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)

@@ -1,11 +1,20 @@
-"""Atomic checkpoints (write to a temporary folder, then rename) and resume from the latest one.
+"""Atomic, sharded checkpoints and resume from the latest one.
 
-Layout: run_dir/global_step_N/{actor/, actor_optim.pt, critic/, critic_optim.pt, extra.pt} and
-run_dir/latest_checkpointed_iteration.txt. A run killed while saving leaves only a `.tmp_*` folder, which is ignored.
+Layout of `run_dir/global_step_N/`:
+    actor/            Distributed Checkpoint of the actor's weights and optimizer (one shard file per rank)
+    actor/hf/         what `posttrain export` needs to write a plain Hugging Face folder: config, tokenizer,
+                      generation config, the LoRA adapter config, and role.json (policy or value model)
+    actor_state.pt    mini-batch generator, LR scheduler, skipped-step count
+    critic/, critic_state.pt   the same for the critic
+    extra.pt          step, data cursor, KL controller, RNG state
+and `run_dir/latest_checkpointed_iteration.txt`. Every rank writes into `.tmp_global_step_N/`; once all are done,
+rank 0 renames it into place and then updates the marker. A run killed while saving leaves only the `.tmp_*`
+folder, which is never loaded. A checkpoint loads into any process layout: DCP reshards on load.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -13,7 +22,12 @@ from pathlib import Path
 
 import torch
 
+from ..parallel import Parallel
+from ..parallel.checkpoint import load_role, save_role
+from ..parallel.shard import base_model
+
 LATEST = "latest_checkpointed_iteration.txt"
+CONTENTS = ("model", "optimizer", "extra", "hf_model")
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -31,30 +45,60 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(run_dir: Path, step: int, roles: dict, *, tokenizer, extra: dict | None = None,
+def write_export_info(path: Path, model, tokenizer) -> None:
+    """The config files a plain folder needs beside the weights (rank 0; no weights here)."""
+    from ..models.policy import ValueModel
+
+    path.mkdir(parents=True, exist_ok=True)
+    base = base_model(model)
+    base.config.save_pretrained(path)
+    if getattr(base, "generation_config", None) is not None and base.can_generate():
+        base.generation_config.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    lora = getattr(getattr(model, "lm", None), "peft_config", None)
+    if lora:
+        lora["default"].save_pretrained(path)
+    kind = "value" if isinstance(model, ValueModel) else "policy"
+    (path / "role.json").write_text(json.dumps({"kind": kind, "lora": bool(lora)}))
+
+
+def save_checkpoint(run_dir: Path, step: int, roles: dict, par: Parallel, *, tokenizer, extra: dict | None = None,
                     contents=("model", "optimizer", "extra"), keep: int | None = None) -> Path:
-    """`roles` maps a name (actor, critic) to an object with .model, .optimizer, .scheduler."""
+    """`roles` maps a name (actor, critic) to an object with .model, .optimizer and counters(). Every rank calls
+    this (the weights are written by all of them)."""
+    unknown = sorted(set(contents) - set(CONTENTS))
+    if unknown:
+        raise ValueError(f"checkpoint.save_contents: unknown entries {unknown}; use some of {list(CONTENTS)}")
     run_dir = Path(run_dir)
     final = run_dir / f"global_step_{step}"
     tmp = run_dir / f".tmp_global_step_{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    if par.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    par.barrier()
     for name, role in roles.items():
-        if "model" in contents:
-            role.model.save_pretrained(tmp / name, safe_serialization=True)
-            tokenizer.save_pretrained(tmp / name)
-        if "optimizer" in contents:
-            torch.save({"optimizer": role.optimizer.state_dict(), "scheduler": role.scheduler.state_dict()},
-                       tmp / f"{name}_optim.pt")
-    if "extra" in contents:
+        if "model" in contents or "optimizer" in contents:
+            save_role(tmp / name, role.model, role.optimizer if "optimizer" in contents else None)
+        if par.is_main:
+            write_export_info(tmp / name / "hf", role.model, tokenizer)
+            torch.save(role.counters(), tmp / f"{name}_state.pt")
+    if par.is_main and "extra" in contents:
         torch.save({"step": step, "rng": rng_state(), **(extra or {})}, tmp / "extra.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    _write_text_atomic(run_dir / LATEST, str(step))
-    if keep:
-        steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in run_dir.glob("global_step_*"))
-        for old in steps[:-keep]:
-            shutil.rmtree(run_dir / f"global_step_{old}", ignore_errors=True)
+    par.barrier()
+    if par.is_main:
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        _write_text_atomic(run_dir / LATEST, str(step))
+        if "hf_model" in contents:
+            from .export import export_checkpoint
+
+            for name in roles:
+                export_checkpoint(final, final / name / "huggingface", role=name)
+        if keep:
+            steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in run_dir.glob("global_step_*"))
+            for old in steps[:-keep]:
+                shutil.rmtree(run_dir / f"global_step_{old}", ignore_errors=True)
+    par.barrier()
     return final
 
 
@@ -66,41 +110,19 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return path if path.is_dir() else None
 
 
-def load_safetensors_dir(path: Path, exclude: str | None = None) -> dict:
-    from safetensors.torch import load_file
-
-    shards = sorted(p for p in Path(path).glob("*.safetensors") if p.name != exclude)
-    if not shards:
-        raise FileNotFoundError(f"{path} holds no safetensors weights")
-    state = {}
-    for shard in shards:
-        state.update(load_file(str(shard)))
-    return state
-
-
-def _load_weights(model, path: Path) -> None:
-    if hasattr(model, "load_weights"):
-        model.load_weights(path)
-        return
-    missing, unexpected = model.load_state_dict(load_safetensors_dir(path), strict=False)
-    missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied embeddings are saved once
-    if missing or unexpected:
-        raise RuntimeError(f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-
-
 def load_checkpoint(path: Path, roles: dict, *, contents=("model", "optimizer", "extra")) -> dict:
-    """Restore weights / optimizer / extra state in place; returns the extra dict (with `step`)."""
+    """Restore weights / optimizer / counters / extra state in place (every rank); returns the extra dict."""
     path = Path(path)
     for name, role in roles.items():
-        if "model" in contents:
-            _load_weights(role.model, path / name)
-        optim = path / f"{name}_optim.pt"
-        if "optimizer" in contents and optim.is_file():
-            state = torch.load(optim, weights_only=False)
-            role.optimizer.load_state_dict(state["optimizer"])
-            role.scheduler.load_state_dict(state["scheduler"])
+        if not (path / name).is_dir():
+            raise FileNotFoundError(f"checkpoint {path} has no '{name}' (was it saved by a run with a {name}?)")
+        if "model" in contents or "optimizer" in contents:
+            load_role(path / name, role.model, role.optimizer if "optimizer" in contents else None)
+        state = path / f"{name}_state.pt"
+        if state.is_file():
+            role.load_counters(torch.load(state, weights_only=True))
     extra = {}
     if "extra" in contents and (path / "extra.pt").is_file():
-        extra = torch.load(path / "extra.pt", weights_only=False)
+        extra = torch.load(path / "extra.pt", weights_only=True)
         set_rng_state(extra["rng"])
     return extra

@@ -14,47 +14,47 @@ from ..algo.kl import apply_kl_in_reward
 from ..config import ConfigError, to_yaml
 from ..data.batch import Batch
 from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_batches
-from ..models.load import compute_dtype, load_causal_lm, load_tokenizer, pick_device
+from ..models.load import load_tokenizer
+from ..parallel import Parallel, shutdown
 from ..reward.manager import RewardManager
 from ..reward.registry import extract_answer_for
-from ..roles.actor import Actor
-from ..roles.critic import Critic, ValueModel
-from ..roles.reference import Reference
+from ..roles.common import group_rows
 from ..rollout.base import SamplingParams
-from ..rollout.hf import HFRollout, concat_rollouts
+from ..rollout.hf import concat_rollouts
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .metrics import data_metrics, validation_metrics
-from .tracking import Tracker
+from .setup import Roles, parallel_for
+from .tracking import NullTracker, Tracker
 
 
 def preflight(cfg) -> None:
-    """Settings the loop cannot run yet, rejected before any model is loaded."""
-    model = cfg.actor_rollout_ref.model
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("started as several processes (WORLD_SIZE > 1, e.g. by torchrun): training in more than "
-                          "one process is not available yet; start posttrain as one process")
-    if not model.path:
+    """Settings the loop cannot run with, rejected before any model is loaded."""
+    if not cfg.actor_rollout_ref.model.path:
         raise ConfigError("actor_rollout_ref.model.path is required (a local Hugging Face model directory)")
     if not cfg.data.train_files:
         raise ConfigError("data.train_files is required")
 
 
-def _to_batch(items, pad_id: int, uid_prefix: str) -> Batch:
+def _to_batch(items, pad_id: int, uid_prefix: str, first_index: int = 0) -> Batch:
     prompts, prompt_mask = collate_prompts(items, pad_id)
     return Batch({"prompts": prompts, "prompt_mask": prompt_mask},
-                 {"uid": [f"{uid_prefix}-{i}" for i in range(len(items))],
+                 {"uid": [f"{uid_prefix}-{first_index + i}" for i in range(len(items))],
                   "data_source": [it.data_source for it in items], "ground_truth": [it.ground_truth for it in items],
                   "extra_info": [it.extra_info for it in items], "raw_prompt": [it.raw_prompt for it in items]})
 
 
 class RLTrainer:
-    def __init__(self, cfg):
+    """Every rank runs this same loop. A rank generates and scores its share of the prompts; the scored rollouts
+    are then gathered so that every rank holds the step's whole batch (token ids and a few (B, L) tensors), and
+    each model pass computes on the rank's share and gathers the result. Advantages, metrics and the loss
+    normalisers are therefore computed on the whole batch, and do not depend on the number of processes."""
+
+    def __init__(self, cfg, par: Parallel | None = None):
         preflight(cfg)
         self.cfg = cfg
         arr, tr = cfg.actor_rollout_ref, cfg.trainer
+        self.par = par if par is not None else parallel_for(cfg)
         torch.manual_seed(tr.seed)
-        self.device = pick_device(tr.device)
-        self.dtype = compute_dtype(arr.model.dtype, self.device)
         self.tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code)
         data_kwargs = dict(prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
                            max_prompt_length=cfg.data.max_prompt_length,
@@ -68,35 +68,15 @@ class RLTrainer:
         self.steps_per_epoch = batches_per_epoch(len(self.train_data), cfg.data.train_batch_size)
         self.total_steps = tr.total_training_steps or self.steps_per_epoch * tr.total_epochs
 
-        model = load_causal_lm(arr.model.path, device=self.device, trust_remote_code=arr.model.trust_remote_code,
-                               override_config=arr.model.override_config,
-                               gradient_checkpointing=arr.model.enable_gradient_checkpointing)
-        temperature = arr.rollout.temperature if arr.rollout.temperature > 0 else 1.0
-        self.actor = Actor(model, arr.actor, device=self.device, dtype=self.dtype, temperature=temperature,
-                           n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
-                           total_steps=self.total_steps, seed=tr.seed)
-        self.use_ref = arr.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-        self.reference = Reference(model, arr.ref, device=self.device, dtype=self.dtype,
-                                   temperature=temperature) if self.use_ref else None
-        self.critic = None
-        if estimator_info(cfg.algorithm.adv_estimator).needs_critic or cfg.critic.enable:
-            cm = cfg.critic.model
-            value_model = ValueModel.from_pretrained(cm.path or arr.model.path, device=self.device,
-                                                     trust_remote_code=cm.trust_remote_code,
-                                                     override_config=cm.override_config,
-                                                     gradient_checkpointing=cm.enable_gradient_checkpointing)
-            self.critic = Critic(value_model, cfg.critic, arr.actor, device=self.device, dtype=self.dtype,
-                                 n=arr.rollout.n, max_response_length=cfg.data.max_response_length,
-                                 total_steps=self.total_steps, seed=tr.seed)
+        roles = Roles(cfg, self.par, self.tokenizer, self.total_steps)
+        self.actor, self.reference, self.critic, self.rollout = roles.actor, roles.reference, roles.critic, roles.rollout
+        self.roles = roles.trained
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.reward = RewardManager.from_config(cfg, self.tokenizer)
         for data in (self.train_data, self.val_data):
             if data is not None:
                 self.reward.check_data_sources(it.data_source for it in data.items)
-        self.rollout = HFRollout(model, self.tokenizer, device=self.device,
-                                 dtype=compute_dtype(arr.rollout.dtype, self.device),
-                                 micro_batch_size=arr.rollout.micro_batch_size)
         r = arr.rollout
         self.max_new = r.response_length or cfg.data.max_response_length
         self.sampling = SamplingParams.of(r, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
@@ -105,35 +85,42 @@ class RLTrainer:
         self.needs_old_log_prob = (a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size
                                    or cfg.algorithm.use_kl_in_reward or r.calculate_log_probs)
         self.run_dir = Path(tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
+        if self.par.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.global_step = 0
         self.data_cursor = 0  # batches of prompts drawn so far (dynamic sampling draws more than one per step)
+
+    def _seed(self, base: int) -> None:
+        """Sampling noise: the same for the ranks of one tensor-parallel group, different across data ranks."""
+        torch.manual_seed((base + 104_729 * self.par.dp_rank) % 2**63)
 
     # ------------------------------------------------------------------ the step
 
     def _generate_scored(self, items, uid_prefix: str, timing: dict) -> Batch:
-        """Sample `n` responses per prompt, add the ReMax greedy baseline if needed, and score them; the reward
-        extras travel in `meta` under `reward:<name>` so they follow any later row selection."""
-        batch = _to_batch(items, self.rollout.pad_id, uid_prefix)
-        with _timer(timing, "gen"):
+        """Sample `n` responses for this rank's share of `items`, add the ReMax greedy baseline if needed, score
+        them, and gather every rank's scored rollouts: the result is the whole batch, the same on every rank. The
+        reward extras travel in `meta` under `reward:<name>` so they follow any later row selection."""
+        share = self.par.my_slice(len(items))
+        batch = _to_batch(items[share], self.rollout.pad_id, uid_prefix, share.start)
+        with _timer(timing, "gen"), self.actor.generation():
             batch = self.rollout.generate(batch, self.sampling)
-        if estimator_info(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
-            with _timer(timing, "gen_greedy"):
-                greedy = self.rollout.generate(_to_batch(items, self.rollout.pad_id, "greedy"),
+            if estimator_info(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
+                greedy = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, "greedy"),
                                                SamplingParams(n=1, do_sample=False, max_new_tokens=self.max_new))
                 baseline, _ = self.reward(greedy)
                 batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(self.sampling.n)
         with _timer(timing, "reward"):
             batch["token_level_scores"], extras = self.reward(batch)
         batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
-        return batch
+        return concat_rollouts(self.par.gather(batch), self.rollout.pad_id)
 
     def _rollout(self, timing: dict) -> tuple[Batch, dict]:
         """One training batch of scored rollouts. With DAPO dynamic sampling, groups whose metric does not vary
-        are dropped and more prompts are generated until the batch is full or max_num_gen_batches is reached."""
+        are dropped and more prompts are generated until the batch is full or max_num_gen_batches is reached (the
+        decisions are taken on the gathered batch, so every rank takes the same ones)."""
         fg, want = self.cfg.algorithm.filter_groups, self.cfg.data.train_batch_size
-        torch.manual_seed(self.cfg.trainer.seed * 1_000_003 + self.global_step)
+        self._seed(self.cfg.trainer.seed * 1_000_003 + self.global_step)
         if not fg.enable:
             return self._generate_scored(self._next_items(), f"s{self.global_step}", timing), {}
         kept, n_prompts, n_gen = [], 0, 0
@@ -152,15 +139,31 @@ class RLTrainer:
                 n_prompts += len(take)
             if 0 < fg.max_num_gen_batches <= n_gen:
                 break
-        if not kept:  # every group was uniform up to the cap: train on the last batch (its advantages are 0)
-            kept, n_prompts = [batch], want
-        out = concat_rollouts(kept, self.rollout.pad_id)
+        out = concat_rollouts(kept, self.rollout.pad_id) if kept else batch
+        usable = n_prompts - n_prompts % self.par.dp  # whole groups split evenly over the data-parallel ranks
+        if not kept or usable == 0:  # every group was uniform up to the cap: train on the last batch (advantages 0)
+            out, n_prompts = batch, want
+        elif usable < n_prompts:
+            out, n_prompts = out.select([r for g in group_rows(out.meta["uid"])[:usable] for r in g]), usable
         return out, {"batch/num_gen_batches": n_gen, "batch/kept_prompts": n_prompts}
 
     def train_step(self) -> dict[str, float]:
-        cfg, timing = self.cfg, {}
+        timing = {}
         t_step = time.perf_counter()
         batch, metrics = self._rollout(timing)
+        metrics |= self.learn(batch, timing)
+        timing["step"] = time.perf_counter() - t_step
+        metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
+        metrics["perf/throughput"] = int(batch["attention_mask"].sum()) / timing["step"] / self.par.world  # per device
+        if self.cfg.trainer.rollout_data_dir:
+            self._dump(Path(self.cfg.trainer.rollout_data_dir) / f"{self.global_step}.jsonl", batch)
+        return metrics
+
+    def learn(self, batch: Batch, timing: dict | None = None) -> dict[str, float]:
+        """Everything after the scored rollouts: old / reference log-probs, values, advantages, the critic and
+        actor updates, and the batch's metrics. `batch` is the whole step's batch (the same on every rank)."""
+        cfg, metrics = self.cfg, {}
+        timing = {} if timing is None else timing
         if self.needs_old_log_prob:
             with _timer(timing, "old_log_prob"):
                 r = cfg.actor_rollout_ref.rollout
@@ -192,7 +195,6 @@ class RLTrainer:
         if self.global_step > cfg.trainer.critic_warmup:
             with _timer(timing, "update_actor"):
                 metrics |= self.actor.update(batch)
-        timing["step"] = time.perf_counter() - t_step
         metrics |= data_metrics(batch, self.max_new)
         for key, values in batch.meta.items():
             if not key.startswith("reward:") or key in ("reward:score", "reward:response_text"):
@@ -202,39 +204,42 @@ class RLTrainer:
                 metrics[f"reward/{name}"] = sum(values)
             elif values and isinstance(values[0], float):
                 metrics[f"reward/{name}/mean"] = sum(values) / len(values)
-        metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
-        metrics["perf/throughput"] = int(batch["attention_mask"].sum()) / timing["step"]
-        if cfg.trainer.rollout_data_dir:
-            self._dump(Path(cfg.trainer.rollout_data_dir) / f"{self.global_step}.jsonl", batch)
         return metrics
 
     # ------------------------------------------------------------------ validation
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
+        """Generate for the validation prompts (each rank its share of each chunk), score, gather, and report
+        mean@n / maj@n / pass@k per data source."""
         if self.val_data is None:
             return {}
         chunk = self.cfg.data.val_batch_size or len(self.val_data)
-        sources, uids, scores, answers, samples = [], [], [], [], []
-        for start in range(0, len(self.val_data), chunk):
-            items = [self.val_data[i] for i in range(start, min(start + chunk, len(self.val_data)))]
-            torch.manual_seed(self.cfg.trainer.seed + 17 * start)
-            batch = self.rollout.generate(_to_batch(items, self.rollout.pad_id, f"v{start}"), self.val_sampling)
-            _, extras = self.reward(batch)
-            texts = extras["response_text"]
-            sources += batch.meta["data_source"]
-            uids += batch.meta["uid"]
-            scores += extras["score"]
-            answers += [_answer(ds, t) for ds, t in zip(batch.meta["data_source"], texts)]
-            samples += [{"data_source": ds, "ground_truth": str(gt), "response": t, "score": s}
-                        for ds, gt, t, s in zip(batch.meta["data_source"], batch.meta["ground_truth"], texts,
-                                                extras["score"])]
-        out = validation_metrics(sources, uids, scores, answers)
+        records = []  # (data_source, uid, score, answer, sample) for every response, gathered over ranks
+        with self.actor.generation():
+            for start in range(0, len(self.val_data), chunk):
+                items = [self.val_data[i] for i in range(start, min(start + chunk, len(self.val_data)))]
+                share = self.par.my_slice(len(items))
+                mine = []
+                if share.stop > share.start:
+                    self._seed(self.cfg.trainer.seed + 17 * start)
+                    batch = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, f"v{start}", share.start),
+                                                  self.val_sampling)
+                    _, extras = self.reward(batch)
+                    m = batch.meta
+                    mine = [(ds, uid, s, _answer(ds, t), {"data_source": ds, "ground_truth": str(gt), "response": t,
+                                                          "score": s})
+                            for ds, uid, gt, t, s in zip(m["data_source"], m["uid"], m["ground_truth"],
+                                                         extras["response_text"], extras["score"])]
+                records += [r for part in self.par.gather(mine) for r in part]
+        out = validation_metrics([r[0] for r in records], [r[1] for r in records], [r[2] for r in records],
+                                 [r[3] for r in records])
+        samples = [r[4] for r in records]
         tr = self.cfg.trainer
-        if tr.log_val_generations:
+        if self.par.is_main and tr.log_val_generations:
             for s in samples[: tr.log_val_generations]:
                 print(f"[val] score={s['score']:.2f} truth={s['ground_truth']!r} response={s['response'][:200]!r}")
-        if tr.validation_data_dir:
+        if self.par.is_main and tr.validation_data_dir:
             path = Path(tr.validation_data_dir) / f"{self.global_step}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(s) + "\n" for s in samples))
@@ -245,8 +250,8 @@ class RLTrainer:
     def fit(self) -> dict[str, float]:
         cfg, tr = self.cfg, self.cfg.trainer
         self._maybe_resume()
-        tracker = Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name, name=tr.experiment_name,
-                          resumed_step=self.global_step)
+        tracker = (Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name,
+                           name=tr.experiment_name, resumed_step=self.global_step) if self.par.is_main else NullTracker())
         last_val: dict[str, float] = {}
         try:
             if tr.val_only:  # evaluate the starting point (a resumed checkpoint too) and stop: nothing trains
@@ -280,15 +285,10 @@ class RLTrainer:
         order = list(epoch_batches(len(self.train_data), d.train_batch_size, shuffle=d.shuffle, seed=d.seed, epoch=epoch))
         return [self.train_data[i] for i in order[pos]]
 
-    @property
-    def roles(self) -> dict:
-        return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
-
     def save(self) -> Path:
         tr = self.cfg.trainer
-        return save_checkpoint(self.run_dir, self.global_step, self.roles, tokenizer=self.tokenizer,
-                               extra={"kl_ctrl": self.kl_ctrl.state_dict(), "data_cursor": self.data_cursor,
-                                      "roles": {name: role.counters() for name, role in self.roles.items()}},
+        return save_checkpoint(self.run_dir, self.global_step, self.roles, self.par, tokenizer=self.tokenizer,
+                               extra={"kl_ctrl": self.kl_ctrl.state_dict(), "data_cursor": self.data_cursor},
                                contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
                                keep=min((k for k in (tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep) if k),
                                         default=None))
@@ -306,12 +306,12 @@ class RLTrainer:
         self.data_cursor = int(extra.get("data_cursor", self.global_step))
         if "kl_ctrl" in extra:
             self.kl_ctrl.load_state_dict(extra["kl_ctrl"])
-        for name, state in extra.get("roles", {}).items():
-            self.roles[name].load_counters(state)
-        print(f"resumed from {path} at step {self.global_step}")
+        if self.par.is_main:
+            print(f"resumed from {path} at step {self.global_step}")
 
-    @staticmethod
-    def _dump(path: Path, batch: Batch) -> None:
+    def _dump(self, path: Path, batch: Batch) -> None:
+        if not self.par.is_main:
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         m = batch.meta
         rows = [{"uid": u, "data_source": ds, "ground_truth": str(gt), "response": t, "score": s}
@@ -340,4 +340,7 @@ class _timer:
 
 
 def run_rl(cfg) -> dict[str, float]:
-    return RLTrainer(cfg).fit()
+    try:
+        return RLTrainer(cfg).fit()
+    finally:
+        shutdown()

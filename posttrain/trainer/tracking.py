@@ -89,3 +89,16 @@ class Tracker:
             self.wandb.finish()
         if self.mlflow:
             self.mlflow.end_run()
+
+
+class NullTracker:
+    """What ranks other than 0 log: nothing (rank 0 holds every metric already)."""
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def advance(self, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,40 @@
+"""Sharded model and optimizer state with Distributed Checkpoint: each rank writes its own shards, and a load
+reshards to whatever layout the loading job has — another world size, tensor parallel or not, or one plain process."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_model_state_dict, set_state_dict)
+
+
+def role_state(model, optimizer=None) -> dict:
+    """{"model": ..., "optimizer": ...} keyed by parameter names, whatever the sharding."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def save_role(path: Path, model, optimizer=None) -> None:
+    dcp.save(role_state(model, optimizer), checkpoint_id=str(path))
+
+
+def load_role(path: Path, model, optimizer=None) -> None:
+    """Read `path` into the model (and optimizer) in place; the checkpoint may come from any layout."""
+    state = role_state(model, optimizer)
+    with warnings.catch_warnings():  # one process, no process group: DCP says it assumes so; that is the intent
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        dcp.load(state, checkpoint_id=str(path))
+    if optimizer is None:
+        set_model_state_dict(model, state["model"])
+    else:
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def full_model_state(model) -> dict:
+    """The whole model's weights as plain CPU tensors (for export); a collective when the model is sharded."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

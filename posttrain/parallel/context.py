@@ -1,0 +1,175 @@
+"""This process's place in a job — ranks, the device mesh (data parallel x tensor parallel) — and the few
+collectives the training loop needs.
+
+A one-process run without sharding has no process group: every collective here is then the identity, so the loop
+and the roles run the same code at any world size. Data-parallel collectives run over the data-parallel ranks only:
+the ranks of one tensor-parallel group hold the same rows, so counting them again would double every sum.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..config import ConfigError
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """world = dp_replicate x dp_shard x tp. FSDP shards over dp_shard and replicates over dp_replicate (HSDP);
+    tensor parallel splits each layer over tp; the data-parallel degree dp = dp_replicate x dp_shard."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp
+
+    @classmethod
+    def of(cls, world: int, *, fsdp_size: int = -1, tp: int = 1) -> "ParallelDims":
+        """Split `world` processes: tp per tensor-parallel group, then FSDP groups of `fsdp_size` (-1 = all)."""
+        if tp < 1 or world % tp:
+            raise ConfigError(f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} must divide the {world} processes")
+        dp = world // tp
+        shard = dp if fsdp_size in (-1, 0) else fsdp_size
+        if shard < 1 or dp % shard:
+            raise ConfigError(f"fsdp_config.fsdp_size={fsdp_size} must divide the {dp} data-parallel processes "
+                              f"({world} processes / tp_size {tp})")
+        return cls(dp // shard, shard, tp)
+
+
+class Parallel:
+    """Ranks, devices and meshes of this process; `distributed` is False for a plain one-process run."""
+
+    def __init__(self, dims: ParallelDims = ParallelDims(), *, device: torch.device = torch.device("cpu"),
+                 mesh=None):
+        self.dims, self.device, self.mesh = dims, torch.device(device), mesh
+        self.distributed = mesh is not None
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if self.distributed:
+            names = ("dp_replicate", "dp_shard")
+            self.dp_mesh = mesh[names]._flatten("dp") if dims.dp_replicate > 1 else mesh["dp_shard"]
+            self.fsdp_mesh = mesh[names] if dims.dp_replicate > 1 else mesh["dp_shard"]
+            self.tp_mesh = mesh["tp"]
+            self.dp_rank = self.dp_mesh.get_local_rank()
+            self._dp_group = self.dp_mesh.get_group()
+        else:
+            self.dp_mesh = self.fsdp_mesh = self.tp_mesh = self._dp_group = None
+            self.dp_rank = 0
+
+    @property
+    def world(self) -> int:
+        return self.dims.world
+
+    @property
+    def dp(self) -> int:
+        return self.dims.dp
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes the run folder and logs."""
+        return self.rank == 0
+
+    @property
+    def _dp_collectives(self) -> bool:
+        return self.distributed and self.dims.dp > 1
+
+    # ------------------------------------------------------------------ collectives over data-parallel ranks
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Element-wise sum over the data-parallel ranks (a copy, float64 on CPU for exact small sums)."""
+        out = values.detach().to(torch.float64).cpu().clone()
+        if self._dp_collectives:
+            out = out.to(self._comm_device)
+            dist.all_reduce(out, group=self._dp_group)
+            out = out.cpu()
+        return out
+
+    def max(self, value: int) -> int:
+        if not self._dp_collectives:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self._comm_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._dp_group)
+        return int(t.item())
+
+    def gather(self, obj) -> list:
+        """`obj` of every data-parallel rank, in rank order."""
+        if not self._dp_collectives:
+            return [obj]
+        out = [None] * self.dims.dp
+        dist.all_gather_object(out, obj, group=self._dp_group)
+        return out
+
+    def broadcast(self, obj):
+        """Rank 0's `obj` on every rank."""
+        if not self.distributed or self.world == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed and self.world > 1:
+            dist.barrier()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        return self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    # ------------------------------------------------------------------ splitting work
+
+    def my_slice(self, n: int) -> slice:
+        """Contiguous share of `n` items for this data-parallel rank (the first ranks take one more if uneven)."""
+        base, extra = divmod(n, self.dims.dp)
+        start = self.dp_rank * base + min(self.dp_rank, extra)
+        return slice(start, start + base + (1 if self.dp_rank < extra else 0))
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1,
+                  need_sharding: bool = False) -> Parallel:
+    """Join the job torchrun started (WORLD_SIZE > 1), or stay a plain single process.
+
+    `need_sharding` asks for FSDP2 even in one process (CPU offload of a role needs it); that process then gets a
+    process group of its own. CUDA ranks use NCCL on device LOCAL_RANK; CPU ranks use gloo.
+    """
+    world = env_world_size()
+    use_cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+    if device_name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("trainer.device=cuda but no CUDA device is available")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if world == 1 and not need_sharding and tp == 1:
+        return Parallel(device=torch.device("cuda") if use_cuda else device)
+    dims = ParallelDims.of(world, fsdp_size=fsdp_size, tp=tp)
+    if not dist.is_initialized():
+        backend = "nccl" if use_cuda else "gloo"
+        if use_cuda:
+            torch.cuda.set_device(device)
+        if world == 1 and "MASTER_ADDR" not in os.environ:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(device.type, (dims.dp_replicate, dims.dp_shard, dims.tp),
+                            mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    return Parallel(dims, device=device, mesh=mesh)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,75 @@
+"""Starting several processes: `posttrain train` launches its own local workers with torch's elastic launcher when
+the config asks for more than one device, and runs unchanged inside an outer `torchrun` (multi-node, Slurm, k8s)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+
+from ..config import ConfigError
+
+
+def inside_launcher() -> bool:
+    """Started by torchrun (or by `launch` below): the process knows its rank."""
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def requested_world(cfg) -> int:
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def adopt_launcher_world(cfg) -> list[str]:
+    """Inside torchrun: the config must describe the job torchrun started. Left at their defaults (1 x 1), the keys
+    take torchrun's layout; otherwise a mismatch is an error. Returns notes for the user."""
+    world, local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    tr = cfg.trainer
+    if requested_world(cfg) == world and tr.n_gpus_per_node == local:
+        return []
+    if tr.nnodes == 1 and tr.n_gpus_per_node == 1:
+        tr.nnodes, tr.n_gpus_per_node = world // local, local
+        return [f"trainer.nnodes={tr.nnodes} trainer.n_gpus_per_node={local}: taken from torchrun ({world} processes)"]
+    raise ConfigError(f"torchrun started {world} processes ({local} per node) but trainer.nnodes={tr.nnodes} x "
+                      f"trainer.n_gpus_per_node={tr.n_gpus_per_node} = {requested_world(cfg)}; make them agree")
+
+
+def check_launchable(cfg) -> None:
+    """What `posttrain train` can start by itself: the processes of one node."""
+    tr = cfg.trainer
+    if tr.nnodes > 1:
+        raise ConfigError(
+            f"trainer.nnodes={tr.nnodes}: start posttrain once per node with torchrun, e.g.\n"
+            f"  torchrun --nnodes {tr.nnodes} --nproc_per_node {tr.n_gpus_per_node} --rdzv_backend c10d "
+            "--rdzv_endpoint HEAD_NODE:29500 --rdzv_id my_run -m posttrain.cli train ...\n"
+            "(docs/scaling.md has Slurm and Kubernetes lines)")
+    import torch
+
+    if tr.device != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < tr.n_gpus_per_node:
+        raise ConfigError(f"trainer.n_gpus_per_node={tr.n_gpus_per_node} but this machine has "
+                          f"{torch.cuda.device_count()} GPUs")
+
+
+def launch_local(argv: list[str], nproc: int) -> int:
+    """Run `python -m posttrain.cli <argv>` as `nproc` workers of one job (what `torchrun --standalone` does).
+    If any worker fails, the launcher stops the others and this raises with the failed rank and its error."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if "OMP_NUM_THREADS" not in os.environ:  # CPU workers share the cores instead of each taking all of them
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                          rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
+                          start_method="spawn")
+    try:
+        elastic_launch(config, sys.executable)("-m", "posttrain.cli", *argv)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        raise WorkerFailed(rank, failure.message if isinstance(failure.message, str) else
+                           failure.message.get("message", str(failure.message)), failure.exitcode) from None
+    return 0
+
+
+class WorkerFailed(RuntimeError):
+    def __init__(self, rank: int, message: str, exitcode: int):
+        super().__init__(f"rank {rank} failed (exit code {exitcode}); every rank was stopped. {message}".strip())
+        self.rank, self.exitcode = rank, exitcode

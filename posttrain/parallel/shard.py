@@ -1,0 +1,199 @@
+"""A role's model across processes: tensor parallel inside each layer, FSDP2 (`fully_shard`) over the
+data-parallel ranks, weights loaded once and scattered, and the few operations sharding changes (generation,
+gradient clipping, gradient sync between micro-batches).
+
+Order of `parallelize` (as in torchtitan): tensor-parallel plan -> `fully_shard` per decoder layer -> `fully_shard`
+of the root. Activation checkpointing is the model's own (transformers' gradient checkpointing), switched on before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .context import Parallel
+
+
+@dataclass(frozen=True)
+class ShardSettings:
+    """One role's FSDP2 settings, resolved from its `fsdp_config`."""
+
+    param_dtype: torch.dtype | None = None  # compute / all-gather dtype (MixedPrecisionPolicy); None = model dtype
+    reduce_dtype: torch.dtype | None = torch.float32  # gradient reduction dtype
+    offload: bool = False  # parameters, gradients and optimizer state live on the CPU (CPUOffloadPolicy)
+    reshard_after_forward: bool = True  # free gathered layers after forward (False trades memory for speed)
+
+
+# ------------------------------------------------------------------ structure of a transformers model
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers PreTrainedModel inside our wrappers and peft."""
+    inner = getattr(model, "lm", None) or getattr(model, "backbone", None) or model
+    get_base = getattr(inner, "get_base_model", None)
+    return get_base() if callable(get_base) else inner
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks FSDP shards one by one: modules whose class transformers marks as not splittable."""
+    names = set(getattr(base_model(model), "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(base_model(model)).__name__} does not name its decoder layer class "
+                         "(_no_split_modules); posttrain cannot shard it layer by layer")
+    return layers
+
+
+def apply_tensor_parallel(model: nn.Module, par: Parallel) -> None:
+    """Split attention and MLP projections over the tp mesh with the model's own plan (`base_model_tp_plan`:
+    colwise for q/k/v and gate/up, rowwise for o and down). Embeddings, norms and the output head stay whole on
+    every tp rank (FSDP still shards them over data-parallel ranks), so log-probs need no vocabulary-split softmax."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    base = base_model(model)
+    config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    plan = getattr(config, "base_model_tp_plan", None) or getattr(base, "_tp_plan", None)
+    if not plan:
+        raise ValueError(f"{type(base).__name__} has no tensor-parallel plan (config.base_model_tp_plan); "
+                         "use fsdp_config.tp_size=1")
+    tp = par.dims.tp
+    for key in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, key, None)
+        if heads is not None and heads % tp:
+            raise ValueError(f"tensor parallel: {key}={heads} is not divisible by tp_size={tp}")
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    unsupported = sorted({v for v in plan.values() if v not in styles})
+    if unsupported:
+        raise ValueError(f"tensor parallel: the {config.model_type} plan uses {unsupported}; posttrain supports "
+                         "models whose plan is colwise/rowwise only (Llama, Qwen2, Mistral, ...); use tp_size=1")
+    decoder = _decoder_of(model)
+    parallelize_module(decoder, par.tp_mesh, {key: styles[style]() for key, style in plan.items()})
+
+
+def _decoder_of(model: nn.Module) -> nn.Module:
+    """The module the tp plan keys (`layers.*.self_attn.q_proj`) are relative to."""
+    base = base_model(model)
+    if getattr(model, "backbone", None) is not None:  # a value model: the backbone is the decoder
+        return base
+    for name in ("model", "transformer", "language_model"):
+        dec = getattr(base, name, None)
+        if isinstance(dec, nn.Module):
+            return dec
+    raise TypeError(f"cannot find the decoder of {type(base).__name__}")
+
+
+def parallelize(model: nn.Module, par: Parallel, settings: ShardSettings) -> nn.Module:
+    """Tensor parallel (if tp > 1), then FSDP2 per decoder layer and at the root; gradients are *summed* over
+    data-parallel ranks, because each rank's loss is already its share of the global loss."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if par.dims.tp > 1:
+        apply_tensor_parallel(model, par)
+    mp = MixedPrecisionPolicy(param_dtype=settings.param_dtype, reduce_dtype=settings.reduce_dtype)
+    offload = CPUOffloadPolicy(pin_memory=par.device.type == "cuda") if settings.offload else OffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=par.fsdp_mesh, mp_policy=mp, offload_policy=offload,
+                    reshard_after_forward=settings.reshard_after_forward)
+    fully_shard(model, mesh=par.fsdp_mesh, mp_policy=mp, offload_policy=offload)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def prepare_model(build, par: Parallel, settings: ShardSettings | None) -> nn.Module:
+    """Build a role's model where it will run. `build(meta)` returns the model: with real weights, or on the meta
+    device (no memory). In one process: the real model on the device. Sharded: every rank lays out the meta
+    structure (tensor-parallel split, FSDP shards); rank 0 alone reads the weights, and they are broadcast into the
+    shards, so no rank but rank 0 ever holds the full model."""
+    if not par.distributed:
+        return build(False).to(par.device)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full, buffers = {}, {}
+    if par.rank == 0:
+        real = build(False)
+        full, buffers = real.state_dict(), dict(real.named_buffers())
+        del real
+    model = build(True)
+    parallelize(model, par, settings or ShardSettings())
+    model.to_empty(device="cpu" if settings and settings.offload else par.device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
+    for name, buffer in model.named_buffers():  # non-persistent buffers (rotary frequencies) are not in the state
+        if par.rank == 0:
+            buffer.data.copy_(buffers[name].to(buffer.device))
+        dist.broadcast(buffer.data, src=0)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered_for_generation(model: nn.Module):
+    """Gather every FSDP unit once, keep it gathered while decoding, free it after: one all-gather per unit per
+    generate call, never one per decoded token. A no-op for a model that is not sharded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        yield
+        return
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+        for unit in units[1:]:  # the root (first) keeps FSDP's own root setting (no reshard after forward)
+            unit.set_reshard_after_forward(True, recurse=False)
+
+
+def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
+    """Skip the gradient reduce-scatter on all but the last micro-batch of an optimizer step."""
+    if is_sharded(model):
+        model.set_requires_gradient_sync(enabled)
+
+
+def clip_grad_norm(parameters, max_norm: float) -> torch.Tensor:
+    """Global L2 norm of the gradients (over every rank's shard and every tensor-parallel piece), and the gradients
+    scaled by min(1, max_norm / (norm + 1e-6)) as torch's clip does. torch's own clip cannot mix tensors on
+    different meshes (tp-split layers beside FSDP-only norms and embeddings), so squares are summed locally and
+    reduced once per mesh layout."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    by_layout: dict = {}
+    for g in grads:
+        key = (g.device_mesh, tuple(g.placements)) if hasattr(g, "device_mesh") else None
+        by_layout.setdefault(key, []).append(g)
+    total_sq = torch.zeros((), dtype=torch.float64)
+    for key, group in by_layout.items():
+        local = [g.to_local() if key is not None else g for g in group]
+        sq = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) ** 2 for g in local]).sum()
+        if key is not None:  # sum over the mesh dims a gradient is split on, not over those it is replicated on
+            from torch.distributed.tensor import DTensor, Partial, Replicate
+
+            mesh, placements = key
+            sq = DTensor.from_local(sq, mesh, [Replicate() if p.is_replicate() else Partial() for p in placements],
+                                    run_check=False).full_tensor()
+        total_sq += sq.detach().double().cpu()
+    norm = total_sq.sqrt().float()
+    if math.isfinite(float(norm)):
+        coef = min(max_norm / (float(norm) + 1e-6), 1.0)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+    return norm

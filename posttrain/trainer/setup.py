@@ -1,0 +1,95 @@
+"""From a config to this rank's roles: which process layout, which dtypes, where each model lives."""
+
+from __future__ import annotations
+
+import torch
+
+from ..algo import estimator_info
+from ..models.load import LoraSettings, compute_dtype, load_causal_lm
+from ..models.policy import PolicyModel, ValueModel
+from ..parallel import Parallel, ShardSettings, init_parallel, prepare_model
+from ..roles.actor import Actor
+from ..roles.common import Worker
+from ..roles.critic import Critic
+from ..roles.reference import Reference
+from ..rollout.hf import HFRollout
+
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "fp32": torch.float32, "float32": torch.float32}
+
+
+def needs_critic(cfg) -> bool:
+    return estimator_info(cfg.algorithm.adv_estimator).needs_critic or bool(cfg.critic.enable)
+
+
+def parallel_for(cfg) -> Parallel:
+    """This process's layout: torchrun's world (or one process), the actor's fsdp_size and tp_size. One process
+    still shards (FSDP2 over itself) when a trained model is to be offloaded to CPU memory."""
+    actor_fsdp = cfg.actor_rollout_ref.actor.fsdp_config
+    offload = actor_fsdp.param_offload or (needs_critic(cfg) and cfg.critic.model.fsdp_config.param_offload)
+    return init_parallel(device_name=cfg.trainer.device, fsdp_size=actor_fsdp.fsdp_size, tp=actor_fsdp.tp_size,
+                         need_sharding=offload)
+
+
+def shard_settings(fsdp_cfg, compute: torch.dtype) -> ShardSettings:
+    mp = fsdp_cfg.mixed_precision
+    param = DTYPES[mp.param_dtype] if mp.param_dtype else compute
+    return ShardSettings(param_dtype=param, reduce_dtype=DTYPES[mp.reduce_dtype], offload=fsdp_cfg.param_offload,
+                         reshard_after_forward=fsdp_cfg.reshard_after_forward)
+
+
+class Roles:
+    """The models of one run on this rank: actor (+ rollout over the same weights), reference, critic."""
+
+    def __init__(self, cfg, par: Parallel, tokenizer, total_steps: int):
+        arr, tr = cfg.actor_rollout_ref, cfg.trainer
+        self.dtype = compute_dtype(arr.model.dtype, par.device)
+        temperature = arr.rollout.temperature if arr.rollout.temperature > 0 else 1.0
+        model_cfg = arr.model
+        lora = (LoraSettings(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
+                if model_cfg.lora_rank > 0 else None)
+
+        def policy(fsdp_cfg, *, trainable: bool, with_lora):
+            def build(meta: bool):
+                torch.manual_seed(tr.seed)  # LoRA's random init is the same at any world size (rank 0 builds it)
+                return PolicyModel(load_causal_lm(
+                    model_cfg.path, meta=meta, dtype=DTYPES[fsdp_cfg.model_dtype],
+                    trust_remote_code=model_cfg.trust_remote_code, override_config=model_cfg.override_config,
+                    gradient_checkpointing=trainable and model_cfg.enable_gradient_checkpointing,
+                    lora=with_lora))
+
+            model = prepare_model(build, par, shard_settings(fsdp_cfg, self.dtype))
+            return Worker(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)
+
+        a = arr.actor
+        actor_worker = policy(a.fsdp_config, trainable=True, with_lora=lora)
+        self.actor = Actor(actor_worker, a, temperature=temperature, max_response_length=cfg.data.max_response_length,
+                           total_steps=total_steps, seed=tr.seed, offload_optimizer=a.fsdp_config.optimizer_offload)
+        self.reference = None
+        if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+            ref_worker = actor_worker if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
+            self.reference = Reference(ref_worker, arr.ref, temperature=temperature, adapter_off=lora is not None)
+        self.critic = None
+        if needs_critic(cfg):
+            c, cm = cfg.critic, cfg.critic.model
+
+            def build_value(meta: bool):
+                torch.manual_seed(tr.seed + 1)
+                return ValueModel.from_pretrained(cm.path or model_cfg.path, meta=meta,
+                                                  dtype=DTYPES[cm.fsdp_config.model_dtype],
+                                                  trust_remote_code=cm.trust_remote_code,
+                                                  override_config=cm.override_config,
+                                                  gradient_checkpointing=cm.enable_gradient_checkpointing)
+
+            value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
+            self.critic = Critic(Worker(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
+                                 max_response_length=cfg.data.max_response_length, total_steps=total_steps,
+                                 seed=tr.seed, offload_optimizer=cm.fsdp_config.optimizer_offload)
+        r = arr.rollout
+        self.rollout = HFRollout(actor_worker.model.lm, tokenizer, device=par.device,
+                                 dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size)
+
+    @property
+    def trained(self) -> dict:
+        """What a checkpoint holds: the roles with weights and an optimizer."""
+        return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}

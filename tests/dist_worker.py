@@ -1,0 +1,64 @@
+"""Runs inside each process of a distributed test (torchrun), or alone as the one-process reference.
+
+`python tests/dist_worker.py SPEC.json`: for each case of the spec, build the trainer's roles from the case's
+overrides, run `RLTrainer.learn` on the fixed batch of the spec (old/ref log-probs, values, advantages, critic and
+actor updates), and rank 0 saves the metrics and the full updated weights to OUT/<case>.pt. With `count_gathers`
+it also records how many parameter all-gathers one generate call makes, for two response lengths.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from posttrain.config import load_config
+from posttrain.parallel.checkpoint import full_model_state
+from posttrain.trainer.rl import RLTrainer
+from posttrain.trainer.setup import parallel_for
+
+
+class CountAllGathers(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith("c10d.") and "allgather" in str(func):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    out = Path(spec["out"])
+    par = None
+    for name, overrides in spec["cases"].items():
+        cfg = load_config(None, spec["base"] + overrides)
+        par = par or parallel_for(cfg)
+        trainer = RLTrainer(cfg, par)
+        trainer.global_step = 1
+        batch = torch.load(spec["batch"], weights_only=False)
+        metrics = trainer.learn(batch)
+        states = {role: full_model_state(obj.model) for role, obj in trainer.roles.items()}
+        if par.is_main:
+            torch.save({"metrics": metrics, "states": states, "old_log_probs": batch.get("old_log_probs"),
+                        "ref_log_probs": batch.get("ref_log_probs"), "values": batch.get("values")},
+                       out / f"{name}.pt")
+        if spec.get("count_gathers") and name == next(iter(spec["cases"])):
+            counts = []
+            for max_new in (2, 6):
+                prompts = batch.select(range(par.dp_rank, len(batch), 8))
+                with CountAllGathers() as counter, trainer.actor.generation():
+                    trainer.rollout.generate(prompts, trainer.sampling.__class__(n=1, max_new_tokens=max_new))
+                counts.append(counter.count)
+            units = sum(1 for m in trainer.actor.model.modules() if type(m).__name__.startswith("FSDP"))
+            if par.is_main:
+                (out / "gathers.json").write_text(json.dumps({"counts": counts, "units": units}))
+        trainer.reward.close()
+    par.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

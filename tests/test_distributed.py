@@ -1,0 +1,138 @@
+"""Several processes give the same update as one: the same fixed batch through `RLTrainer.learn` (old/ref log-probs,
+values, advantages, critic and actor updates) in 1 process, in 2 (FSDP2), with tensor parallel 2, and on a 2 x 2
+FSDP x TP mesh (4 processes), compared metric by metric and weight by weight (LoRA: FSDP only; with tensor parallel
+it is rejected at load). Real torch.distributed (gloo, CPU).
+
+Tolerances: fp32 throughout; sums taken in another order differ by float rounding, so losses, gradient norms and
+log-probs must agree to 1e-5 relative (plus 1e-6 absolute). Updated weights: at most 1e-5 apart and 1e-8 on average.
+The learning rates are 1e-4 and 1e-3 and Adam's first step moves every weight by about the learning rate, so a wrong
+gradient shows at 1e-4; a gradient within rounding of zero may flip Adam's step by a few 1e-6 (seen: 3 of 91k
+critic weights under tensor parallel)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.config import load_config
+from posttrain.data.batch import Batch
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+WORKER = Path(__file__).with_name("dist_worker.py")
+MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+CASES = {
+    **{f"grpo_kl_{m}": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
+                        "actor_rollout_ref.actor.entropy_coeff=0.01", f"actor_rollout_ref.actor.loss_agg_mode={m}"]
+       for m in MODES},
+    **{f"ppo_{m}": ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "algorithm.use_kl_in_reward=True",
+                    f"actor_rollout_ref.actor.loss_agg_mode={m}"] for m in MODES},
+    "grpo_token_budget_shuffled": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=60",
+                                   "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+                                   "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=90",
+                                   "actor_rollout_ref.actor.shuffle=True", "actor_rollout_ref.actor.ppo_epochs=2"],
+    "grpo_lora_kl": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.lora_rank=4",
+                     "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.use_kl_loss=True",
+                     "actor_rollout_ref.actor.optim.lr=1e-3"],
+}
+METRICS = ("actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl",
+           "critic/vf_loss", "critic/grad_norm", "critic/vf_clipfrac", "critic/advantages/mean", "critic/returns/mean",
+           "critic/values/mean", "critic/rewards/mean", "actor/reward_kl_penalty")
+
+
+@pytest.fixture(scope="module")
+def fixed_batch(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
+    """8 prompts x 4 sampled responses of the tiny model, scored at random (seeded), and a data file naming them."""
+    from posttrain.data.dataset import layout_row
+    from posttrain.models.load import load_causal_lm
+    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout.hf import HFRollout
+    from tests.test_roles_rollout import prompts_batch
+
+    out = tmp_path_factory.mktemp("dist")
+    rows = [layout_row("synthetic/arithmetic", f"{a}+{a + 3}=", str(2 * a + 3), {"index": a}) for a in range(8)]
+    (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    torch.manual_seed(0)
+    engine = HFRollout(load_causal_lm(str(tiny_model_dir)), tiny_tokenizer, device=torch.device("cpu"),
+                       dtype=torch.float32)
+    batch = engine.generate(prompts_batch(tiny_tokenizer, [r["prompt"][0]["content"] for r in rows]),
+                            SamplingParams(n=4, max_new_tokens=8))
+    n = len(batch)
+    scores = (torch.rand(n) > 0.5).float()
+    token_scores = torch.zeros(batch["responses"].shape)
+    token_scores[torch.arange(n), batch["response_mask"].sum(-1) - 1] = scores
+    batch["token_level_scores"] = token_scores
+    batch.meta.update({"data_source": ["synthetic/arithmetic"] * n, "ground_truth": ["0"] * n,
+                       "extra_info": [{}] * n, "reward:acc": scores.tolist(), "reward:score": scores.tolist()})
+    torch.save(batch, out / "batch.pt")
+    return out
+
+
+def run_layout(fixed_batch, tiny_model_dir, name: str, nproc: int, extra: list[str], count_gathers=False) -> Path:
+    out = fixed_batch / name
+    out.mkdir(exist_ok=True)
+    base = [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={fixed_batch / 'train.jsonl'}",
+            "data.train_batch_size=8", "data.max_prompt_length=64", "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", "actor_rollout_ref.actor.optim.lr=1e-4",
+            "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False", "trainer.logger=['jsonl']",
+            f"trainer.default_local_dir={out / 'run'}", f"trainer.n_gpus_per_node={nproc}", *extra]
+    cases = {k: v for k, v in CASES.items() if "lora" not in k or "tp_size" not in " ".join(extra)}
+    spec = {"base": base, "cases": cases, "batch": str(fixed_batch / "batch.pt"), "out": str(out),
+            "count_gathers": count_gathers}
+    (out / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if nproc == 1:
+        cmd = [sys.executable, str(WORKER), str(out / "spec.json")]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               str(WORKER), str(out / "spec.json")]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_process(fixed_batch, tiny_model_dir):
+    return run_layout(fixed_batch, tiny_model_dir, "one", 1, [])
+
+
+def assert_same_update(reference: Path, other: Path):
+    cases = json.loads((other / "spec.json").read_text())["cases"]
+    assert len(cases) >= 9
+    for case in cases:
+        want, got = torch.load(reference / f"{case}.pt"), torch.load(other / f"{case}.pt")
+        for key in METRICS:
+            if key in want["metrics"]:
+                assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (case, key)
+        for key in ("old_log_probs", "ref_log_probs", "values"):
+            if want[key] is not None:
+                assert torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-6), (case, key)
+        for role, state in want["states"].items():
+            assert state.keys() == got["states"][role].keys()
+            diffs = torch.cat([(got["states"][role][k] - v).abs().flatten() for k, v in state.items()])
+            assert diffs.max() < 1e-5 and diffs.mean() < 1e-8, (case, role, diffs.max().item(), diffs.mean().item())
+
+
+def test_two_processes_equal_one(fixed_batch, tiny_model_dir, one_process):
+    two = run_layout(fixed_batch, tiny_model_dir, "fsdp2", 2, [], count_gathers=True)
+    assert_same_update(one_process, two)
+    gathers = json.loads((two / "gathers.json").read_text())
+    # generation gathers each FSDP unit once, however many tokens it decodes
+    assert gathers["counts"][0] == gathers["counts"][1] <= gathers["units"], gathers
+
+
+def test_tensor_parallel_two_equals_one(fixed_batch, tiny_model_dir, one_process):
+    tp = run_layout(fixed_batch, tiny_model_dir, "tp2", 2, ["actor_rollout_ref.actor.fsdp_config.tp_size=2"])
+    assert_same_update(one_process, tp)
+
+
+def test_fsdp_by_tp_mesh_equals_one(fixed_batch, tiny_model_dir, one_process):
+    mesh = run_layout(fixed_batch, tiny_model_dir, "fsdp2_tp2", 4, ["actor_rollout_ref.actor.fsdp_config.tp_size=2",
+                                                                      "trainer.balance_batch=False"])
+    assert_same_update(one_process, mesh)
