@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -12,12 +13,18 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. algorithm.adv_estimator=grpo")
 
 
+def _say(message: str) -> None:
+    """Printed once per job: by rank 0 of a multi-process run (or the only process)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr)
+
+
 def _load(args):
     from .config import config_warnings, load_config
 
     cfg = load_config(args.config, args.overrides)
     for note in config_warnings(cfg):
-        print(f"note: {note}", file=sys.stderr)
+        _say(f"note: {note}")
     return cfg
 
 
@@ -27,7 +34,7 @@ def cmd_train(args) -> int:
     cfg = _load(args)
     if launch.inside_launcher():
         for note in launch.adopt_launcher_world(cfg):
-            print(f"note: {note}", file=sys.stderr)
+            _say(f"note: {note}")
     if args.print_config:
         from .config import to_yaml
 

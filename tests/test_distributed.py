@@ -1,6 +1,6 @@
 """Several processes give the same update as one: the same fixed batch through `RLTrainer.learn` (old/ref log-probs,
-values, advantages, critic and actor updates) in 1 process, in 2 (FSDP2), with tensor parallel 2, and on a 2 x 2
-FSDP x TP mesh (4 processes), compared metric by metric and weight by weight (LoRA: FSDP only; with tensor parallel
+values, advantages, critic and actor updates) in 1 process, in 2 (FSDP2), with tensor parallel 2, on a 2 x 2
+FSDP x TP mesh and with hybrid sharding (4 processes each), compared metric by metric and weight by weight (LoRA: FSDP only; with tensor parallel
 it is rejected at load). Real torch.distributed (gloo, CPU).
 
 Tolerances: fp32 throughout; sums taken in another order differ by float rounding, so losses, gradient norms and
@@ -35,6 +35,11 @@ CASES = {
                                    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
                                    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=90",
                                    "actor_rollout_ref.actor.shuffle=True", "actor_rollout_ref.actor.ppo_epochs=2"],
+    # FSDP2's CPU offload of actor and reference, Adam state offloaded between steps (one plain process: no-ops)
+    "grpo_kl_offload": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
+                        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+                        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+                        "actor_rollout_ref.ref.fsdp_config.param_offload=True"],
     "grpo_lora_kl": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.model.lora_rank=4",
                      "actor_rollout_ref.model.lora_alpha=8", "actor_rollout_ref.actor.use_kl_loss=True",
                      "actor_rollout_ref.actor.optim.lr=1e-3"],
@@ -130,6 +135,12 @@ def test_two_processes_equal_one(fixed_batch, tiny_model_dir, one_process):
 def test_tensor_parallel_two_equals_one(fixed_batch, tiny_model_dir, one_process):
     tp = run_layout(fixed_batch, tiny_model_dir, "tp2", 2, ["actor_rollout_ref.actor.fsdp_config.tp_size=2"])
     assert_same_update(one_process, tp)
+
+
+def test_hybrid_sharding_equals_one(fixed_batch, tiny_model_dir, one_process):
+    """fsdp_size=2 of 4 processes: shard within pairs, replicate across them (HSDP)."""
+    hsdp = run_layout(fixed_batch, tiny_model_dir, "hsdp", 4, ["actor_rollout_ref.actor.fsdp_config.fsdp_size=2"])
+    assert_same_update(one_process, hsdp)
 
 
 def test_fsdp_by_tp_mesh_equals_one(fixed_batch, tiny_model_dir, one_process):

@@ -1,5 +1,7 @@
 """Every algorithm family learns: from the same tiny SFT checkpoint (one-digit addition, 70% of demonstrations drop
-the carry), 20 seeded steps raise the training reward clearly. Measured first-4 -> last-4 step means are noted."""
+the carry), 30 seeded steps raise the training reward clearly. How good the SFT start is depends on the CPU's bf16
+kernels (first-4 means of 0.22-0.41 were seen); 30 steps leave every family's gain clear of its margin on both kinds
+of machine. Measured first-4 -> last-4 step means are noted."""
 
 import pytest
 
@@ -22,6 +24,9 @@ FAMILIES = {
               "algorithm.filter_groups.max_num_gen_batches=4", "actor_rollout_ref.actor.clip_ratio_high=0.28",
               "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=2"], 0.07),
     "ppo_gae": (["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3"], 0.10),  # 0.35 -> 0.56
+    # a rank-8 LoRA adapter (peft) with the KL loss against the adapter-off model as reference
+    "grpo_lora": (["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+                   "actor_rollout_ref.actor.optim.lr=5e-3", "actor_rollout_ref.actor.use_kl_loss=True"], 0.10),
 }
 
 
@@ -29,7 +34,7 @@ FAMILIES = {
 def test_family_improves_training_reward(small_task, family):
     out, files = small_task
     overrides, margin = FAMILIES[family]
-    RLTrainer(rl_config(out, files, f"learn_{family}", 20, *overrides)).fit()
+    RLTrainer(rl_config(out, files, f"learn_{family}", 30, *overrides)).fit()
     metrics = read_metrics(out / f"learn_{family}")
     scores = [m["critic/score/mean"] for m in metrics]
     first, last = sum(scores[:4]) / 4, sum(scores[-4:]) / 4

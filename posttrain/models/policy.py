@@ -27,9 +27,17 @@ class PolicyModel(nn.Module):
         return response_logprobs(self.lm, input_ids, attention_mask, response_length, temperature=temperature,
                                  chunk_size=chunk_size, with_entropy=with_entropy)
 
+    def generate(self, **kwargs):
+        """The LM's own `generate`; called through this wrapper so that a sharded root sees the call."""
+        return self.lm.generate(**kwargs)
+
     @property
-    def is_lora(self) -> bool:
-        return hasattr(self.lm, "disable_adapter")
+    def config(self):
+        return self.lm.config
+
+    @property
+    def generation_config(self):
+        return self.lm.generation_config
 
 
 class ValueModel(nn.Module):

@@ -171,5 +171,8 @@ def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1
 
 
 def shutdown() -> None:
+    """Leave the job together: a rank that tears down its connections while another still uses them aborts it."""
     if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()

@@ -63,10 +63,24 @@ def launch_local(argv: list[str], nproc: int) -> int:
     try:
         elastic_launch(config, sys.executable)("-m", "posttrain.cli", *argv)
     except ChildFailedError as e:
-        rank, failure = e.get_first_failure()
-        raise WorkerFailed(rank, failure.message if isinstance(failure.message, str) else
-                           failure.message.get("message", str(failure.message)), failure.exitcode) from None
+        rank, message, exitcode = root_cause(e.failures)
+        raise WorkerFailed(rank, message, exitcode) from None
     return 0
+
+
+COMM_SYMPTOMS = ("DistBackendError", "gloo", "NCCL", "Connection closed", "Connection reset")
+
+
+def root_cause(failures: dict) -> tuple[int, str, int]:
+    """The failure that started it: the earliest one (timestamps are whole seconds), and among those a rank whose
+    error is its own rather than a broken connection to a rank that died first."""
+    def message(failure) -> str:
+        m = failure.message
+        return m if isinstance(m, str) else m.get("message", str(m))
+
+    rank, failure = min(failures.items(), key=lambda kv: (kv[1].timestamp,
+                                                          any(s in message(kv[1]) for s in COMM_SYMPTOMS), kv[0]))
+    return rank, message(failure), failure.exitcode
 
 
 class WorkerFailed(RuntimeError):

@@ -100,6 +100,10 @@ def parallelize(model: nn.Module, par: Parallel, settings: ShardSettings) -> nn.
         fully_shard(layer, mesh=par.fsdp_mesh, mp_policy=mp, offload_policy=offload,
                     reshard_after_forward=settings.reshard_after_forward)
     fully_shard(model, mesh=par.fsdp_mesh, mp_policy=mp, offload_policy=offload)
+    if hasattr(model, "generate"):  # generate enters through the root, as forward does (FSDP initialises there)
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        register_fsdp_forward_method(model, "generate")
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -124,6 +128,10 @@ def prepare_model(build, par: Parallel, settings: ShardSettings | None) -> nn.Mo
     model = build(True)
     parallelize(model, par, settings or ShardSettings())
     model.to_empty(device="cpu" if settings and settings.offload else par.device)
+    for module in model.modules():  # buffers are used where compute runs, also when the weights live on the CPU
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = buffer.to(par.device)
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     del full
     for name, buffer in model.named_buffers():  # non-persistent buffers (rotary frequencies) are not in the state

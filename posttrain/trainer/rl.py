@@ -340,7 +340,6 @@ class _timer:
 
 
 def run_rl(cfg) -> dict[str, float]:
-    try:
-        return RLTrainer(cfg).fit()
-    finally:
-        shutdown()
+    result = RLTrainer(cfg).fit()
+    shutdown()  # after an error there is no clean shutdown: the launcher stops every rank
+    return result

@@ -38,6 +38,12 @@ def shard_settings(fsdp_cfg, compute: torch.dtype) -> ShardSettings:
                          reshard_after_forward=fsdp_cfg.reshard_after_forward)
 
 
+def _moves_adam(fsdp_cfg) -> bool:
+    """optimizer_offload alone: Adam's state goes to CPU memory between steps. With param_offload it lives there
+    already (FSDP2 steps the optimizer on the CPU)."""
+    return fsdp_cfg.optimizer_offload and not fsdp_cfg.param_offload
+
+
 class Roles:
     """The models of one run on this rank: actor (+ rollout over the same weights), reference, critic."""
 
@@ -64,7 +70,7 @@ class Roles:
         a = arr.actor
         actor_worker = policy(a.fsdp_config, trainable=True, with_lora=lora)
         self.actor = Actor(actor_worker, a, temperature=temperature, max_response_length=cfg.data.max_response_length,
-                           total_steps=total_steps, seed=tr.seed, offload_optimizer=a.fsdp_config.optimizer_offload)
+                           total_steps=total_steps, seed=tr.seed, offload_optimizer=_moves_adam(a.fsdp_config))
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             ref_worker = actor_worker if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
@@ -84,9 +90,9 @@ class Roles:
             value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
             self.critic = Critic(Worker(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
-                                 seed=tr.seed, offload_optimizer=cm.fsdp_config.optimizer_offload)
+                                 seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config))
         r = arr.rollout
-        self.rollout = HFRollout(actor_worker.model.lm, tokenizer, device=par.device,
+        self.rollout = HFRollout(actor_worker.model, tokenizer, device=par.device,
                                  dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size)
 
     @property

@@ -1,0 +1,76 @@
+"""The pure parts of posttrain.parallel: splitting work over ranks and micro-batches, process layouts, and which
+rank's error a failed job reports."""
+
+import itertools
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from posttrain.config import ConfigError
+from posttrain.parallel import ParallelDims
+from posttrain.parallel.balance import (balanced_parts, contiguous_parts, micro_batch_parts, token_budget_count)
+from posttrain.parallel.launch import root_cause
+
+
+def best_max_sum(weights, k, equal_count):
+    """Brute force: the smallest possible heaviest part."""
+    n, best = len(weights), float("inf")
+    for labels in itertools.product(range(k), repeat=n):
+        counts = [labels.count(p) for p in range(k)]
+        if equal_count and len(set(counts)) > 1:
+            continue
+        best = min(best, max(sum(w for w, l in zip(weights, labels) if l == p) for p in range(k)))
+    return best
+
+
+@pytest.mark.parametrize("equal_count", [True, False])
+def test_balanced_parts_cover_everything_once_and_come_close_to_the_best(equal_count):
+    rng = random.Random(0)
+    for _ in range(40):
+        k = rng.choice([2, 3])
+        n = k * rng.randint(1, 3)
+        weights = [rng.randint(1, 50) for _ in range(n)]
+        parts = balanced_parts(weights, k, equal_count=equal_count)
+        assert sorted(i for p in parts for i in p) == list(range(n))
+        assert all(p == sorted(p) for p in parts)
+        if equal_count:
+            assert {len(p) for p in parts} == {n // k}
+        heaviest = max(sum(weights[i] for i in p) for p in parts)
+        assert heaviest <= best_max_sum(weights, k, equal_count) * 4 / 3 + 1e-9  # greedy's bound
+    assert balanced_parts([9, 1, 1, 1, 1, 9], 2, equal_count=True) == [[0, 1, 3], [2, 4, 5]]  # 11 and 11
+    with pytest.raises(ValueError, match="equal count"):
+        balanced_parts([1, 2, 3], 2, equal_count=True)
+
+
+def test_contiguous_parts_and_micro_batch_counts():
+    assert contiguous_parts(7, 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert token_budget_count([3, 3, 3, 7, 1], 6) == 4  # [3,3] [3] [7] [1]: a long row gets its own
+    assert token_budget_count([10], 4) == 1
+    parts = micro_batch_parts([5, 1, 4, 2, 3, 3], 3)
+    assert sorted(i for p in parts for i in p) == list(range(6)) and len(parts) == 3
+    assert sorted(sum([5, 1, 4, 2, 3, 3][i] for i in p) for p in parts) == [6, 6, 6]
+    with pytest.raises(ValueError, match="cannot fill"):
+        micro_batch_parts([1, 2], 3)
+
+
+def test_parallel_dims():
+    assert ParallelDims.of(8, tp=2) == ParallelDims(dp_replicate=1, dp_shard=4, tp=2)
+    dims = ParallelDims.of(16, fsdp_size=4, tp=2)
+    assert (dims.dp_replicate, dims.dp_shard, dims.tp, dims.dp, dims.world) == (2, 4, 2, 8, 16)
+    with pytest.raises(ConfigError, match="tp_size=3 must divide the 8 processes"):
+        ParallelDims.of(8, tp=3)
+    with pytest.raises(ConfigError, match="fsdp_size=3 must divide the 4 data-parallel"):
+        ParallelDims.of(8, fsdp_size=3, tp=2)
+
+
+def test_the_reported_failure_is_the_rank_that_broke_first():
+    def failure(ts, message, code=1):
+        return SimpleNamespace(timestamp=ts, message={"message": message}, exitcode=code)
+
+    # same second: rank 0 only lost its connection to rank 1, which raised the real error
+    failures = {0: failure(100, "DistBackendError: [gloo] Connection closed by peer"),
+                1: failure(100, "RuntimeError: reward module broken")}
+    assert root_cause(failures) == (1, "RuntimeError: reward module broken", 1)
+    failures[0] = failure(99, "ValueError: bad row")  # an earlier failure wins whatever it says
+    assert root_cause(failures)[0] == 0
