@@ -11,7 +11,8 @@ evenly over the ranks with OMP_NUM_THREADS) and calls `learn` twice on the same 
 
 Per rank it reports: peak resident memory (ru_maxrss), the baseline (resident memory after the imports, a tiny
 warm-up of torch's kernels and reading the batch, before any model exists) and the peak above it; the bytes held
-after the second `learn` in parameters (local shards), gradients and optimizer state, beside the memory model of
+after the second `learn` in parameters (local shards), gradients (just before the optimizer step, after which they
+are freed) and optimizer state, beside the memory model of
 docs/scaling.md (weights 4P/N, gradients 4P/N, Adam 8P/N; LoRA: 4 bytes per frozen and 16 per trainable parameter);
 and the model's estimate of the peak: those bytes plus activations (fp32, per token and layer 4(8H + 2Hkv + 4I)
 bytes; with checkpointing 4H per layer plus one layer's full activations).
@@ -90,17 +91,18 @@ def make_inputs(args, out: Path) -> None:
     torch.save(batch, out / "batch.pt")
 
 
-def held_bytes(actor) -> dict:
-    """Bytes this rank holds in parameters (its local shards), gradients and optimizer state, and the counts."""
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
+def nbytes(tensors) -> int:
+    """Bytes of these tensors on this rank (a sharded parameter counts its local shard)."""
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors if t is not None]
+    return sum(t.numel() * t.element_size() for t in local)
 
-    def nbytes(tensors):
-        return sum(local(t).numel() * local(t).element_size() for t in tensors if t is not None)
 
+def held_bytes(actor, grad_bytes: int) -> dict:
+    """Bytes this rank holds in parameters, gradients (counted just before the optimizer step, after which they are
+    freed) and optimizer state, and the parameter counts."""
     params = list(actor.model.parameters())
     state = [v for s in actor.optimizer.state.values() for v in s.values() if hasattr(v, "numel")]
-    return {"params": nbytes(params), "grads": nbytes(p.grad for p in params), "optim": nbytes(state),
+    return {"params": nbytes(params), "grads": grad_bytes, "optim": nbytes(state),
             "n_params": sum(p.numel() for p in params),
             "n_trainable": sum(p.numel() for p in params if p.requires_grad)}
 
@@ -137,6 +139,7 @@ def run_variant(args) -> None:
         f"actor_rollout_ref.model.path={work / 'model'}", f"data.train_files={work / 'train.jsonl'}",
         f"data.train_batch_size={args.prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={args.prompts}",
         f"data.max_prompt_length={args.prompt_len}", f"data.max_response_length={args.response_len}",
+        "data.truncation=left",  # the data file is only required to exist; the batch is the fixed one
         "algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={args.responses}",
         "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False", "actor_rollout_ref.actor.optim.lr=1e-4",
@@ -147,6 +150,9 @@ def run_variant(args) -> None:
            else parallel_for(cfg))
     trainer = RLTrainer(cfg, par)
     trainer.global_step = 1
+    grads = {}
+    trainer.actor.optimizer.register_step_pre_hook(
+        lambda opt, *_: grads.update(bytes=nbytes(p.grad for p in trainer.actor.model.parameters())))
     seconds = []
     for _ in range(2):
         t0 = time.perf_counter()
@@ -155,9 +161,9 @@ def run_variant(args) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r = {"variant": args.variant, "rank": par.rank, "world": par.world, "peak_mb": peak, "baseline_mb": baseline,
          "seconds": seconds[1], "ckpt": CKPT in extra, "grad_norm": metrics["actor/grad_norm"],
-         "vocab": trainer.actor.model.config.vocab_size, **held_bytes(trainer.actor)}
+         "vocab": trainer.actor.model.config.vocab_size, **held_bytes(trainer.actor, grads["bytes"])}
     r["predicted"] = predicted(r, trainer.actor.model.config, batch)
-    print("RESULT " + json.dumps(r), flush=True)
+    (work / f"result-{args.variant}-{par.rank}.json").write_text(json.dumps(r))  # ranks' stdout interleaves
     trainer.reward.close()
     shutdown()
 
@@ -174,8 +180,7 @@ def launch(args, variant: str) -> list[dict]:
     done = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if done.returncode:
         sys.exit(f"{variant} failed:\n{done.stderr[-4000:]}")
-    rows = [json.loads(line[7:]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    return sorted(rows, key=lambda r: r["rank"])
+    return [json.loads((Path(args.workdir) / f"result-{variant}-{rank}.json").read_text()) for rank in range(nproc)]
 
 
 def main() -> None:

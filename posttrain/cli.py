@@ -20,9 +20,15 @@ def _say(message: str) -> None:
 
 
 def _load(args):
-    from .config import config_warnings, load_config
+    """The config, checked for the process layout it will run in (torchrun's, when started by torchrun)."""
+    from .config import config_warnings, load_config, validate_config
+    from .parallel import launch
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, validate=False)
+    if launch.inside_launcher():
+        for note in launch.adopt_launcher_world(cfg):
+            _say(f"note: {note}")
+    validate_config(cfg)
     for note in config_warnings(cfg):
         _say(f"note: {note}")
     return cfg
@@ -32,9 +38,6 @@ def cmd_train(args) -> int:
     from .parallel import launch
 
     cfg = _load(args)
-    if launch.inside_launcher():
-        for note in launch.adopt_launcher_world(cfg):
-            _say(f"note: {note}")
     if args.print_config:
         from .config import to_yaml
 

@@ -74,3 +74,21 @@ def test_the_reported_failure_is_the_rank_that_broke_first():
     assert root_cause(failures) == (1, "RuntimeError: reward module broken", 1)
     failures[0] = failure(99, "ValueError: bad row")  # an earlier failure wins whatever it says
     assert root_cause(failures)[0] == 0
+
+
+def test_under_torchrun_the_config_takes_its_layout_before_it_is_checked(monkeypatch):
+    from argparse import Namespace
+
+    from posttrain.cli import _load
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    args = Namespace(config=None, overrides=["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                                             "actor_rollout_ref.actor.fsdp_config.tp_size=2"])
+    cfg = _load(args)  # tp_size=2 fits the 2 processes torchrun started, though the keys were left at 1 x 1
+    assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 2)
+    with pytest.raises(ConfigError, match="data.train_batch_size=3 must be divisible by the 2 data-parallel"):
+        _load(Namespace(config=None, overrides=["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"]))
+    with pytest.raises(ConfigError, match="torchrun started 2 processes .* trainer.n_gpus_per_node=4 = 4"):
+        _load(Namespace(config=None, overrides=["trainer.n_gpus_per_node=4"]))

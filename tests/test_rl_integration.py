@@ -54,12 +54,22 @@ def test_resume_continues_from_the_last_checkpoint(small_task, algo, request):
     if "algorithm.adv_estimator=gae" in algo:
         assert (step2 / "critic" / ".metadata").is_file() and (step2 / "critic_state.pt").is_file()
     (out / name / ".tmp_global_step_3").mkdir()  # debris of a run killed while saving is ignored
-    RLTrainer(rl_config(out, files, name, 3, "trainer.save_freq=1", *algo)).fit()
+    resumed = RLTrainer(rl_config(out, files, name, 3, "trainer.save_freq=1", *algo))
+    resumed.fit()
     assert [m["step"] for m in read_metrics(out / name)] == [1, 2, 3]
     # and the uninterrupted run gives the same step-3 numbers (critic, KL coefficient and data order included)
     RLTrainer(rl_config(out, files, name + "_straight", 3, *algo)).fit()
     strip = lambda m: {k: round(v, 4) for k, v in m.items() if not k.startswith(("timing_s", "perf"))}
     assert strip(read_metrics(out / name)[-1]) == strip(read_metrics(out / (name + "_straight"))[-1])
+    if resumed.critic is not None:  # the critic exports as a plain backbone folder plus its value head
+        from posttrain.models.policy import ValueModel
+        from posttrain.trainer.export import export_checkpoint
+
+        exported = ValueModel.from_pretrained(str(export_checkpoint(out / name / "global_step_3",
+                                                                    out / name / "critic_hf", role="critic")))
+        ids, mask = torch.tensor([[1, 5, 9, 13]]), torch.ones(1, 4, dtype=torch.long)
+        with torch.no_grad():
+            assert torch.allclose(exported(ids, mask), resumed.critic.model(ids, mask), atol=1e-5)
 
 
 def test_recipes_load_by_name():

@@ -34,7 +34,7 @@ class ShardSettings:
 
 def base_model(model: nn.Module) -> nn.Module:
     """The transformers PreTrainedModel inside our wrappers and peft."""
-    inner = getattr(model, "lm", None) or getattr(model, "backbone", None) or model
+    inner = next((m for m in (getattr(model, "lm", None), getattr(model, "backbone", None)) if m is not None), model)
     get_base = getattr(inner, "get_base_model", None)
     return get_base() if callable(get_base) else inner
 

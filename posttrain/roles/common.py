@@ -151,6 +151,7 @@ class Worker:
         if offload_optimizer:
             move_optimizer_state(optimizer, self.device)
         optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # gradients free their memory before the next rollout
         if offload_optimizer:
             move_optimizer_state(optimizer, torch.device("cpu"))
         return norm, True
