@@ -71,8 +71,11 @@ def test_actor_gradient_does_not_depend_on_micro_batches(tiny_model_dir, tiny_to
                                  f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro or 'null'}"])
         actor = Actor(Worker(PolicyModel(model), Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.actor,
                       temperature=1.0, max_response_length=5, total_steps=1)
+        seen = []  # the accumulated gradient, read just before the optimizer step (which frees it after)
+        actor.optimizer.register_step_pre_hook(
+            lambda *_: seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
         metrics = actor.update(batch)
-        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        grads.append(seen[0])
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
     assert torch.allclose(grads[0], grads[2], atol=1e-6, rtol=1e-4)

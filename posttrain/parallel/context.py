@@ -110,14 +110,6 @@ class Parallel:
         dist.all_gather_object(out, obj, group=self._dp_group)
         return out
 
-    def broadcast(self, obj):
-        """Rank 0's `obj` on every rank."""
-        if not self.distributed or self.world == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
     def barrier(self) -> None:
         if self.distributed and self.world > 1:
             dist.barrier()
