@@ -18,8 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.config import load_config
-from posttrain.data.batch import Batch
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 WORKER = Path(__file__).with_name("dist_worker.py")

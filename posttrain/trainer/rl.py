@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -248,7 +247,7 @@ class RLTrainer:
     # ------------------------------------------------------------------ the loop
 
     def fit(self) -> dict[str, float]:
-        cfg, tr = self.cfg, self.cfg.trainer
+        tr = self.cfg.trainer
         self._maybe_resume()
         tracker = (Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name,
                            name=tr.experiment_name, resumed_step=self.global_step) if self.par.is_main else NullTracker())
