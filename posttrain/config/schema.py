@@ -137,7 +137,7 @@ class ValKwargsConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = "hf"
+    name: str = "posttrain"  # posttrain's decoding engine; hf = transformers' generate; vllm / sglang -> posttrain
     mode: str = "sync"
     n: int = 1
     temperature: float = 1.0
@@ -152,7 +152,7 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = None
     log_prob_use_dynamic_bsz: bool = False
     log_prob_max_token_len_per_gpu: int = 16384
-    micro_batch_size: Optional[int] = None  # prompts generated together (hf engine); null = whole batch
+    micro_batch_size: Optional[int] = None  # prompts generated together; null = the whole batch
     # Engine-only knobs of vLLM / SGLang: accepted so scripts port, no effect with the hf engine (one warning).
     tensor_model_parallel_size: int = 2
     gpu_memory_utilization: float = 0.5

@@ -141,7 +141,7 @@ def validate_config(cfg: Config) -> Config:
            "so it must use the same tokenizer (remove the key)")
 
     # ---- rollout
-    _choice(rollout.name, ("hf", "vllm", "sglang"), "actor_rollout_ref.rollout.name")
+    _choice(rollout.name, ("posttrain", "hf", "vllm", "sglang"), "actor_rollout_ref.rollout.name")
     _check(rollout.n >= 1, "actor_rollout_ref.rollout.n must be >= 1")
     _check(rollout.prompt_length in (None, d.max_prompt_length),
            "actor_rollout_ref.rollout.prompt_length differs from data.max_prompt_length; prompts are cut by "
@@ -236,9 +236,10 @@ def config_warnings(cfg: Config) -> list[str]:
     rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
     changed = [k for k in ENGINE_ONLY_KEYS if getattr(rollout, k) != getattr(default, k)]
     notes = []
-    if rollout.name != "hf" or changed:
-        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: posttrain generates with transformers (hf); "
-                     f"engine-only keys have no effect" + (f" ({', '.join(changed)})" if changed else ""))
+    if rollout.name in ("vllm", "sglang") or changed:
+        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: posttrain generates with its own engine "
+                     f"(rollout.name=posttrain); engine-only keys have no effect"
+                     + (f" ({', '.join(changed)})" if changed else ""))
     return notes
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["token_logprobs_and_entropy", "response_logprobs"]
+__all__ = ["token_logprobs_and_entropy", "response_logprobs", "shared_prompt_logprobs"]
 
 Projection = Callable[[Tensor], Tensor]
 
@@ -189,6 +189,92 @@ def _check_head(base: nn.Module, model_logits: Tensor, last_hidden: Tensor, proj
             )
 
 
+def keeps_one_logit(base: nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def _head(base: nn.Module) -> tuple[Projection, list[Tensor], float | None]:
+    head = base.get_output_embeddings()
+    if head is None:
+        raise TypeError(f"{type(base).__name__} has no output embeddings (lm_head)")
+    project, params = _head_projection(head)
+    return project, params, _softcap(base.config)
+
+
+def _final_hidden(model, base, decoder, project, softcap, **inputs) -> Tensor:
+    """The decoder's final-normed hidden states of one model call (`logits_to_keep=1`: one position projected,
+    checked against our projection of it)."""
+    captured: list[Tensor] = []
+
+    def grab(_module, _args, output):
+        captured.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
+
+    handle = decoder.register_forward_hook(grab)
+    try:
+        out = model(use_cache=False, logits_to_keep=1, **inputs)
+    finally:
+        handle.remove()
+    if len(captured) != 1:
+        raise RuntimeError(f"expected one decoder call per forward, saw {len(captured)}")
+    _check_head(base, out.logits[:, -1], captured[0][:, -1], project, softcap)
+    return captured[0]
+
+
+def _response_stats(rows: Tensor, labels: Tensor, valid: Tensor, project, params, softcap, *, temperature,
+                    chunk_size, with_entropy) -> tuple[Tensor, Tensor | None]:
+    """(B, L) log-probs / entropies from the hidden states `rows` that predict `labels`; 0 where not `valid`."""
+    logp_v, ent_v = _chunked(
+        rows[valid], labels[valid], project, params,
+        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, softcap=softcap,
+    )
+    logp = logp_v.new_zeros(labels.shape).masked_scatter(valid, logp_v)
+    entropy = ent_v.new_zeros(labels.shape).masked_scatter(valid, ent_v) if with_entropy else None
+    return logp, entropy
+
+
+def shared_prompt_logprobs(
+    model: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_length: int,
+    prompt_rows: Tensor,
+    row_prompt: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    with_entropy: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """`response_logprobs` with each distinct prompt computed once (see shared_prompt.py). `prompt_rows`: a row
+    holding each distinct prompt; `row_prompt`: for each row, the index of its prompt in `prompt_rows`. The
+    model's forward must take `logits_to_keep`, and its attention implementation be `shared_prompt.ATTENTION_NAME`."""
+    from .shared_prompt import ATTENTION_NAME, PromptContext
+
+    L = int(response_length)
+    device = input_ids.device
+    base = _unwrap(model)
+    decoder = _decoder(base)
+    project, params, softcap = _head(base)
+    prompt_rows, row_prompt = prompt_rows.to(device), row_prompt.to(device)
+    prompts, prompt_mask = input_ids[prompt_rows, :-L], attention_mask[prompt_rows, :-L]
+    used = prompt_mask.any(dim=0).nonzero()
+    start = int(used[0]) if len(used) else 0  # columns that are padding in every distinct prompt
+    prompts, prompt_mask = prompts[:, start:], prompt_mask[:, start:]
+    responses, response_mask = input_ids[:, -L:], attention_mask[:, -L:]
+    ctx = PromptContext(row_prompt=row_prompt, prompt_mask=prompt_mask.bool())
+    if base.config._attn_implementation != ATTENTION_NAME:
+        raise ValueError(f"shared-prompt log-probs need the model's attention implementation set to {ATTENTION_NAME}")
+    prompt_hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=prompts,
+                                  attention_mask=prompt_mask,
+                                  position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp(min=0), shared_prompt=ctx)
+    positions = prompt_mask.long().sum(-1)[row_prompt][:, None] + torch.arange(L, device=device)
+    response_hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=responses,
+                                    attention_mask=None, position_ids=positions, shared_prompt=ctx.responses())
+    # position t predicts token t + 1: the prompt's last position predicts the first response token
+    rows = torch.cat([prompt_hidden[:, -1][row_prompt][:, None], response_hidden[:, :-1]], dim=1)
+    return _response_stats(rows, responses, response_mask.bool(), project, params, softcap,
+                           temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+
+
 def response_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -219,41 +305,16 @@ def response_logprobs(
     base = _unwrap(model)
     decoder = _decoder(base)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
-    head = base.get_output_embeddings()
-    if head is None:
-        raise TypeError(f"{type(base).__name__} has no output embeddings (lm_head)")
-    project, params = _head_projection(head)
-    softcap = _softcap(base.config)
+    project, params, softcap = _head(base)
 
-    if "logits_to_keep" in inspect.signature(base.forward).parameters:
-        captured: list[Tensor] = []
-
-        def grab(_module, _args, output):
-            captured.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
-
-        handle = decoder.register_forward_hook(grab)
-        try:
-            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=False, logits_to_keep=1)
-        finally:
-            handle.remove()
-        if len(captured) != 1:
-            raise RuntimeError(f"expected one decoder call per forward, saw {len(captured)}")
-        hidden = captured[0]
-        _check_head(base, out.logits[:, -1], hidden[:, -1], project, softcap)
-        del out
+    if keeps_one_logit(base):
+        hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=input_ids,
+                               attention_mask=attention_mask, position_ids=position_ids)
     else:
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
 
     # Counted from the end: robust to anything a wrapper prepends to the sequence.
     rows = hidden[:, -(L + 1) : -1]  # (B, L, H): position t predicts token t + 1
-    labels = input_ids[:, -L:]
-    valid = attention_mask[:, -L:].bool()
-    logp_v, ent_v = _chunked(
-        rows[valid], labels[valid], project, params,
-        temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, softcap=softcap,
-    )
-    logp = logp_v.new_zeros(labels.shape).masked_scatter(valid, logp_v)
-    entropy = ent_v.new_zeros(labels.shape).masked_scatter(valid, ent_v) if with_entropy else None
-    return logp, entropy
+    return _response_stats(rows, input_ids[:, -L:], attention_mask[:, -L:].bool(), project, params, softcap,
+                           temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)

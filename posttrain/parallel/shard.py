@@ -100,10 +100,11 @@ def parallelize(model: nn.Module, par: Parallel, settings: ShardSettings) -> nn.
         fully_shard(layer, mesh=par.fsdp_mesh, mp_policy=mp, offload_policy=offload,
                     reshard_after_forward=settings.reshard_after_forward)
     fully_shard(model, mesh=par.fsdp_mesh, mp_policy=mp, offload_policy=offload)
-    if hasattr(model, "generate"):  # generate enters through the root, as forward does (FSDP initialises there)
-        from torch.distributed.fsdp import register_fsdp_forward_method
+    from torch.distributed.fsdp import register_fsdp_forward_method
 
-        register_fsdp_forward_method(model, "generate")
+    for method in ("generate", "lm_forward"):  # decoding enters through the root, as forward does (FSDP initialises there)
+        if hasattr(model, method):
+            register_fsdp_forward_method(model, method)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

@@ -15,6 +15,7 @@ import torch
 from ..algo import group_ids
 from ..data.batch import Batch
 from ..models.load import autocast
+from ..models.shared_prompt import prompt_groups
 from ..parallel import Parallel, balance, clip_grad_norm, is_sharded
 
 
@@ -133,9 +134,10 @@ class Worker:
     def logprobs(self, mb: Batch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(b, L) log-probs (and entropy) of one micro-batch's response tokens, padded back to full width."""
         ids, mask, resp_l, full_l = trimmed(mb)
+        prompts = prompt_groups(mb.meta["uid"]) if "uid" in mb.meta else None  # rows of a group share a prompt
         with self.autocast():
             logp, ent = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
-                                   with_entropy=with_entropy)
+                                   with_entropy=with_entropy, prompts=prompts)
         pad = full_l - resp_l
         logp = torch.nn.functional.pad(logp.float(), (0, pad))
         ent = torch.nn.functional.pad(ent.float(), (0, pad)) if ent is not None else None

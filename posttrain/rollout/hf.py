@@ -1,4 +1,5 @@
-"""The transformers `generate` engine: batched, KV-cached, sampling params as configured."""
+"""The transformers `generate` engine: batched, KV-cached, sampling params as configured. The plain reference
+path (`rollout.name=hf`), and what the faster engine (`engine.py`) falls back to for a model it cannot run."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from ..data.batch import Batch
 from ..models.load import autocast
 from .base import RolloutEngine, SamplingParams
+from .weights import inference_weights
 
 
 def response_mask_from(responses: torch.Tensor, eos_ids: set[int], pad_id: int, ignore_eos: bool) -> torch.Tensor:
@@ -33,8 +35,9 @@ class HFRollout(RolloutEngine):
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         out = batch.repeat_interleave(sampling.n)
         chunk = self.micro_batch_size * sampling.n if self.micro_batch_size else len(out)
-        parts = [self._generate(out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling)
-                 for i in range(0, len(out), chunk)]
+        with inference_weights(self.model, self.dtype) as model:
+            parts = [self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling)
+                     for i in range(0, len(out), chunk)]
         width = max(p.shape[1] for p in parts)
         responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=self.pad_id) for p in parts])
         mask = response_mask_from(responses, self.eos_ids, self.pad_id, sampling.ignore_eos)
@@ -44,8 +47,8 @@ class HFRollout(RolloutEngine):
         out["attention_mask"] = torch.cat([out["prompt_mask"], mask], dim=1)
         return out
 
-    def _generate(self, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams) -> torch.Tensor:
-        model = self.model
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams) -> torch.Tensor:
+        """(rows, max_new) tokens for `rows` prompts (each repeated `n` times, consecutively)."""
         was_training, use_cache = model.training, model.config.use_cache
         model.eval()
         model.config.use_cache = True

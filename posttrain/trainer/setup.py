@@ -12,6 +12,7 @@ from ..roles.actor import Actor
 from ..roles.common import Worker
 from ..roles.critic import Critic
 from ..roles.reference import Reference
+from ..rollout.engine import DecodeEngine
 from ..rollout.hf import HFRollout
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -92,8 +93,9 @@ class Roles:
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
                                  seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config))
         r = arr.rollout
-        self.rollout = HFRollout(actor_worker.model, tokenizer, device=par.device,
-                                 dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size)
+        engine = HFRollout if r.name == "hf" else DecodeEngine  # vllm / sglang name engines posttrain lacks
+        self.rollout = engine(actor_worker.model, tokenizer, device=par.device,
+                              dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size)
 
     @property
     def trained(self) -> dict:

@@ -1,0 +1,353 @@
+"""One GRPO step, side by side: posttrain vs TRL's GRPOTrainer (and transformers' plain `generate`).
+
+    python benchmarks/grpo_step.py [--models S,M] [--dtypes fp32,bf16] [--steps 3] [--warmup 1] [--repeats 2]
+                                   [--frameworks posttrain,trl,generate] [--device cpu|cuda] [--workdir DIR]
+
+Workload (the same for both frameworks): random Qwen2 models built offline — S (hidden 256, 4 layers, 3.5M
+parameters), M (hidden 512, 8 layers, 24.7M), and on `--device cuda` also L (a Qwen2.5-0.5B-shaped config, 0.5B)
+— with a byte-level BPE tokenizer of 2048 entries trained on GSM8K; 16 GSM8K questions per step (chat template)
+x 8 samples x exactly 64 new tokens (EOS ignored / `min_new_tokens`), temperature 1, scored by the GSM8K scorer;
+Dr. GRPO (no std scaling, `seq-mean-token-sum-norm` / `dr_grpo`), no reference model, one optimizer step per
+rollout, no gradient checkpointing, weights in float32 with bf16 autocast for `bf16`. TRL runs with
+`use_cpu=True` on CPU, `report_to="none"`, `num_iterations=1`, `beta=0`, `scale_rewards="none"`.
+`generate` is transformers' `model.generate` on the same prompts (fp32 weights under autocast: what posttrain
+used before its own engine), generation only.
+
+Each (framework, model, dtype) runs in a fresh process, alternating A B A B (`--repeats`), and reports the median
+over its measured steps and repeats: s/step, generation and training seconds (training = the step minus generation
+and scoring), completion tokens/s, peak resident memory of the process, training GFLOP/s (6 x parameters x tokens
+/ training time, tokens = prompt + completion tokens of the step) and decode tokens/s, the latter two beside the
+2048^2 matmul ceiling measured in this same run (for decoding: 2 x parameters x tokens / time, as a share of it).
+Needs TRL for the `trl` column (`pip install trl`; it keeps the installed torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHAPES = {
+    "S": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=704),
+    "M": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1408),
+    "L": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),
+}
+PROMPTS, N, NEW_TOKENS = 16, 8, 64
+
+
+# ---------------------------------------------------------------- setup (parent process)
+
+def build(workdir: Path, models: list[str]) -> None:
+    """Tokenizer + random models + the GSM8K prompts in posttrain's data layout (once per workdir)."""
+    from posttrain.data.dataset import layout_row
+    from posttrain.data.preprocess import find_shared_data
+    from posttrain.models.tiny import build_tiny_model
+
+    shared = find_shared_data()
+    if shared is None:
+        sys.exit("needs the GSM8K files of shared/data (see README)")
+    rows = [json.loads(line) for line in (shared / "gsm8k" / "train.jsonl").read_text().splitlines()]
+    data = workdir / "train.jsonl"
+    if not data.exists():
+        questions = rows[: PROMPTS * 20]
+        data.write_text("".join(json.dumps(layout_row("openai/gsm8k", q["question"],
+                                                      q["answer"].split("####")[-1].strip(), {"index": i})) + "\n"
+                                for i, q in enumerate(questions)))
+    texts = [r["question"] + "\n" + r["answer"] for r in rows]
+    for name in models:
+        if not (workdir / name / "config.json").exists():
+            build_tiny_model(workdir / name, texts, vocab_size=2048, max_position_embeddings=1024, **SHAPES[name])
+
+
+def matmul_ceiling(device: str) -> dict[str, float]:
+    """GFLOP/s of a 2048 x 2048 matmul, fp32 and bf16, best of a few."""
+    import torch
+
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        a = torch.randn(2048, 2048, dtype=dtype, device=device)
+        b = torch.randn(2048, 2048, dtype=dtype, device=device)
+        best = float("inf")
+        for _ in range(5):
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(4):
+                a @ b
+            _sync(device)
+            best = min(best, (time.perf_counter() - start) / 4)
+        out[name] = 2 * 2048**3 / best / 1e9
+    return out
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------- workers (one fresh process each)
+
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def run_posttrain(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
+    from posttrain.config import load_config
+    from posttrain.trainer.rl import RLTrainer
+
+    overrides = [
+        f"data.train_files={workdir / 'train.jsonl'}", f"data.train_batch_size={PROMPTS}",
+        "data.max_prompt_length=512", f"data.max_response_length={NEW_TOKENS}", "data.shuffle=False",
+        f"actor_rollout_ref.model.path={workdir / model}", f"actor_rollout_ref.model.dtype={dtype}",
+        f"actor_rollout_ref.rollout.dtype={dtype}", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.rollout.n={N}", f"actor_rollout_ref.rollout.response_length={NEW_TOKENS}",
+        "actor_rollout_ref.rollout.ignore_eos=True", "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}", "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
+        "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False", "algorithm.use_kl_in_reward=False",
+        f"trainer.total_training_steps={steps}", "trainer.logger=[]", f"trainer.device={device}",
+        f"trainer.default_local_dir={workdir / 'run_posttrain'}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+    ]
+    trainer = RLTrainer(load_config(None, overrides))
+    out = []
+    for _ in range(steps):
+        trainer.global_step += 1
+        m = trainer.train_step()
+        gen, reward, step = m["timing_s/gen"], m.get("timing_s/reward", 0.0), m["timing_s/step"]
+        out.append(dict(step=step, gen=gen, train=step - gen - reward, tokens=m["response_length/mean"] * PROMPTS * N,
+                        all_tokens=(m["response_length/mean"] + m["prompt_length/mean"]) * PROMPTS * N))
+    return out
+
+
+def run_trl(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from posttrain.reward.gsm8k import compute_score
+
+    rows = [json.loads(line) for line in (workdir / "train.jsonl").read_text().splitlines()]
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["reward_model"]["ground_truth"]} for r in rows])
+
+    def reward(completions, answer, **kwargs):
+        return [float(compute_score(c[0]["content"] if isinstance(c, list) else c, a)) for c, a in zip(completions, answer)]
+
+    args = GRPOConfig(
+        output_dir=str(workdir / "run_trl"), per_device_train_batch_size=PROMPTS * N, gradient_accumulation_steps=1,
+        num_generations=N, max_completion_length=NEW_TOKENS, generation_kwargs={"min_new_tokens": NEW_TOKENS},
+        temperature=1.0, top_p=1.0, learning_rate=1e-6, beta=0.0, loss_type="dr_grpo", scale_rewards="none",
+        num_iterations=1, use_cpu=device == "cpu", bf16=dtype == "bf16", gradient_checkpointing=False,
+        report_to="none", logging_steps=1, max_steps=steps, save_strategy="no", seed=0, shuffle_dataset=False,
+        dataloader_num_workers=0, disable_tqdm=True)
+    tokenizer = AutoTokenizer.from_pretrained(workdir / model)
+    lm = AutoModelForCausalLM.from_pretrained(workdir / model, dtype=torch.float32)
+    trainer = GRPOTrainer(model=lm, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer)
+    record: list[dict] = []
+    gen_time = [0.0]
+    generate = trainer._generate_single_turn
+
+    def timed_generate(*a, **k):
+        start = time.perf_counter()
+        try:
+            return generate(*a, **k)
+        finally:
+            gen_time[0] += time.perf_counter() - start
+
+    trainer._generate_single_turn = timed_generate
+    state = {}
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, st, control, **kw):
+            gen_time[0] = 0.0
+            state["start"] = time.perf_counter()
+
+        def on_step_end(self, args, st, control, **kw):
+            step = time.perf_counter() - state["start"]
+            record.append(dict(step=step, gen=gen_time[0], train=step - gen_time[0]))
+
+    trainer.add_callback(Timer())
+    trainer.train()
+    for i, r in enumerate(record):
+        r["tokens"] = PROMPTS * N * NEW_TOKENS
+        r["all_tokens"] = _prompt_tokens(tokenizer, rows, i) * N + r["tokens"]
+    return record
+
+
+def _prompt_tokens(tokenizer, rows, step: int) -> int:
+    """Prompt tokens of step `step`'s prompts (no padding), as posttrain counts them."""
+    total = 0
+    for r in rows[step * PROMPTS:(step + 1) * PROMPTS]:
+        ids = tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True)
+        total += len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return total
+
+
+def run_generate(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
+    """transformers' generate on fp32 weights under autocast: posttrain's generation before its own engine."""
+    import torch
+
+    from posttrain.data.dataset import RLDataset, collate_prompts
+    from posttrain.models.load import autocast, load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(str(workdir / model))
+    data = RLDataset([str(workdir / "train.jsonl")], tokenizer, max_prompt_length=512)
+    lm = load_causal_lm(str(workdir / model), device=device).eval()
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    out = []
+    for step in range(steps):
+        prompts, mask = collate_prompts(data.items[step * PROMPTS:(step + 1) * PROMPTS], tokenizer.pad_token_id)
+        prompts, mask = prompts.repeat_interleave(N, 0).to(device), mask.repeat_interleave(N, 0).to(device)
+        _sync(device)
+        start = time.perf_counter()
+        with torch.no_grad(), autocast(torch.device(device), torch_dtype):
+            lm.generate(input_ids=prompts, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                        do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tokenizer.pad_token_id)
+        _sync(device)
+        gen = time.perf_counter() - start
+        out.append(dict(step=gen, gen=gen, train=0.0, tokens=PROMPTS * N * NEW_TOKENS,
+                        all_tokens=int(mask.sum()) + PROMPTS * N * NEW_TOKENS))
+    return out
+
+
+RUNNERS = {"posttrain": run_posttrain, "trl": run_trl, "generate": run_generate}
+
+
+def worker(args) -> None:
+    import torch
+
+    torch.manual_seed(0)
+    steps = args.warmup + args.steps
+    record = RUNNERS[args.worker](Path(args.workdir), args.model, args.dtype, steps, args.device)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(Path(args.workdir) / args.model)
+    params = _param_count(Path(args.workdir) / args.model)
+    print("RESULT " + json.dumps(dict(steps=record[args.warmup:], params=params, rss=peak_rss_gb(),
+                                      vocab=config.vocab_size)))
+
+
+def _param_count(path: Path) -> int:
+    from safetensors import safe_open
+
+    total = 0
+    for file in path.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            for key in f.keys():
+                n = 1
+                for size in f.get_slice(key).get_shape():
+                    n *= size
+                total += n
+    return total
+
+
+# ---------------------------------------------------------------- report
+
+def summarise(results: list[dict], params: int, ceiling: float) -> dict:
+    steps = [s for r in results for s in r["steps"]]
+    med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "train", "tokens", "all_tokens")}
+    out = dict(med, rss=max(r["rss"] for r in results))
+    out["tok_s"] = med["tokens"] / med["step"]
+    out["decode_tok_s"] = med["tokens"] / med["gen"]
+    out["decode_ceiling"] = 2 * params * med["tokens"] / med["gen"] / 1e9 / ceiling
+    out["train_gflops"] = 6 * params * med["all_tokens"] / med["train"] / 1e9 if med["train"] > 0 else 0.0
+    out["train_ceiling"] = out["train_gflops"] / ceiling
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="S,M")
+    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--frameworks", default="posttrain,trl,generate")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--workdir")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--dtype", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="grpo_step_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    models, dtypes = args.models.split(","), args.dtypes.split(",")
+    frameworks = args.frameworks.split(",")
+    if "trl" in frameworks and importlib.util.find_spec("trl") is None:
+        print("# TRL is not installed (pip install trl): its column is left out", flush=True)
+        frameworks.remove("trl")
+    build(workdir, models)
+    ceiling = matmul_ceiling(args.device)
+    print(f"# matmul ceiling (2048^2, {args.device}): fp32 {ceiling['fp32']:.0f} GFLOP/s, "
+          f"bf16 {ceiling['bf16']:.0f} GFLOP/s; workdir {workdir}", flush=True)
+    results: dict = {}
+    for model in models:
+        for dtype in dtypes:
+            for rep in range(args.repeats):
+                order = frameworks if rep % 2 == 0 else frameworks[::-1]
+                for fw in order:
+                    cmd = [sys.executable, __file__, "--worker", fw, "--model", model, "--dtype", dtype,
+                           "--workdir", str(workdir), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                           "--device", args.device]
+                    start = time.perf_counter()
+                    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
+                                                                                    "TOKENIZERS_PARALLELISM": "false"})
+                    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+                    if proc.returncode != 0 or not lines:
+                        print(f"# {fw} {model} {dtype} failed:\n{proc.stderr[-3000:]}", flush=True)
+                        continue
+                    res = json.loads(lines[-1][len("RESULT "):])
+                    results.setdefault((model, dtype, fw), []).append(res)
+                    print(f"# {fw:9s} {model} {dtype} run {rep + 1}: {statistics.median(s['step'] for s in res['steps']):.2f}"
+                          f" s/step ({time.perf_counter() - start:.0f} s with start-up)", flush=True)
+    end_ceiling = matmul_ceiling(args.device)
+    print(f"# matmul ceiling at the end: fp32 {end_ceiling['fp32']:.0f}, bf16 {end_ceiling['bf16']:.0f} GFLOP/s\n")
+    print("| model, dtype | framework | s/step | gen s | train s | completion tok/s | decode tok/s (% ceiling) | "
+          "train GFLOP/s (% ceiling) | peak RSS GB |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ratios = []
+    for model in models:
+        for dtype in dtypes:
+            rows = {}
+            for fw in frameworks:
+                if (model, dtype, fw) not in results:
+                    continue
+                res = results[(model, dtype, fw)]
+                s = summarise(res, res[0]["params"], ceiling[dtype])
+                rows[fw] = s
+                train = f"{s['train']:.2f}" if fw != "generate" else "-"
+                gflops = f"{s['train_gflops']:.0f} ({100 * s['train_ceiling']:.0f}%)" if fw != "generate" else "-"
+                print(f"| {model} {dtype} ({res[0]['params'] / 1e6:.1f}M) | {fw} | {s['step']:.2f} | {s['gen']:.2f} | "
+                      f"{train} | {s['tok_s']:.0f} | {s['decode_tok_s']:.0f} ({100 * s['decode_ceiling']:.1f}%) | "
+                      f"{gflops} | {s['rss']:.2f} |")
+            if "posttrain" in rows:
+                pt = rows["posttrain"]
+                line = [f"{model} {dtype}:"]
+                if "trl" in rows:
+                    t = rows["trl"]
+                    line.append(f"step TRL/posttrain {t['step'] / pt['step']:.2f}x, generation {t['gen'] / pt['gen']:.2f}x,"
+                                f" training GFLOP/s posttrain/TRL {pt['train_gflops'] / t['train_gflops']:.2f}x, "
+                                f"peak RSS posttrain/TRL {pt['rss'] / t['rss']:.2f}")
+                if "generate" in rows:
+                    line.append(f"decode tokens/s posttrain / transformers generate {rows['generate']['gen'] / pt['gen']:.2f}x")
+                ratios.append(" ".join(line))
+    print()
+    for line in ratios:
+        print("- " + line)
+
+
+if __name__ == "__main__":
+    main()

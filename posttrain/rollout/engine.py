@@ -1,0 +1,155 @@
+"""posttrain's decoding engine: the model's own modules, driven by a short loop built for RL sampling.
+
+What it does differently from transformers' `generate` (each measured in docs/performance.md):
+- the `n` samples of a prompt share it: the prompt is prefilled once, and its keys and values are read once per
+  step for all `n` samples (prefix_attention.py);
+- generated keys and values go into preallocated buffers (no concatenation of the whole cache per token);
+- finished rows are dropped from the batch once a quarter of it has finished;
+- sampling is one Gumbel-max draw over filtered logits (sampling.py); decoding runs on weights already in the
+  compute dtype (weights.py).
+
+Any model runs: the first call checks, on a few tokens, that this loop gives the logits of the model's own
+forward; a model it does not match (an attention variant the shared-prefix step does not implement) is decoded
+by transformers' `generate` instead, with one note.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..models.load import autocast
+from .base import SamplingParams
+from .hf import HFRollout
+from ..models.shared_prompt import attention_implementation
+from .prefix_attention import ATTENTION_NAME, SharedPrefixCache
+from .sampling import next_tokens
+
+log = logging.getLogger(__name__)
+
+DROP_FINISHED_SHARE = 0.25  # drop finished rows once they are this share of the batch
+
+
+def _forward(model):
+    """The LM's forward, through the policy wrapper when there is one (a sharded root must see the call)."""
+    return model.lm_forward if hasattr(model, "lm_forward") else model
+
+
+class DecodeEngine(HFRollout):
+    """generate(batch, sampling) as `RolloutEngine` says; see the module docstring."""
+
+    def __init__(self, model, tokenizer, *, device, dtype, micro_batch_size: int | None = None):
+        super().__init__(model, tokenizer, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
+        self.shared_prefix_ok: bool | None = None  # decided by the first call's check
+
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams) -> torch.Tensor:
+        if self.shared_prefix_ok is None:
+            self.shared_prefix_ok = self._check(model)
+        if not self.shared_prefix_ok:
+            return super()._generate(model, prompts, prompt_mask, s)
+        was_training = model.training
+        model.eval()
+        try:
+            # the sampling noise comes from torch's global generator (the trainer seeds it per step and rank)
+            generator = None if s.greedy else torch.Generator(self.device).manual_seed(
+                int(torch.randint(0, 2**62, (1,))))
+            with torch.no_grad(), autocast(self.device, self.dtype):
+                return self._decode(model, prompts[:: s.n], prompt_mask[:: s.n], s, generator).cpu()
+        finally:
+            model.train(was_training)
+
+    def _prefill(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int):
+        """Last-position logits (prompts, V), and the decoding cache holding the prompts' keys and values."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = _forward(model)(input_ids=prompts, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                              use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1], SharedPrefixCache([layer.keys for layer in cache.layers],
+                                                    [layer.values for layer in cache.layers], mask, n, max_new)
+
+    def _decode(self, model, prompts: torch.Tensor, mask: torch.Tensor, s: SamplingParams,
+                generator: torch.Generator | None = None, forced: torch.Tensor | None = None,
+                on_logits=None) -> torch.Tensor:
+        """(prompts * n, max_new) tokens. `forced` (rows, steps) replaces the sampled tokens and `on_logits(t,
+        logits)` sees each step's logits: the check in `_check` uses both."""
+        device = self.device
+        prompts, mask = prompts.to(device), mask.to(device)
+        used = mask.any(dim=0).nonzero()
+        start = int(used[0]) if len(used) else 0  # columns that are padding in every prompt are not computed
+        prompts, mask = prompts[:, start:], mask[:, start:]
+        n, steps = s.n, s.max_new_tokens
+        logits, cache = self._prefill(model, prompts, mask, n, steps)
+        logits = logits.repeat_interleave(n, dim=0)
+        rows = len(prompts) * n
+        position = mask.sum(dim=-1).repeat_interleave(n)  # of the next token, per row
+        tokens = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
+        live = torch.arange(rows, device=device)  # the original row of each current row
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        eos = torch.tensor(sorted(self.eos_ids), device=device)
+        with attention_implementation(model.config, ATTENTION_NAME):
+            for t in range(steps):
+                if on_logits is not None:
+                    on_logits(t, logits)
+                token = next_tokens(logits, s, generator) if forced is None else forced[live, t]
+                tokens[live, t] = token
+                if t == steps - 1:
+                    break
+                if not s.ignore_eos:
+                    finished |= torch.isin(token, eos)
+                    done = int(finished.sum())
+                    if done == len(live):
+                        break
+                    if done >= DROP_FINISHED_SHARE * len(live):
+                        keep = (~finished).nonzero().squeeze(1)
+                        live, token, position, finished = live[keep], token[keep], position[keep], finished[keep]
+                        cache.keep(keep)
+                out = _forward(model)(input_ids=token[:, None], position_ids=position[:, None],
+                                      past_key_values=cache, use_cache=True, shared_prefix=cache)
+                cache.advance()
+                logits = out.logits[:, -1]
+                position = position + 1
+        return tokens
+
+    def _check(self, model) -> bool:
+        """Does the shared-prefix loop give the model's own logits? Two prompts (one left-padded) x two samples,
+        three forced tokens, compared with one ordinary forward over the whole sequences."""
+        config = model.config.get_text_config()
+        device, vocab = self.device, config.vocab_size
+        kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if kinds != {"full_attention"}:
+            log.warning("posttrain decoding engine: %s has %s layers; generating with transformers' generate",
+                        type(model).__name__, ", ".join(sorted(kinds)))
+            return False
+        gen = torch.Generator().manual_seed(0)
+        prompts = torch.randint(0, min(vocab, 1000), (2, 5), generator=gen)
+        mask = torch.ones_like(prompts)
+        mask[1, :2] = 0
+        forced = torch.randint(0, min(vocab, 1000), (4, 3), generator=gen).to(device)
+        seen = []
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), autocast(device, self.dtype):
+                self._decode(model, prompts, mask, SamplingParams(n=2, max_new_tokens=3, ignore_eos=True),
+                             forced=forced, on_logits=lambda t, logits: seen.append(logits.float()))
+                full_ids = torch.cat([prompts.to(device).repeat_interleave(2, 0), forced], dim=1)
+                full_mask = torch.cat([mask.to(device).repeat_interleave(2, 0), torch.ones_like(forced)], dim=1)
+                positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+                ref = _forward(model)(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).logits
+            ref = ref[:, prompts.shape[1] - 1:-1].float()
+            got = torch.stack(seen, dim=1)
+            error = float((got - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
+            tolerance = 1e-4 if self.dtype == torch.float32 else 3e-2
+            if error <= tolerance:
+                return True
+            reason = f"its logits differ from the model's own forward by {error:.1e} (relative)"
+        except Exception as exc:  # an architecture whose modules the loop cannot drive
+            reason = f"{type(exc).__name__}: {exc}"
+        finally:
+            model.train(was_training)
+        log.warning("posttrain decoding engine: %s does not run with shared-prompt decoding (%s); generating with "
+                    "transformers' generate instead", type(model).__name__, reason)
+        return False

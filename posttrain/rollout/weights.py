@@ -1,0 +1,45 @@
+"""The weights decoding runs with: the trained model's, in the compute dtype.
+
+Training keeps float32 master weights and runs its passes under autocast, which casts every weight on every
+call. A decoding step is one token per row, so those casts cost more than the step's own arithmetic (measured on
+the M model of benchmarks/grpo_step.py: 2.0 of 8.2 s of generation went to copies). Decoding therefore runs on a
+copy cast once per generate call (and LoRA adapters merged into it), which is freed afterwards — what a separate
+inference engine holds as its own weights. A sharded model is used as it is: gathering its units already gives
+parameters in FSDP's compute dtype.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import torch
+from torch import nn
+
+from ..parallel import is_sharded
+
+
+def _merged(model: nn.Module) -> nn.Module:
+    """LoRA adapters folded into the base weights (peft), anywhere in `model`."""
+    for name, child in model.named_children():
+        if hasattr(child, "merge_and_unload"):
+            setattr(model, name, child.merge_and_unload())
+        else:
+            _merged(child)
+    return model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+
+
+@contextlib.contextmanager
+def inference_weights(model: nn.Module, dtype: torch.dtype):
+    """`model` itself when it is sharded or already in `dtype`; else an eval-mode copy in `dtype`."""
+    floating = [p for p in model.parameters() if p.is_floating_point()]
+    if is_sharded(model) or all(p.dtype == dtype for p in floating):
+        yield model
+        return
+    clone = _merged(copy.deepcopy(model)).to(dtype).eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    try:
+        yield clone
+    finally:
+        del clone

@@ -1,0 +1,232 @@
+"""The fast paths give the plain paths' results: posttrain's decoding engine (shared prompts, finished rows
+dropped, its own sampler) and shared-prompt log-probs (values and gradients).
+
+References are independent of the code under test: transformers' own `generate`, transformers' own logits
+warpers, the exact probabilities of the model's plain forward, and the plain `prompt || response` forward."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from posttrain.data.batch import Batch
+from posttrain.models.load import enable_checkpointing, load_causal_lm
+from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
+from posttrain.models.policy import PolicyModel
+from posttrain.models.shared_prompt import ATTENTION_NAME, prompt_groups
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.engine import DecodeEngine
+from posttrain.rollout.hf import HFRollout
+from posttrain.rollout.sampling import next_tokens
+from posttrain.rollout.weights import inference_weights
+
+CPU = torch.device("cpu")
+
+
+def batch_of(tok, texts) -> Batch:
+    from posttrain.data.dataset import PromptItem, collate_prompts
+
+    items = [PromptItem(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                tokenize=True)["input_ids"], "synthetic/arithmetic", "0") for t in texts]
+    ids, mask = collate_prompts(items, tok.pad_token_id)
+    return Batch({"prompts": ids, "prompt_mask": mask}, {"uid": [str(i) for i in range(len(texts))]})
+
+
+TEXTS = ["1+2=", "33+44=", "5+57=", "What is 12 plus 9?", "7+7=", "80+1="]
+
+
+# ------------------------------------------------------------------ decoding engine
+
+
+def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(tiny_model_dir, tiny_tokenizer):
+    """Greedy decoding: token for token what `generate` gives, with rows finishing at different steps (so the
+    engine drops finished rows mid-way), prompts of different lengths, several prompts per call and n > 1."""
+    lm = load_causal_lm(str(tiny_model_dir))
+    torch.manual_seed(0)
+    with torch.no_grad():  # larger random weights: greedy text that depends on the prompt (not one repeated token)
+        for p in lm.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    model = PolicyModel(lm)
+    batch = batch_of(tiny_tokenizer, TEXTS)
+    plain = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    free = plain.generate(batch, SamplingParams(n=1, do_sample=False, max_new_tokens=12, ignore_eos=True))
+    stop = set(free["responses"][:3, 2].tolist())  # end tokens: rows then finish at different steps, or never
+    fast = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32, micro_batch_size=4)
+    plain.eos_ids = fast.eos_ids = stop
+    greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=12)
+    a, b = plain.generate(batch, greedy), fast.generate(batch, greedy)
+    assert fast.shared_prefix_ok
+    lengths = a["response_mask"].sum(-1)
+    assert len(set(lengths.tolist())) > 1, "the test needs rows that finish at different steps"
+    assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["response_mask"], b["response_mask"])
+
+
+def test_engine_bf16_greedy_matches_transformers_generate(tiny_model_dir, tiny_tokenizer):
+    model = PolicyModel(load_causal_lm(str(tiny_model_dir)))
+    batch = batch_of(tiny_tokenizer, TEXTS[:4])
+    greedy = SamplingParams(n=3, do_sample=False, max_new_tokens=10, ignore_eos=True)
+    a = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.bfloat16).generate(batch, greedy)
+    b = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.bfloat16).generate(batch, greedy)
+    assert (a["responses"] == b["responses"]).float().mean() > 0.95  # bf16 rounding may flip a near-tie
+
+
+def test_engine_samples_the_model_distribution(tiny_model_dir, tiny_tokenizer):
+    """4000 two-token samples of one prompt (temperature 0.8, top-k 6, top-p 0.9): the empirical joint
+    distribution of (first, second) token against the exact one from the model's plain forward and
+    transformers' warpers — chi-square within its 99.9% bound."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    lm = load_causal_lm(str(tiny_model_dir)).eval()
+    model = PolicyModel(lm)
+    batch = batch_of(tiny_tokenizer, ["33+44="])
+    s = SamplingParams(n=4000, temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=2, ignore_eos=True)
+    torch.manual_seed(0)
+    out = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32).generate(batch, s)
+    warpers = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(6), TopPLogitsWarper(0.9)]
+
+    def dist(ids):
+        with torch.no_grad():
+            logits = lm(input_ids=ids).logits[:, -1].double()
+        for w in warpers:
+            logits = w(ids, logits)
+        return torch.softmax(logits, -1)[0]
+
+    prompt = batch["prompts"][:, batch["prompt_mask"][0].bool()]
+    p1 = dist(prompt)
+    expected = {}
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = dist(torch.cat([prompt, torch.tensor([[t1]])], 1))
+        for t2 in p2.nonzero().flatten().tolist():
+            expected[(t1, t2)] = float(p1[t1] * p2[t2])
+    counts: dict = {}
+    for t1, t2 in out["responses"].tolist():
+        counts[(t1, t2)] = counts.get((t1, t2), 0) + 1
+    assert set(counts) <= set(expected), "a token outside the top-k / top-p set was drawn"
+    n = len(out)
+    chi2, dof, rest_obs, rest_exp = 0.0, -1, 0, 0.0
+    for cell, p in expected.items():
+        if n * p < 5:
+            rest_obs, rest_exp = rest_obs + counts.get(cell, 0), rest_exp + n * p
+            continue
+        chi2 += (counts.get(cell, 0) - n * p) ** 2 / (n * p)
+        dof += 1
+    if rest_exp > 0:
+        chi2 += (rest_obs - rest_exp) ** 2 / rest_exp
+        dof += 1
+    assert dof >= 3
+    assert chi2 < dof + 3.1 * math.sqrt(2 * dof) + 10, (chi2, dof)
+
+
+@pytest.mark.parametrize("top_k,top_p,temperature", [(0, 1.0, 1.0), (5, 1.0, 0.7), (0, 0.6, 1.3), (8, 0.75, 0.9)])
+def test_sampler_matches_transformers_warpers(top_k, top_p, temperature):
+    """next_tokens on fixed logits: frequencies of 40000 draws vs the probabilities transformers' warpers give."""
+    from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    torch.manual_seed(1)
+    logits = torch.randn(1, 30) * 2
+    warped = TemperatureLogitsWarper(temperature)(None, logits.clone().double())
+    if top_k:
+        warped = TopKLogitsWarper(top_k)(None, warped)
+    if top_p < 1:
+        warped = TopPLogitsWarper(top_p)(None, warped)
+    probs = torch.softmax(warped, -1)[0]
+    s = SamplingParams(temperature=temperature, top_k=top_k or -1, top_p=top_p)
+    draws = next_tokens(logits.expand(40000, -1), s, torch.Generator().manual_seed(3))
+    freq = torch.bincount(draws, minlength=30).double() / 40000
+    assert torch.all(freq[probs == 0] == 0)
+    assert (freq - probs).abs().max() < 4.5 * math.sqrt(0.25 / 40000)
+
+
+def test_engine_falls_back_to_generate_for_a_sliding_window_model(tiny_tokenizer, tmp_path):
+    config = Qwen2Config(vocab_size=len(tiny_tokenizer) + 8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=0, pad_token_id=tiny_tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = PolicyModel(Qwen2ForCausalLM(config))
+    batch = batch_of(tiny_tokenizer, TEXTS[:3])
+    greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=6, ignore_eos=True)
+    engine = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    out = engine.generate(batch, greedy)
+    assert engine.shared_prefix_ok is False
+    assert torch.equal(out["responses"], HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+                       .generate(batch, greedy)["responses"])
+
+
+def test_inference_weights_copy_in_the_compute_dtype_and_leave_the_model_alone(tiny_model_dir):
+    model = PolicyModel(load_causal_lm(str(tiny_model_dir)))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with inference_weights(model, torch.bfloat16) as copy:
+        assert copy is not model and all(p.dtype == torch.bfloat16 for p in copy.parameters())
+        assert not any(p.requires_grad for p in copy.parameters())
+    with inference_weights(model, torch.float32) as same:
+        assert same is model
+    assert all(torch.equal(v, model.state_dict()[k]) and v.dtype == torch.float32 for k, v in before.items())
+
+
+# ------------------------------------------------------------------ shared-prompt log-probs
+
+
+def _shared_case(vocab: int):
+    """4 prompts (two left-padded) x 3 responses (two shorter), rows of a prompt interleaved with others."""
+    g = torch.Generator().manual_seed(0)
+    P, L, U, n = 10, 6, 4, 3
+    pm = torch.ones(U, P, dtype=torch.long)
+    pm[1, :4], pm[3, :1] = 0, 0
+    prompts = torch.randint(3, vocab, (U, P), generator=g) * pm
+    rm = torch.ones(U * n, L, dtype=torch.long)
+    rm[1, 3:], rm[7, 1:] = 0, 0
+    responses = torch.randint(3, vocab, (U * n, L), generator=g) * rm
+    order = torch.randperm(U * n, generator=g)  # rows of one prompt are not next to each other
+    ids = torch.cat([prompts.repeat_interleave(n, 0), responses], 1)[order]
+    mask = torch.cat([pm.repeat_interleave(n, 0), rm], 1)[order]
+    uids = [str(int(i) // n) for i in order]
+    return ids, mask, L, uids
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward(tiny_model_dir, checkpointing):
+    lm = load_causal_lm(str(tiny_model_dir))
+    if checkpointing:
+        enable_checkpointing(lm)
+    lm.train()
+    ids, mask, L, uids = _shared_case(lm.config.vocab_size)
+    valid = mask[:, -L:].float()
+    results = []
+    for shared in (False, True):
+        lm.zero_grad()
+        lm.config._attn_implementation = ATTENTION_NAME if shared else "sdpa"
+        if shared:
+            logp, ent = shared_prompt_logprobs(lm, ids, mask, L, *prompt_groups(uids))
+        else:
+            logp, ent = response_logprobs(lm, ids, mask, L)
+        ((logp * valid).sum() + 0.3 * (ent * valid).sum()).backward()
+        results.append((logp.detach(), ent.detach(), {k: p.grad.clone() for k, p in lm.named_parameters()}))
+    (lp0, e0, g0), (lp1, e1, g1) = results
+    assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
+    for k in g0:
+        assert torch.allclose(g0[k], g1[k], atol=1e-6, rtol=1e-4), k
+
+
+def test_policy_model_shares_prompts_after_its_check_and_gives_the_same_logprobs(tiny_model_dir):
+    model = PolicyModel(load_causal_lm(str(tiny_model_dir)))
+    ids, mask, L, uids = _shared_case(model.config.vocab_size)
+    plain, _ = model(ids, mask, L, with_entropy=False)
+    assert model.shared_prompt_ok is None  # no prompt groups given: plain path, no check yet
+    shared, _ = model(ids, mask, L, with_entropy=False, prompts=prompt_groups(uids))
+    assert model.shared_prompt_ok is True
+    assert torch.allclose(plain, shared, atol=1e-5)
+
+
+def test_policy_model_keeps_the_plain_path_for_a_sliding_window_model(tiny_tokenizer):
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=0)
+    model = PolicyModel(Qwen2ForCausalLM(config))
+    ids, mask, L, uids = _shared_case(64)
+    out, _ = model(ids, mask, L, prompts=prompt_groups(uids))
+    assert model.shared_prompt_ok is False and out.shape == (len(ids), L)
+    assert model.config._attn_implementation != ATTENTION_NAME
