@@ -100,7 +100,8 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def run_posttrain(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
+def posttrain_trainer(workdir: Path, model: str, dtype: str, steps: int, device: str):
+    """posttrain's RLTrainer for the workload (also used by benchmarks/shared_prompt.py)."""
     from posttrain.config import load_config
     from posttrain.trainer.rl import RLTrainer
 
@@ -118,7 +119,11 @@ def run_posttrain(workdir: Path, model: str, dtype: str, steps: int, device: str
         f"trainer.total_training_steps={steps}", "trainer.logger=[]", f"trainer.device={device}",
         f"trainer.default_local_dir={workdir / 'run_posttrain'}", "trainer.save_freq=-1", "trainer.test_freq=-1",
     ]
-    trainer = RLTrainer(load_config(None, overrides))
+    return RLTrainer(load_config(None, overrides))
+
+
+def run_posttrain(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
+    trainer = posttrain_trainer(workdir, model, dtype, steps, device)
     out = []
     for _ in range(steps):
         trainer.global_step += 1
