@@ -146,7 +146,8 @@ def run_trl(workdir: Path, model: str, dtype: str, steps: int, device: str) -> l
     dataset = Dataset.from_list([{"prompt": r["prompt"], "answer": r["reward_model"]["ground_truth"]} for r in rows])
 
     def reward(completions, answer, **kwargs):
-        return [float(compute_score(c[0]["content"] if isinstance(c, list) else c, a)) for c, a in zip(completions, answer)]
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(compute_score(text, a)) for text, a in zip(texts, answer)]
 
     args = GRPOConfig(
         output_dir=str(workdir / "run_trl"), per_device_train_batch_size=PROMPTS * N, gradient_accumulation_steps=1,
@@ -316,7 +317,8 @@ def main() -> None:
                         continue
                     res = json.loads(lines[-1][len("RESULT "):])
                     results.setdefault((model, dtype, fw), []).append(res)
-                    print(f"# {fw:9s} {model} {dtype} run {rep + 1}: {statistics.median(s['step'] for s in res['steps']):.2f}"
+                    step = statistics.median(s["step"] for s in res["steps"])
+                    print(f"# {fw:9s} {model} {dtype} run {rep + 1}: {step:.2f}"
                           f" s/step ({time.perf_counter() - start:.0f} s with start-up)", flush=True)
     end_ceiling = matmul_ceiling(args.device)
     print(f"# matmul ceiling at the end: fp32 {end_ceiling['fp32']:.0f}, bf16 {end_ceiling['bf16']:.0f} GFLOP/s\n")
@@ -343,11 +345,13 @@ def main() -> None:
                 line = [f"{model} {dtype}:"]
                 if "trl" in rows:
                     t = rows["trl"]
-                    line.append(f"step TRL/posttrain {t['step'] / pt['step']:.2f}x, generation {t['gen'] / pt['gen']:.2f}x,"
-                                f" training GFLOP/s posttrain/TRL {pt['train_gflops'] / t['train_gflops']:.2f}x, "
+                    line.append(f"step TRL/posttrain {t['step'] / pt['step']:.2f}x, "
+                                f"generation {t['gen'] / pt['gen']:.2f}x, "
+                                f"training GFLOP/s posttrain/TRL {pt['train_gflops'] / t['train_gflops']:.2f}x, "
                                 f"peak RSS posttrain/TRL {pt['rss'] / t['rss']:.2f}")
                 if "generate" in rows:
-                    line.append(f"decode tokens/s posttrain / transformers generate {rows['generate']['gen'] / pt['gen']:.2f}x")
+                    speedup = rows["generate"]["gen"] / pt["gen"]
+                    line.append(f"decode tokens/s posttrain / transformers generate {speedup:.2f}x")
                 ratios.append(" ".join(line))
     print()
     for line in ratios:

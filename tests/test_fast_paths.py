@@ -29,8 +29,9 @@ CPU = torch.device("cpu")
 def batch_of(tok, texts) -> Batch:
     from posttrain.data.dataset import PromptItem, collate_prompts
 
-    items = [PromptItem(tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                tokenize=True)["input_ids"], "synthetic/arithmetic", "0") for t in texts]
+    chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
+             for t in texts]
+    items = [PromptItem(chat["input_ids"], "synthetic/arithmetic", "0") for chat in chats]
     ids, mask = collate_prompts(items, tok.pad_token_id)
     return Batch({"prompts": ids, "prompt_mask": mask}, {"uid": [str(i) for i in range(len(texts))]})
 

@@ -26,9 +26,9 @@ class SharedPrefixCache:
     Prefix: per layer (prompts, kv_heads, P, head_dim), from the prefill; `prefix_bias` (current rows, 1, 1, P)
     float32 is 0 on prompt tokens and -inf on left padding. Suffix: per layer (rows, kv_heads, capacity,
     head_dim), zero-filled, one position written per step; attention runs over the whole buffer with
-    `suffix_bias` masking the unwritten positions (slicing it would make every product copy its operand), and the
-    capacity (64 at first) grows by a quarter when full. `rows`: each current row's index among the prompts x group rows, None while no
-    row has been dropped (`keep`)."""
+    `bias` masking the unwritten positions (slicing it would make every product copy its operand), and the
+    capacity (64 at first) grows by a quarter when full. `rows`: each current row's index among the prompts x
+    group rows, None while no row has been dropped (`keep`)."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], prefix_mask: torch.Tensor, group: int,
                  max_new: int):
@@ -39,13 +39,16 @@ class SharedPrefixCache:
         self.length, self.capacity = 0, min(max_new, 64)
         self.keys: list[torch.Tensor | None] = [None] * len(keys)
         self.values: list[torch.Tensor | None] = [None] * len(keys)
-        self.suffix_bias = self._suffix_bias()
+        self._step_bias()
 
-    def _suffix_bias(self) -> torch.Tensor:
+    def _step_bias(self) -> None:
+        """`bias` (rows, 1, 1, P + capacity): the prompt's padding and the suffix positions not written yet at
+        -inf, the same for every layer of a step; `position`: where this step's key and value go."""
         device = self.prefix_bias.device
         self.position = torch.tensor([self.length], device=device)
-        position = torch.arange(self.capacity, device=device)
-        return torch.zeros(self.capacity, device=device).masked_fill(position > self.length, float("-inf"))
+        unwritten = torch.arange(self.capacity, device=device) > self.length
+        suffix = torch.zeros(self.capacity, device=device).masked_fill(unwritten, float("-inf"))
+        self.bias = torch.cat([self.prefix_bias, suffix.expand(*self.prefix_bias.shape[:3], -1)], dim=-1)
 
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
         """Write the current token's key and value; return the suffix buffers."""
@@ -71,12 +74,12 @@ class SharedPrefixCache:
         self.length += 1
         if self.length == self.capacity and self.capacity < self.max_new:
             self.capacity = min(self.max_new, self.capacity + self.capacity // 4)
-        self.suffix_bias = self._suffix_bias()
+        self._step_bias()
 
     def keep(self, keep: torch.Tensor) -> None:
         """Continue with the current rows `keep` only."""
         rows = torch.arange(len(self.prefix_bias), device=keep.device) if self.rows is None else self.rows
-        self.rows, self.prefix_bias = rows[keep], self.prefix_bias[keep]
+        self.rows, self.prefix_bias, self.bias = rows[keep], self.prefix_bias[keep], self.bias[keep]
         self.keys = [None if k is None else k.index_select(0, keep) for k in self.keys]
         self.values = [None if v is None else v.index_select(0, keep) for v in self.values]
 
@@ -133,9 +136,8 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
     q_grouped = _grouped(_scatter_rows(q, cache.rows, total), prompts, cache.group)
     shared = torch.matmul(q_grouped, prefix_k.transpose(-1, -2))  # (prompts, kv, group * g, P)
     shared = _gather_rows(_ungrouped(shared, cache.group), cache.rows)  # (rows, kv, g, P)
-    scores = torch.cat([shared, own.view(rows, kv_heads, g, width)], dim=-1).float() * scale
-    scores[..., :plen] += cache.prefix_bias
-    scores[..., plen:] += cache.suffix_bias
+    # one op: scale, mask and the float32 upcast (the bias is float32)
+    scores = torch.add(cache.bias, torch.cat([shared, own.view(rows, kv_heads, g, width)], dim=-1), alpha=scale)
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
     p_grouped = _grouped(_scatter_rows(probs[..., :plen], cache.rows, total), prompts, cache.group)
     out = _gather_rows(_ungrouped(torch.matmul(p_grouped, prefix_v), cache.group), cache.rows)
