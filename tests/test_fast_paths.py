@@ -231,3 +231,24 @@ def test_policy_model_keeps_the_plain_path_for_a_sliding_window_model(tiny_token
     out, _ = model(ids, mask, L, prompts=prompt_groups(uids))
     assert model.shared_prompt_ok is False and out.shape == (len(ids), L)
     assert model.config._attn_implementation != ATTENTION_NAME
+
+
+def test_value_model_shares_prompts_with_the_same_values_and_gradients(tiny_model_dir):
+    from posttrain.models.policy import ValueModel
+
+    torch.manual_seed(0)
+    model = ValueModel.from_pretrained(str(tiny_model_dir))
+    ids, mask, L, uids = _shared_case(model.backbone.config.vocab_size)
+    valid = mask[:, -L:].float()
+    results = []
+    for groups in (None, prompt_groups(uids)):
+        model.zero_grad()
+        values = model(ids, mask, L, prompts=groups)
+        (values * valid * torch.linspace(-1, 1, L)).sum().backward()
+        results.append((values.detach() * valid, {k: p.grad.clone() for k, p in model.named_parameters()}))
+    assert model.shared_prompt_ok is True
+    (v0, g0), (v1, g1) = results
+    assert torch.allclose(v0, v1, atol=1e-5)
+    assert torch.allclose(model(ids, mask)[:, -(L + 1):-1] * valid, v0, atol=1e-5)  # the full-positions form
+    for k in g0:
+        assert torch.allclose(g0[k], g1[k], atol=1e-6, rtol=1e-4), k

@@ -247,30 +247,20 @@ def shared_prompt_logprobs(
     """`response_logprobs` with each distinct prompt computed once (see shared_prompt.py). `prompt_rows`: a row
     holding each distinct prompt; `row_prompt`: for each row, the index of its prompt in `prompt_rows`. The
     model's forward must take `logits_to_keep`, and its attention implementation be `shared_prompt.ATTENTION_NAME`."""
-    from .shared_prompt import ATTENTION_NAME, PromptContext
+    from .shared_prompt import ATTENTION_NAME, shared_prompt_hidden
 
     L = int(response_length)
-    device = input_ids.device
     base = _unwrap(model)
     decoder = _decoder(base)
     project, params, softcap = _head(base)
-    prompt_rows, row_prompt = prompt_rows.to(device), row_prompt.to(device)
-    prompts, prompt_mask = input_ids[prompt_rows, :-L], attention_mask[prompt_rows, :-L]
-    used = prompt_mask.any(dim=0).nonzero()
-    start = int(used[0]) if len(used) else 0  # columns that are padding in every distinct prompt
-    prompts, prompt_mask = prompts[:, start:], prompt_mask[:, start:]
-    responses, response_mask = input_ids[:, -L:], attention_mask[:, -L:]
-    ctx = PromptContext(row_prompt=row_prompt, prompt_mask=prompt_mask.bool())
     if base.config._attn_implementation != ATTENTION_NAME:
         raise ValueError(f"shared-prompt log-probs need the model's attention implementation set to {ATTENTION_NAME}")
-    prompt_hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=prompts,
-                                  attention_mask=prompt_mask,
-                                  position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp(min=0), shared_prompt=ctx)
-    positions = prompt_mask.long().sum(-1)[row_prompt][:, None] + torch.arange(L, device=device)
-    response_hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=responses,
-                                    attention_mask=None, position_ids=positions, shared_prompt=ctx.responses())
-    # position t predicts token t + 1: the prompt's last position predicts the first response token
-    rows = torch.cat([prompt_hidden[:, -1][row_prompt][:, None], response_hidden[:, :-1]], dim=1)
+
+    def run(**inputs):
+        return _final_hidden(model, base, decoder, project, softcap, **inputs)
+
+    rows = shared_prompt_hidden(run, input_ids, attention_mask, L, prompt_rows, row_prompt)
+    responses, response_mask = input_ids[:, -L:], attention_mask[:, -L:]
     return _response_stats(rows, responses, response_mask.bool(), project, params, softcap,
                            temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
 

@@ -7,16 +7,13 @@ has the head's weight gathered for exactly that call and its backward — no spe
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .logprobs import _unwrap, keeps_one_logit, response_logprobs, shared_prompt_logprobs
-from .shared_prompt import ATTENTION_NAME
-
-log = logging.getLogger(__name__)
+from .shared_prompt import shared_prompt_hidden, switch_on_if_equal
 
 
 class PolicyModel(nn.Module):
@@ -38,46 +35,14 @@ class PolicyModel(nn.Module):
         return response_logprobs(self.lm, input_ids, attention_mask, response_length, **kwargs)
 
     def _shares_prompts(self, device) -> bool:
-        """Once per model: do two prompts (one left-padded) x two responses give the plain log-probs?"""
-        if self.shared_prompt_ok is not None:
-            return self.shared_prompt_ok
-        config = self.lm.config.get_text_config()
-        kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-        reason = None
-        if config._attn_implementation != "sdpa":
-            reason = f"it uses {config._attn_implementation} attention, not sdpa"
-        elif kinds != {"full_attention"}:
-            reason = "its layers are " + ", ".join(sorted(kinds))
-        elif not keeps_one_logit(_unwrap(self.lm)):
-            reason = "its forward has no logits_to_keep"
-        else:
-            config._attn_implementation = ATTENTION_NAME  # sdpa for every call that shares no prompt
-            gen = torch.Generator().manual_seed(0)
-            ids = torch.randint(0, min(config.vocab_size, 1000), (4, 9), generator=gen).to(device)
-            mask = torch.ones_like(ids)
-            mask[2:, :2] = 0  # the second prompt is left-padded
-            mask[1, -1] = 0  # one response is shorter
-            ids[1] = torch.where(mask[1].bool(), ids[1], 0)
-            ids[1, :5], ids[3, :5] = ids[0, :5], ids[2, :5]
-            groups = (torch.tensor([0, 2]), torch.tensor([0, 0, 1, 1]))
-            was_training = self.training
-            self.eval()
-            try:
-                with torch.no_grad():
-                    plain, _ = response_logprobs(self.lm, ids, mask, 4, with_entropy=False)
-                    shared, _ = shared_prompt_logprobs(self.lm, ids, mask, 4, *groups, with_entropy=False)
-                error = float((plain.float() - shared.float()).abs().max())
-                if error > (1e-4 if not torch.is_autocast_enabled(device.type) else 5e-2):
-                    reason = f"its log-probs differ from the plain forward's by {error:.1e}"
-            except Exception as exc:  # an architecture whose modules the shared path cannot drive
-                reason = f"{type(exc).__name__}: {exc}"
-            finally:
-                self.train(was_training)
-            if reason:
-                config._attn_implementation = "sdpa"
-        self.shared_prompt_ok = reason is None
-        if reason:
-            log.warning("log-probs of %s: computed without sharing prompts (%s)", type(self.lm).__name__, reason)
+        if self.shared_prompt_ok is None:
+            text = self.lm.config.get_text_config()
+            self.shared_prompt_ok = keeps_one_logit(_unwrap(self.lm)) and switch_on_if_equal(
+                self, text,
+                lambda ids, mask, L: response_logprobs(self.lm, ids, mask, L, with_entropy=False)[0],
+                lambda ids, mask, L, groups: shared_prompt_logprobs(self.lm, ids, mask, L, *groups,
+                                                                    with_entropy=False)[0],
+                "log-probs")
         return self.shared_prompt_ok
 
     def generate(self, **kwargs):
@@ -104,6 +69,7 @@ class ValueModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.value_head = nn.Linear(hidden_size, 1)
+        self.shared_prompt_ok: bool | None = None
         nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
         nn.init.zeros_(self.value_head.bias)
 
@@ -133,11 +99,32 @@ class ValueModel(nn.Module):
             enable_checkpointing(backbone)
         return model
 
-    def forward(self, input_ids, attention_mask) -> torch.Tensor:
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               use_cache=False).last_hidden_state
-        return self.value_head(hidden).squeeze(-1)
+    def forward(self, input_ids, attention_mask, response_length: int | None = None, prompts=None) -> torch.Tensor:
+        """Values (B, T) of every position; with `response_length` L, (B, L): those of the positions that predict
+        the response tokens, each distinct prompt computed once when `prompts` groups the rows (as for
+        PolicyModel)."""
+        if response_length is not None and prompts is not None and len(prompts[0]) < len(input_ids) \
+                and self._shares_prompts():
+            hidden = shared_prompt_hidden(self._hidden, input_ids, attention_mask, response_length, *prompts)
+            return self.value_head(hidden).squeeze(-1)
+        values = self.value_head(self._hidden(input_ids=input_ids, attention_mask=attention_mask)).squeeze(-1)
+        return values if response_length is None else values[:, -(response_length + 1):-1]
+
+    def _hidden(self, *, input_ids, attention_mask, position_ids=None, **kwargs) -> torch.Tensor:
+        if position_ids is None:
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False, **kwargs).last_hidden_state
+
+    def _shares_prompts(self) -> bool:
+        if self.shared_prompt_ok is None:
+            self.shared_prompt_ok = switch_on_if_equal(
+                self, self.backbone.config,
+                lambda ids, mask, L: self(ids, mask, L),
+                lambda ids, mask, L, groups: self.value_head(
+                    shared_prompt_hidden(self._hidden, ids, mask, L, *groups)).squeeze(-1),
+                "values")
+        return self.shared_prompt_ok
 
     def save_pretrained(self, path, **kwargs) -> None:
         """A plain directory: the backbone as transformers saves it, the head as `value_head.safetensors`."""

@@ -22,6 +22,8 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -29,6 +31,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTENTION_NAME = "posttrain_shared_prompt"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -79,6 +82,65 @@ def shared_prompt_attention(module, query, key, value, attention_mask, dropout: 
 
 AttentionInterface.register(ATTENTION_NAME, shared_prompt_attention)
 AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+
+
+def shared_prompt_hidden(run, input_ids, attention_mask, response_length: int, prompt_rows, row_prompt):
+    """(rows, L, H) final hidden states at the positions that predict each response token (the prompt's last
+    position, then the responses' own), with each distinct prompt computed once. `run(input_ids=,
+    attention_mask=, position_ids=, shared_prompt=)` runs the decoder and returns its (b, T, H) hidden states;
+    the model's attention implementation must be `ATTENTION_NAME`."""
+    L, device = int(response_length), input_ids.device
+    prompt_rows, row_prompt = prompt_rows.to(device), row_prompt.to(device)
+    prompts, prompt_mask = input_ids[prompt_rows, :-L], attention_mask[prompt_rows, :-L]
+    used = prompt_mask.any(dim=0).nonzero()
+    start = int(used[0]) if len(used) else 0  # columns that are padding in every distinct prompt
+    prompts, prompt_mask = prompts[:, start:], prompt_mask[:, start:]
+    ctx = PromptContext(row_prompt=row_prompt, prompt_mask=prompt_mask.bool())
+    prompt_hidden = run(input_ids=prompts, attention_mask=prompt_mask,
+                        position_ids=(prompt_mask.long().cumsum(-1) - 1).clamp(min=0), shared_prompt=ctx)
+    positions = prompt_mask.long().sum(-1)[row_prompt][:, None] + torch.arange(L, device=device)
+    response_hidden = run(input_ids=input_ids[:, -L:], attention_mask=None, position_ids=positions,
+                          shared_prompt=ctx.responses())
+    return torch.cat([prompt_hidden[:, -1][row_prompt][:, None], response_hidden[:, :-1]], dim=1)
+
+
+def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
+    """Once per model: set `ATTENTION_NAME` on `config` and keep it if `shared(ids, mask, L, groups)` gives
+    `plain(ids, mask, L)` on two prompts (one left-padded) x two responses (one shorter); else restore sdpa and
+    say why. Only for sdpa models whose layers are all full attention."""
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    reason = None
+    if config._attn_implementation not in ("sdpa", ATTENTION_NAME):
+        reason = f"it uses {config._attn_implementation} attention, not sdpa"
+    elif kinds != {"full_attention"}:
+        reason = "its layers are " + ", ".join(sorted(kinds))
+    else:
+        config._attn_implementation = ATTENTION_NAME  # sdpa for every call that shares no prompt
+        device = next(module.parameters()).device
+        gen = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, min(config.vocab_size, 1000), (4, 9), generator=gen).to(device)
+        mask = torch.ones_like(ids)
+        mask[2:, :2] = 0  # the second prompt is left-padded
+        mask[1, -1] = 0  # one response is shorter
+        ids[1] = torch.where(mask[1].bool(), ids[1], 0)
+        ids[1, :5], ids[3, :5] = ids[0, :5], ids[2, :5]
+        groups = (torch.tensor([0, 2]), torch.tensor([0, 0, 1, 1]))
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                error = float((plain(ids, mask, 4).float() - shared(ids, mask, 4, groups).float()).abs().max())
+            if error > (5e-2 if torch.is_autocast_enabled(device.type) else 1e-4):
+                reason = f"its {what} differ from the plain forward's by {error:.1e}"
+        except Exception as exc:  # an architecture whose modules the shared path cannot drive
+            reason = f"{type(exc).__name__}: {exc}"
+        finally:
+            module.train(was_training)
+        if reason:
+            config._attn_implementation = "sdpa"
+    if reason:
+        log.warning("%s of %s: computed without sharing prompts (%s)", what, type(module).__name__, reason)
+    return reason is None
 
 
 def prompt_groups(uids: list) -> tuple[torch.Tensor, torch.Tensor]:
