@@ -14,7 +14,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from posttrain.data.batch import Batch
 from posttrain.models.load import enable_checkpointing, load_causal_lm
-from posttrain.models.logprobs import response_logprobs, shared_prompt_logprobs
+from posttrain.models.logprobs import response_logprobs
 from posttrain.models.policy import PolicyModel
 from posttrain.models.shared_prompt import ATTENTION_NAME, prompt_groups
 from posttrain.rollout.base import SamplingParams
@@ -201,7 +201,7 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward(tiny_model
         lm.zero_grad()
         lm.config._attn_implementation = ATTENTION_NAME if shared else "sdpa"
         if shared:
-            logp, ent = shared_prompt_logprobs(lm, ids, mask, L, *prompt_groups(uids))
+            logp, ent = response_logprobs(lm, ids, mask, L, prompts=prompt_groups(uids))
         else:
             logp, ent = response_logprobs(lm, ids, mask, L)
         ((logp * valid).sum() + 0.3 * (ent * valid).sum()).backward()

@@ -43,6 +43,18 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+@contextlib.contextmanager
+def eval_mode(model):
+    """Dropout off for passes that must be deterministic (log-probs, values, decoding), the mode restored after;
+    updates run in train mode, so a model with dropout trains with it, as its config asks."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["token_logprobs_and_entropy", "response_logprobs", "shared_prompt_logprobs"]
+__all__ = ["token_logprobs_and_entropy", "response_logprobs"]
 
 Projection = Callable[[Tensor], Tensor]
 
@@ -232,39 +232,6 @@ def _response_stats(rows: Tensor, labels: Tensor, valid: Tensor, project, params
     return logp, entropy
 
 
-def shared_prompt_logprobs(
-    model: nn.Module,
-    input_ids: Tensor,
-    attention_mask: Tensor,
-    response_length: int,
-    prompt_rows: Tensor,
-    row_prompt: Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-    with_entropy: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """`response_logprobs` with each distinct prompt computed once (see shared_prompt.py). `prompt_rows`: a row
-    holding each distinct prompt; `row_prompt`: for each row, the index of its prompt in `prompt_rows`. The
-    model's forward must take `logits_to_keep`, and its attention implementation be `shared_prompt.ATTENTION_NAME`."""
-    from .shared_prompt import ATTENTION_NAME, shared_prompt_hidden
-
-    L = int(response_length)
-    base = _unwrap(model)
-    decoder = _decoder(base)
-    project, params, softcap = _head(base)
-    if base.config._attn_implementation != ATTENTION_NAME:
-        raise ValueError(f"shared-prompt log-probs need the model's attention implementation set to {ATTENTION_NAME}")
-
-    def run(**inputs):
-        return _final_hidden(model, base, decoder, project, softcap, **inputs)
-
-    rows = shared_prompt_hidden(run, input_ids, attention_mask, L, prompt_rows, row_prompt)
-    responses, response_mask = input_ids[:, -L:], attention_mask[:, -L:]
-    return _response_stats(rows, responses, response_mask.bool(), project, params, softcap,
-                           temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
-
-
 def response_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -274,8 +241,13 @@ def response_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 1024,
     with_entropy: bool = True,
+    prompts: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, L) and entropies (B, L) of the last ``response_length`` tokens of ``input_ids`` (B, P+L).
+
+    ``prompts=(prompt_rows, row_prompt)``: a row holding each distinct prompt, and each row's index into those;
+    then each distinct prompt is computed once (shared_prompt.py; the model's attention implementation must be
+    ``shared_prompt.ATTENTION_NAME`` and its forward take ``logits_to_keep``).
 
     Positions are ``cumsum(attention_mask) - 1`` so left padding does not shift them. The model runs its normal
     forward (so wrappers' hooks — peft, FSDP — see the call) with ``logits_to_keep=1``, which keeps the vocabulary
@@ -297,14 +269,24 @@ def response_logprobs(
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
     project, params, softcap = _head(base)
 
-    if keeps_one_logit(base):
-        hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=input_ids,
-                               attention_mask=attention_mask, position_ids=position_ids)
-    else:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False).last_hidden_state
+    if prompts is not None:
+        from .shared_prompt import ATTENTION_NAME, shared_prompt_hidden
 
-    # Counted from the end: robust to anything a wrapper prepends to the sequence.
-    rows = hidden[:, -(L + 1) : -1]  # (B, L, H): position t predicts token t + 1
+        if base.config._attn_implementation != ATTENTION_NAME:
+            raise ValueError(f"shared prompts need the model's attention implementation set to {ATTENTION_NAME}")
+
+        def run(**inputs):
+            return _final_hidden(model, base, decoder, project, softcap, **inputs)
+
+        rows = shared_prompt_hidden(run, input_ids, attention_mask, L, *prompts)
+    else:
+        if keeps_one_logit(base):
+            hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=input_ids,
+                                   attention_mask=attention_mask, position_ids=position_ids)
+        else:
+            hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False).last_hidden_state
+        # Counted from the end: robust to anything a wrapper prepends to the sequence.
+        rows = hidden[:, -(L + 1) : -1]  # (B, L, H): position t predicts token t + 1
     return _response_stats(rows, input_ids[:, -L:], attention_mask[:, -L:].bool(), project, params, softcap,
                            temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)

@@ -12,14 +12,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .logprobs import _unwrap, keeps_one_logit, response_logprobs, shared_prompt_logprobs
+from .logprobs import _unwrap, keeps_one_logit, response_logprobs
 from .shared_prompt import shared_prompt_hidden, switch_on_if_equal
 
 
 class PolicyModel(nn.Module):
     """`forward(input_ids, attention_mask, response_length)` -> (log-probs, entropy or None), each (B, L).
 
-    With `prompts=(prompt_rows, row_prompt)` (rows that share a prompt, see `shared_prompt_logprobs`) each distinct
+    With `prompts=(prompt_rows, row_prompt)` (rows that share a prompt, see `response_logprobs`) each distinct
     prompt is computed once — after a one-time check that this model gives the plain path's log-probs that way."""
 
     def __init__(self, lm: nn.Module):
@@ -30,18 +30,18 @@ class PolicyModel(nn.Module):
     def forward(self, input_ids, attention_mask, response_length: int, temperature: float = 1.0,
                 with_entropy: bool = True, chunk_size: int = 1024, prompts=None):
         kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
-        if prompts is not None and len(prompts[0]) < len(input_ids) and self._shares_prompts(input_ids.device):
-            return shared_prompt_logprobs(self.lm, input_ids, attention_mask, response_length, *prompts, **kwargs)
-        return response_logprobs(self.lm, input_ids, attention_mask, response_length, **kwargs)
+        if prompts is None or len(prompts[0]) == len(input_ids) or not self._shares_prompts():
+            prompts = None  # every row its own prompt, or a model that keeps the plain path
+        return response_logprobs(self.lm, input_ids, attention_mask, response_length, prompts=prompts, **kwargs)
 
-    def _shares_prompts(self, device) -> bool:
+    def _shares_prompts(self) -> bool:
         if self.shared_prompt_ok is None:
             text = self.lm.config.get_text_config()
             self.shared_prompt_ok = keeps_one_logit(_unwrap(self.lm)) and switch_on_if_equal(
                 self, text,
                 lambda ids, mask, L: response_logprobs(self.lm, ids, mask, L, with_entropy=False)[0],
-                lambda ids, mask, L, groups: shared_prompt_logprobs(self.lm, ids, mask, L, *groups,
-                                                                    with_entropy=False)[0],
+                lambda ids, mask, L, groups: response_logprobs(self.lm, ids, mask, L, with_entropy=False,
+                                                               prompts=groups)[0],
                 "log-probs")
         return self.shared_prompt_ok
 

@@ -30,6 +30,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from .load import eval_mode
+
 ATTENTION_NAME = "posttrain_shared_prompt"
 log = logging.getLogger(__name__)
 
@@ -125,17 +127,13 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
         ids[1] = torch.where(mask[1].bool(), ids[1], 0)
         ids[1, :5], ids[3, :5] = ids[0, :5], ids[2, :5]
         groups = (torch.tensor([0, 2]), torch.tensor([0, 0, 1, 1]))
-        was_training = module.training
-        module.eval()
         try:
-            with torch.no_grad():
+            with eval_mode(module), torch.no_grad():
                 error = float((plain(ids, mask, 4).float() - shared(ids, mask, 4, groups).float()).abs().max())
             if error > (5e-2 if torch.is_autocast_enabled(device.type) else 1e-4):
                 reason = f"its {what} differ from the plain forward's by {error:.1e}"
         except Exception as exc:  # an architecture whose modules the shared path cannot drive
             reason = f"{type(exc).__name__}: {exc}"
-        finally:
-            module.train(was_training)
         if reason:
             config._attn_implementation = "sdpa"
     if reason:
@@ -145,12 +143,14 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
 
 def prompt_groups(uids: list) -> tuple[torch.Tensor, torch.Tensor]:
     """(first row of each distinct prompt, each row's prompt index) from the rows' group ids."""
-    first: dict = {}
-    row_prompt = [first.setdefault(u, len(first)) for u in uids]
-    firsts: dict = {}
+    index: dict = {}
+    firsts, row_prompt = [], []
     for row, u in enumerate(uids):
-        firsts.setdefault(u, row)
-    return torch.tensor(list(firsts.values())), torch.tensor(row_prompt)
+        if u not in index:
+            index[u] = len(firsts)
+            firsts.append(row)
+        row_prompt.append(index[u])
+    return torch.tensor(firsts), torch.tensor(row_prompt)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ import torch
 from ..algo import agg_loss, agg_norm, get_policy_loss, kl_penalty
 from ..data.batch import Batch
 from ..parallel import gathered_for_generation, set_gradient_sync
-from .common import Worker, eval_mode, group_rows, make_optimizer
+from ..models.load import eval_mode
+from .common import Worker, group_rows, make_optimizer
 
 
 class Actor:

@@ -40,16 +40,10 @@ def trimmed(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     return batch["input_ids"][:, start:end], mask[:, start:end], resp_l, full_l
 
 
-@contextlib.contextmanager
-def eval_mode(model):
-    """Dropout off for passes that must be deterministic (old/ref log-probs, values), the mode restored after;
-    updates run in train mode, so a model with dropout trains with it, as its config asks."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
+def shared_prompts(mb: Batch):
+    """The rows of a micro-batch that share a prompt (one prompt group = one uid), for the models' shared-prompt
+    passes; None when the rows carry no uid."""
+    return prompt_groups(mb.meta["uid"]) if "uid" in mb.meta else None
 
 
 class Worker:
@@ -134,10 +128,9 @@ class Worker:
     def logprobs(self, mb: Batch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(b, L) log-probs (and entropy) of one micro-batch's response tokens, padded back to full width."""
         ids, mask, resp_l, full_l = trimmed(mb)
-        prompts = prompt_groups(mb.meta["uid"]) if "uid" in mb.meta else None  # rows of a group share a prompt
         with self.autocast():
             logp, ent = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
-                                   with_entropy=with_entropy, prompts=prompts)
+                                   with_entropy=with_entropy, prompts=shared_prompts(mb))
         pad = full_l - resp_l
         logp = torch.nn.functional.pad(logp.float(), (0, pad))
         ent = torch.nn.functional.pad(ent.float(), (0, pad)) if ent is not None else None

@@ -10,9 +10,9 @@ import torch
 
 from ..algo import agg_norm, value_loss
 from ..data.batch import Batch
-from ..models.shared_prompt import prompt_groups
 from ..parallel import set_gradient_sync
-from .common import Worker, eval_mode, group_rows, make_optimizer, trimmed
+from ..models.load import eval_mode
+from .common import Worker, group_rows, make_optimizer, shared_prompts, trimmed
 
 
 class Critic:
@@ -43,9 +43,8 @@ class Critic:
     def _values(self, mb: Batch) -> torch.Tensor:
         ids, mask, resp_l, full_l = trimmed(mb)
         device = self.worker.device
-        prompts = prompt_groups(mb.meta["uid"]) if "uid" in mb.meta else None  # rows of a group share a prompt
         with self.worker.autocast():
-            values = self.model(ids.to(device), mask.to(device), resp_l, prompts=prompts).float()
+            values = self.model(ids.to(device), mask.to(device), resp_l, prompts=shared_prompts(mb)).float()
         values = torch.nn.functional.pad(values, (0, full_l - resp_l))
         return values * mb["response_mask"].to(device)
 

@@ -8,7 +8,8 @@ import contextlib
 import torch
 
 from ..data.batch import Batch
-from .common import Worker, eval_mode
+from ..models.load import eval_mode
+from .common import Worker
 
 
 class Reference:

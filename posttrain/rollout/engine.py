@@ -19,7 +19,7 @@ import logging
 
 import torch
 
-from ..models.load import autocast
+from ..models.load import autocast, eval_mode
 from .base import SamplingParams
 from .hf import HFRollout
 from ..models.shared_prompt import attention_implementation
@@ -48,16 +48,10 @@ class DecodeEngine(HFRollout):
             self.shared_prefix_ok = self._check(model)
         if not self.shared_prefix_ok:
             return super()._generate(model, prompts, prompt_mask, s)
-        was_training = model.training
-        model.eval()
-        try:
-            # the sampling noise comes from torch's global generator (the trainer seeds it per step and rank)
-            generator = None if s.greedy else torch.Generator(self.device).manual_seed(
-                int(torch.randint(0, 2**62, (1,))))
-            with torch.no_grad(), autocast(self.device, self.dtype):
-                return self._decode(model, prompts[:: s.n], prompt_mask[:: s.n], s, generator).cpu()
-        finally:
-            model.train(was_training)
+        # the sampling noise comes from torch's global generator (the trainer seeds it per step and rank)
+        generator = None if s.greedy else torch.Generator(self.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+        with eval_mode(model), torch.no_grad(), autocast(self.device, self.dtype):
+            return self._decode(model, prompts[:: s.n], prompt_mask[:: s.n], s, generator).cpu()
 
     def _prefill(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int):
         """Last-position logits (prompts, V), and the decoding cache holding the prompts' keys and values."""
@@ -129,10 +123,8 @@ class DecodeEngine(HFRollout):
         mask[1, :2] = 0
         forced = torch.randint(0, min(vocab, 1000), (4, 3), generator=gen).to(device)
         seen = []
-        was_training = model.training
-        model.eval()
         try:
-            with torch.no_grad(), autocast(device, self.dtype):
+            with eval_mode(model), torch.no_grad(), autocast(device, self.dtype):
                 self._decode(model, prompts, mask, SamplingParams(n=2, max_new_tokens=3, ignore_eos=True),
                              forced=forced, on_logits=lambda t, logits: seen.append(logits.float()))
                 full_ids = torch.cat([prompts.to(device).repeat_interleave(2, 0), forced], dim=1)
@@ -148,8 +140,6 @@ class DecodeEngine(HFRollout):
             reason = f"its logits differ from the model's own forward by {error:.1e} (relative)"
         except Exception as exc:  # an architecture whose modules the loop cannot drive
             reason = f"{type(exc).__name__}: {exc}"
-        finally:
-            model.train(was_training)
         log.warning("posttrain decoding engine: %s does not run with shared-prompt decoding (%s); generating with "
                     "transformers' generate instead", type(model).__name__, reason)
         return False

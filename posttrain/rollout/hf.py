@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..data.batch import Batch
-from ..models.load import autocast
+from ..models.load import autocast, eval_mode
 from .base import RolloutEngine, SamplingParams
 from .weights import inference_weights
 
@@ -49,8 +49,7 @@ class HFRollout(RolloutEngine):
 
     def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams) -> torch.Tensor:
         """(rows, max_new) tokens for `rows` prompts (each repeated `n` times, consecutively)."""
-        was_training, use_cache = model.training, model.config.use_cache
-        model.eval()
+        use_cache = model.config.use_cache
         model.config.use_cache = True
         # synced_gpus=False: a sharded policy is gathered before generate, so ranks decode independently
         kwargs = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id, use_cache=True, synced_gpus=False,
@@ -60,12 +59,11 @@ class HFRollout(RolloutEngine):
         else:
             kwargs.update(do_sample=True, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else 0)
         try:
-            with autocast(self.device, self.dtype):
+            with eval_mode(model), autocast(self.device, self.dtype):
                 seqs = model.generate(input_ids=prompts.to(self.device), attention_mask=prompt_mask.to(self.device),
                                       **kwargs)
         finally:
             model.config.use_cache = use_cache
-            model.train(was_training)
         return seqs[:, prompts.shape[1]:].cpu()
 
 
