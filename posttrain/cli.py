@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("sft", help="supervised fine-tuning on (prompt, response) rows; loss on response tokens")
-    p.add_argument("--model", required=True, help="local Hugging Face model directory")
+    p.add_argument("--model", required=True, help="local Hugging Face model directory or hub id (owner/name)")
     p.add_argument("--train-files", nargs="+", required=True)
     p.add_argument("--val-files", nargs="*", default=None, help="dev set: the lowest dev loss is kept")
     p.add_argument("--output-dir", required=True)

@@ -1,13 +1,15 @@
-"""Load a local Hugging Face causal LM and its tokenizer, and pick the device and compute dtype."""
+"""Load a Hugging Face causal LM and its tokenizer (a local folder or a hub id, see hub.py), and pick the device and
+compute dtype."""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers.utils import logging as hf_logging
+
+from .hub import resolve_model_source
 
 hf_logging.disable_progress_bar()  # per-file load/save bars drown the training output
 
@@ -55,34 +57,35 @@ def eval_mode(model):
         model.train(was_training)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False):
+def load_tokenizer(path: str, trust_remote_code: bool = False, *, key: str = "tokenizer path"):
+    """`key` is the setting `path` came from, named in the error when it leads to no tokenizer."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(resolve_model_source(path, key=key), trust_remote_code=trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def model_config(path: str, *, trust_remote_code: bool = False, override_config: dict | None = None):
+def model_config(path: str, *, trust_remote_code: bool = False, override_config: dict | None = None,
+                 key: str = "model path"):
     """The model's config with the `override_config` entries set on it."""
     from transformers import AutoConfig
 
-    if not Path(path).is_dir():
-        raise FileNotFoundError(f"model path '{path}' is not a local directory (posttrain never downloads weights)")
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    for key, value in (override_config or {}).items():
-        setattr(config, key, value)
+    config = AutoConfig.from_pretrained(resolve_model_source(path, key=key), trust_remote_code=trust_remote_code)
+    for name, value in (override_config or {}).items():
+        setattr(config, name, value)
     return config
 
 
 def load_causal_lm(path: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                    meta: bool = False, trust_remote_code: bool = False, override_config: dict | None = None,
-                   gradient_checkpointing: bool = False, lora: "LoraSettings | None" = None):
+                   gradient_checkpointing: bool = False, lora: "LoraSettings | None" = None, key: str = "model path"):
     """Weights in `dtype` (mixed precision comes from autocast or FSDP's policy), or the bare structure on the
     meta device (`meta=True`: the weights arrive later from rank 0); optional activation checkpointing and LoRA."""
     from transformers import AutoModelForCausalLM
 
+    path = resolve_model_source(path, key=key)
     config = model_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
     if meta:
         with torch.device("meta"):

@@ -75,12 +75,15 @@ class ValueModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str, *, device="cpu", dtype: torch.dtype = torch.float32, meta: bool = False,
-                        trust_remote_code=False, override_config=None, gradient_checkpointing=False) -> "ValueModel":
+                        trust_remote_code=False, override_config=None, gradient_checkpointing=False,
+                        key: str = "model path") -> "ValueModel":
         """The backbone of the causal LM at `path` (a critic export also restores its `value_head.safetensors`)."""
         from transformers import AutoModel
 
+        from .hub import resolve_model_source
         from .load import enable_checkpointing, model_config
 
+        path = resolve_model_source(path, key=key)
         config = model_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
         if meta:
             with torch.device("meta"):

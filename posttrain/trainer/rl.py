@@ -22,14 +22,15 @@ from ..rollout.base import SamplingParams
 from ..rollout.hf import concat_rollouts
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .metrics import data_metrics, validation_metrics
-from .setup import Roles, parallel_for
+from .setup import Roles, model_sources, parallel_for
 from .tracking import NullTracker, Tracker
 
 
 def preflight(cfg) -> None:
     """Settings the loop cannot run with, rejected before any model is loaded."""
     if not cfg.actor_rollout_ref.model.path:
-        raise ConfigError("actor_rollout_ref.model.path is required (a local Hugging Face model directory)")
+        raise ConfigError("actor_rollout_ref.model.path is required (a local Hugging Face model directory or a hub "
+                          "id such as Qwen/Qwen2.5-0.5B-Instruct)")
     if not cfg.data.train_files:
         raise ConfigError("data.train_files is required")
 
@@ -54,7 +55,9 @@ class RLTrainer:
         arr, tr = cfg.actor_rollout_ref, cfg.trainer
         self.par = par if par is not None else parallel_for(cfg)
         torch.manual_seed(tr.seed)
-        self.tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code)
+        sources = model_sources(cfg)  # hub ids fetched before anything loads, on every rank
+        tok_key = "actor_rollout_ref.model." + ("tokenizer_path" if arr.model.tokenizer_path else "path")
+        self.tokenizer = load_tokenizer(sources[tok_key], arr.model.trust_remote_code, key=tok_key)
         data_kwargs = dict(prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
                            max_prompt_length=cfg.data.max_prompt_length,
                            filter_overlong_prompts=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation,

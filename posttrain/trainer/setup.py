@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..algo import estimator_info
+from ..models.hub import resolve_model_source
 from ..models.load import LoraSettings, compute_dtype, load_causal_lm
 from ..models.policy import PolicyModel, ValueModel
 from ..parallel import Parallel, ShardSettings, init_parallel, prepare_model
@@ -21,6 +22,19 @@ DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.floa
 
 def needs_critic(cfg) -> bool:
     return estimator_info(cfg.algorithm.adv_estimator).needs_critic or bool(cfg.critic.enable)
+
+
+def model_sources(cfg) -> dict[str, str]:
+    """Each model or tokenizer path this run loads, by config key, as a local directory: hub ids are fetched here,
+    on every rank before any model loads (rank 0 downloads, the others then read the cache), and the loaders find
+    them again in resolve_model_source's per-process memo."""
+    model = cfg.actor_rollout_ref.model
+    keys = {"actor_rollout_ref.model.path": model.path}
+    if model.tokenizer_path:
+        keys["actor_rollout_ref.model.tokenizer_path"] = model.tokenizer_path
+    if needs_critic(cfg) and cfg.critic.model.path:
+        keys["critic.model.path"] = cfg.critic.model.path
+    return {key: resolve_model_source(path, key=key) for key, path in keys.items()}
 
 
 def parallel_for(cfg) -> Parallel:
@@ -63,7 +77,7 @@ class Roles:
                     model_cfg.path, meta=meta, dtype=DTYPES[fsdp_cfg.model_dtype],
                     trust_remote_code=model_cfg.trust_remote_code, override_config=model_cfg.override_config,
                     gradient_checkpointing=trainable and model_cfg.enable_gradient_checkpointing,
-                    lora=with_lora))
+                    lora=with_lora, key="actor_rollout_ref.model.path"))
 
             model = prepare_model(build, par, shard_settings(fsdp_cfg, self.dtype))
             return Worker(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)
@@ -86,7 +100,8 @@ class Roles:
                                                   dtype=DTYPES[cm.fsdp_config.model_dtype],
                                                   trust_remote_code=cm.trust_remote_code,
                                                   override_config=cm.override_config,
-                                                  gradient_checkpointing=cm.enable_gradient_checkpointing)
+                                                  gradient_checkpointing=cm.enable_gradient_checkpointing,
+                                                  key="critic.model.path" if cm.path else "actor_rollout_ref.model.path")
 
             value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
             self.critic = Critic(Worker(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,

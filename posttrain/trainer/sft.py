@@ -65,8 +65,8 @@ def run_sft(args: SFTArgs) -> dict:
     torch.manual_seed(args.seed)
     device, out = pick_device(args.device), Path(args.output_dir)
     dtype = compute_dtype(args.dtype, device)
-    tok = load_tokenizer(args.model_path)
-    model = load_causal_lm(args.model_path, device=device)
+    tok = load_tokenizer(args.model_path, key="--model")
+    model = load_causal_lm(args.model_path, device=device, key="--model")
     train = SFTDataset(args.train_files, tok, prompt_key=args.prompt_key, response_key=args.response_key,
                        max_length=args.max_length)
     dev = SFTDataset(args.val_files, tok, prompt_key=args.prompt_key, response_key=args.response_key,
