@@ -120,6 +120,31 @@ def test_online_an_unreachable_hub_fails_within_seconds_or_falls_back_to_the_cac
     assert resolve_model_source("Tiny/model", key=KEY) == str(snapshot)
 
 
+def test_online_a_missing_id_is_downloaded_once_without_other_weight_formats(cache, monkeypatch, silent_hub):
+    """The Hub's answers stand in for it: a repo with safetensors (and a Llama-style original/ copy) is listed,
+    and snapshot_download is asked to skip the formats transformers does not load."""
+    import huggingface_hub
+
+    go_online(monkeypatch, silent_hub)
+    listing = [SimpleNamespace(rfilename=name) for name in
+               ("config.json", "model.safetensors", "original/consolidated.00.pth", "tokenizer.json")]
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", lambda self, repo_id, timeout: SimpleNamespace(
+        siblings=listing))
+    downloads = []
+
+    def snapshot_download(repo_id, local_files_only=False, ignore_patterns=None):
+        if local_files_only:
+            raise huggingface_hub.errors.LocalEntryNotFoundError("not cached")
+        downloads.append((repo_id, ignore_patterns))
+        return "/cache/snapshot"
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    assert resolve_model_source("Some/model", key=KEY) == "/cache/snapshot"
+    assert resolve_model_source("Some/model", key=KEY) == "/cache/snapshot"
+    assert downloads == [("Some/model", hub.OTHER_WEIGHTS)]
+    assert {"original/*", "*.pth", "*.bin"} <= set(hub.OTHER_WEIGHTS)
+
+
 class FakeDist(SimpleNamespace):
     """torch.distributed as one rank of two sees it; broadcast_object_list hands out rank 0's outcome."""
 

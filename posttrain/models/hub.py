@@ -4,7 +4,8 @@ Every loader wants a local directory; an id is turned into one through huggingfa
 downloaded once (here or by `hf download`) is found again, also offline (`HF_HUB_OFFLINE=1`). A failure is a
 ConfigError naming the config key, never a hang: offline nothing is requested, and online one short request
 (`HF_HUB_ETAG_TIMEOUT` seconds at most) decides first whether the Hub answers. Imports neither torch nor
-transformers, so config validation can call `model_source_problem` cheaply.
+transformers, so config validation can call `model_source_problem` cheaply; ConfigError is imported where it is
+raised, so that posttrain.config may import this module at its top without an import cycle.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-from ..config.loader import ConfigError
-
 _resolved: dict[tuple[str, str], str] = {}  # (cache folder, id) -> snapshot folder: each id fetched once a process
+
+# Weights in formats other than the safetensors that transformers loads: skipped when a repo has safetensors (Llama's
+# original/*.pth alone would double the download), and never required of a cached copy.
+OTHER_WEIGHTS = ["original/*", "*.pth", "*.pt", "*.bin", "*.h5", "*.msgpack", "*.ckpt", "*.onnx", "*.gguf", "*.tflite"]
 
 
 def _offline() -> bool:
@@ -37,6 +40,8 @@ def _local_dir(path: str, key: str) -> str | None:
     """The local directory `path` names, None for a hub id; a ConfigError for anything else."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
+
+    from ..config.loader import ConfigError
 
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"{key} is empty; give a local model directory or a Hugging Face model id (owner/name)")
@@ -62,7 +67,7 @@ def _cached(repo_id: str) -> str | None:
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return snapshot_download(repo_id, local_files_only=True)
+        return snapshot_download(repo_id, local_files_only=True, ignore_patterns=OTHER_WEIGHTS)
     except LocalEntryNotFoundError:  # also a snapshot the cache knows to be incomplete
         return None
 
@@ -82,13 +87,15 @@ def _fetch(repo_id: str, key: str) -> str:
     from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
+    from ..config.loader import ConfigError
+
     if _offline():
         folder = _cached(repo_id)
         if folder is None:
             raise ConfigError(_offline_message(repo_id, key))
         return folder
     try:  # snapshot_download's own first request has no time limit: a dead network would hang it for minutes
-        HfApi().model_info(repo_id, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        files = HfApi().model_info(repo_id, timeout=constants.HF_HUB_ETAG_TIMEOUT).siblings or []
     except Exception as error:  # noqa: BLE001 - any failure to reach the Hub falls back to the cache
         folder = _cached(repo_id)
         if folder is not None:
@@ -100,12 +107,19 @@ def _fetch(repo_id: str, key: str) -> str:
         else:
             why = f"the Hub could not be reached ({type(error).__name__}: {str(error) or 'no answer'})"
         raise ConfigError(_missing(repo_id, key, why)) from None
-    return snapshot_download(repo_id)
+    safetensors = any(f.rfilename.endswith(".safetensors") for f in files)
+    try:
+        return snapshot_download(repo_id, ignore_patterns=OTHER_WEIGHTS if safetensors else None)
+    except Exception as error:  # noqa: BLE001 - a download cut short: what is cached stays, a rerun resumes
+        raise ConfigError(_missing(repo_id, key, f"downloading it failed ({type(error).__name__}: {error}); run "
+                                   "again to resume")) from None
 
 
 def _rank0_first(fetch, repo_id: str) -> str:
     """Under torch.distributed, rank 0 fetches first and the others then read the cache it filled (or repeat its
     error) instead of downloading the same files at once. Every rank must call this for the same ids."""
+    from ..config.loader import ConfigError
+
     dist = sys.modules.get("torch.distributed")  # never imports torch: only a process that started it is affected
     if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
         return fetch()
@@ -139,6 +153,8 @@ def resolve_model_source(path: str, *, key: str) -> str:
 def model_source_problem(path: str, *, key: str) -> str | None:
     """What `resolve_model_source` would fail with, found without downloading or contacting the Hub: None for a local
     directory, an id in the cache, or an id that can still be downloaded (not offline); else the message."""
+    from ..config.loader import ConfigError
+
     try:
         local = _local_dir(path, key)
     except ConfigError as error:
