@@ -9,6 +9,9 @@ import sys
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", help="a YAML file, or the name of a shipped recipe (e.g. grpo)")
+    p.add_argument("--config-path", help="Hydra-style: folder of --config-name (accepted so familiar scripts port)")
+    p.add_argument("--config-name", help="Hydra-style: ppo_trainer or ppo_megatron_trainer (posttrain's defaults), "
+                                         "or a YAML file in --config-path")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. algorithm.adv_estimator=grpo")
 
@@ -21,14 +24,19 @@ def _say(message: str) -> None:
 
 def _load(args):
     """The config, checked for the process layout it will run in (torchrun's, when started by torchrun)."""
-    from .config import config_warnings, load_config, validate_config
+    from .config import ConfigError, config_warnings, hydra_config, load_config
     from .parallel import launch
 
-    cfg = load_config(args.config, args.overrides, validate=False)
-    if launch.inside_launcher():
-        for note in launch.adopt_launcher_world(cfg):
-            _say(f"note: {note}")
-    validate_config(cfg)
+    config_file, base = hydra_config(args.config_path, args.config_name)
+    if config_file and args.config:
+        raise ConfigError("give either --config or --config-path/--config-name, not both")
+
+    def adopt(cfg):
+        if launch.inside_launcher():
+            for note in launch.adopt_launcher_world(cfg):
+                _say(f"note: {note}")
+
+    cfg = load_config(args.config or config_file, base + list(args.overrides), adjust=adopt)
     for note in config_warnings(cfg):
         _say(f"note: {note}")
     return cfg

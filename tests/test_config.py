@@ -36,10 +36,13 @@ def test_plus_prefix_and_defaults():
     assert cfg.critic.optim.lr == pytest.approx(1e-5) and cfg.data.train_batch_size == 1024
 
 
-def test_typical_command_line_is_accepted():
+def test_typical_command_line_is_accepted(tmp_path, monkeypatch, tiny_model_dir):
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b", "c"):
+        (tmp_path / f"{name}.parquet").write_bytes(b"")
     line = """algorithm.adv_estimator=grpo data.train_files=['a.parquet','b.parquet'] data.val_files=['c.parquet']
     data.train_batch_size=1024 data.max_prompt_length=1024 data.max_response_length=1024
-    data.filter_overlong_prompts=True data.truncation=error actor_rollout_ref.model.path=/tmp/m
+    data.filter_overlong_prompts=True data.truncation=error actor_rollout_ref.model.path=MODEL
     actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16
     actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
@@ -52,7 +55,7 @@ def test_typical_command_line_is_accepted():
     algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","tensorboard"]
     trainer.project_name=grpo_example trainer.experiment_name=qwen2_7b_function_rm trainer.n_gpus_per_node=1
     trainer.nnodes=1 trainer.save_freq=20 trainer.test_freq=5 trainer.total_epochs=15"""
-    cfg = load_config(None, line.split())
+    cfg = load_config(None, line.replace("MODEL", str(tiny_model_dir)).split())
     assert cfg.data.train_files == ["a.parquet", "b.parquet"]
     assert cfg.actor_rollout_ref.rollout.n == 5 and cfg.trainer.logger == ["console", "tensorboard"]
     from posttrain.config import config_warnings
@@ -69,10 +72,9 @@ def test_unknown_key_suggests_closest():
 
 def test_unsupported_keys_say_what_to_use():
     rejects(["actor_rollout_ref.actor.ppo_micro_batch_size=4"], "not supported", "ppo_micro_batch_size_per_gpu")
-    rejects(["ray_init.num_cpus=4"], "does not use Ray")
-    rejects(["actor_rollout_ref.actor.strategy=megatron"], "use fsdp or fsdp2")
-    rejects(["actor_rollout_ref.model.use_liger=True"], "not supported")
+    rejects(["actor_rollout_ref.actor.strategy=deepspeed"], "strategy='deepspeed' is not one of")
     rejects(["reward_model.enable=True"], "not supported")
+    rejects(["algorithm.use_pf_ppo=True"], "is not supported", "PF-PPO")
 
 
 def test_process_layout_is_checked():

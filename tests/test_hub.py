@@ -187,11 +187,13 @@ def test_rank0_fetches_first_and_the_others_follow_it(rank0_says, monkeypatch):
         assert len(fetched) == 1
 
 
-def test_the_cli_reports_a_missing_id_in_one_line(cache, capsys):
+def test_the_cli_reports_a_missing_id_in_one_line(cache, capsys, tmp_path):
     from posttrain.cli import main
 
+    data = tmp_path / "train.jsonl"
+    data.write_text("")
     start = time.perf_counter()
-    rc = main(["train", "actor_rollout_ref.model.path=Nobody/none", "data.train_files=missing.jsonl"])
+    rc = main(["train", "actor_rollout_ref.model.path=Nobody/none", f"data.train_files={data}"])
     assert time.perf_counter() - start < 5
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1, err

@@ -17,7 +17,36 @@ RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 
 class ConfigError(ValueError):
-    """A config that cannot run; the message names the key and what to do."""
+    """A config that cannot run; the message names every key at fault and what to do."""
+
+
+class Problems:
+    """Every problem found while loading one config, so that they are reported together, grouped."""
+
+    GROUPS = ("unknown keys", "not supported by posttrain", "wrong values", "settings that do not fit together",
+              "files, models and packages")
+
+    def __init__(self):
+        self.items: dict[str, list[str]] = {g: [] for g in self.GROUPS}
+
+    def add(self, group: str, message: str) -> None:
+        if message not in self.items[group]:
+            self.items[group].append(message)
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.items.values())
+
+    def raise_if_any(self) -> None:
+        if not len(self):
+            return
+        if len(self) == 1:
+            raise ConfigError(next(m for v in self.items.values() for m in v))
+        lines = [f"{len(self)} problems; nothing was started:"]
+        for group, messages in self.items.items():
+            if messages:
+                lines.append(f"  {group}:")
+                lines += [f"    - {m}" for m in messages]
+        raise ConfigError("\n".join(lines))
 
 
 # ------------------------------------------------------------------ key tree
@@ -39,24 +68,52 @@ def all_keys(cls=Config, prefix: str = "") -> list[str]:
     return keys
 
 
+def default_of(key: str) -> Any:
+    """The schema's default value of a dotted leaf key."""
+    node: Any = Config()
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def _section_class(section: str):
+    """The dataclass of a dotted section ('' = the root), or None if the schema has no such section."""
+    cls = Config
+    for part in section.split(".") if section else []:
+        tp = _hints(cls).get(part)
+        if not dataclasses.is_dataclass(tp):
+            return None
+        cls = tp
+    return cls
+
+
+def _edit_distance(a: str, b: str) -> int:
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
+
+
 def suggest(key: str) -> str:
-    """' Did you mean ...?' for a mistyped dotted key, or ''."""
-    keys = all_keys()
-    section, _, leaf = key.rpartition(".")
-    siblings = [k for k in keys if k.rpartition(".")[0] == section]
-    close = difflib.get_close_matches(key, siblings, n=1, cutoff=0.6) or difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
-    if not close and leaf:
-        close = [k for k in keys if k.rpartition(".")[2] == leaf][:1]
-    return f" Did you mean '{close[0]}'?" if close else ""
+    """A close key of the same section ('Did you mean ...?'); otherwise the keys that section has."""
+    parts = key.split(".")
+    known = 0  # how many leading segments name a section of the schema
+    while known < len(parts) - 1 and _section_class(".".join(parts[:known + 1])) is not None:
+        known += 1
+    section, name = ".".join(parts[:known]), parts[known]
+    names = list(_hints(_section_class(section)))
+    limit = 1 if len(name) < 6 else 2
+    close = sorted((d, n) for n in names if (d := _edit_distance(name, n)) <= limit)
+    if close:
+        return f" Did you mean '{'.'.join([*parts[:known], close[0][1]])}'?"
+    where = f"'{section}'" if section else "the top level"
+    return f" {where} has: {', '.join(names)}."
 
 
-def unknown_key_error(key: str) -> ConfigError:
-    from .validate import unsupported_key_message
-
-    reason = unsupported_key_message(key)
-    if reason:
-        return ConfigError(f"config key '{key}' is not supported by posttrain: {reason}")
-    return ConfigError(f"unknown config key '{key}'.{suggest(key)}")
+def unknown_key_message(key: str) -> str:
+    return f"unknown config key '{key}'.{suggest(key)}"
 
 
 # ------------------------------------------------------------------ values
@@ -127,44 +184,96 @@ def coerce(value: Any, tp, key: str) -> Any:
 # ------------------------------------------------------------------ merging
 
 
-def _set(tree: dict, cls, dotted: str, value: Any, prefix: str = "") -> None:
-    """Set a dotted key in a nested dict shaped like `cls`, rejecting keys the schema does not have."""
-    head, _, rest = dotted.partition(".")
-    hints = _hints(cls)
-    full = f"{prefix}{head}"
-    if head not in hints:
-        raise unknown_key_error(f"{full}.{rest}" if rest else full)
-    tp = hints[head]
-    if dataclasses.is_dataclass(tp):
-        if rest:
-            _set(tree.setdefault(head, {}), tp, rest, value, full + ".")
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                _set(tree.setdefault(head, {}), tp, str(k), v, full + ".")
-        else:
-            raise ConfigError(f"config key '{full}' is a section; set its keys ({full}.<key>=...) or give a mapping")
-    else:
-        if rest and not (typing.get_origin(tp) is dict or tp is dict):
-            raise unknown_key_error(f"{full}.{rest}")
-        if rest:  # a key inside a free-form dict field such as override_config
-            tree.setdefault(head, {})
-            target = tree[head]
+class _Loading:
+    """The state of one load: the tree being built, its problems, and notes on accepted foreign keys."""
+
+    def __init__(self):
+        self.tree: dict = {}
+        self.problems = Problems()
+        self.notes: dict[str, list[str]] = {}  # why -> keys
+
+    def set(self, dotted: str, value: Any) -> None:
+        self._set(self.tree, Config, dotted, value, "")
+
+    def _foreign(self, full: str, value: Any) -> bool:
+        """Apply the key table to a key posttrain's schema does not have; False if no rule covers it."""
+        from .keytable import allowed, find_rule
+
+        found = find_rule(full)
+        if found is None:
+            return False
+        rule, captured = found
+        if rule.kind == "map":
+            self.notes.setdefault(f"read as posttrain's keys ({rule.why})", []).append(
+                f"{full} -> {rule.target.format(*captured)}")
+            self.set(rule.target.format(*captured), value)
+        elif rule.kind == "only" and not allowed(rule, value):
+            self.problems.add("not supported by posttrain", f"{full}={value!r} is not supported: {rule.why}")
+        elif rule.kind == "note":
+            self.notes.setdefault(rule.why, []).append(full)
+        return True
+
+    def _set(self, tree: dict, cls, dotted: str, value: Any, prefix: str) -> None:
+        head, _, rest = dotted.partition(".")
+        hints = _hints(cls)
+        full = f"{prefix}{head}"
+        if head not in hints:
+            key = f"{full}.{rest}" if rest else full
+            if isinstance(value, dict) and value and not self._foreign(key, value):
+                for k, v in value.items():  # a section of a foreign tree: decide each of its keys
+                    self._set(tree, cls, f"{dotted}.{k}", v, prefix)
+            elif not isinstance(value, dict) or not value:
+                if not self._foreign(key, value):
+                    self.problems.add("unknown keys", unknown_key_message(key))
+            return
+        tp = hints[head]
+        if dataclasses.is_dataclass(tp):
+            if rest:
+                self._set(tree.setdefault(head, {}), tp, rest, value, full + ".")
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    self._set(tree.setdefault(head, {}), tp, str(k), v, full + ".")
+            else:
+                self.problems.add("wrong values", f"config key '{full}' is a section; set its keys "
+                                                  f"({full}.<key>=...) or give a mapping")
+            return
+        is_dict = typing.get_origin(tp) is dict or tp is dict
+        if rest and not is_dict:
+            key = f"{full}.{rest}"
+            if not self._foreign(key, value):
+                self.problems.add("unknown keys", unknown_key_message(key))
+        elif rest:  # a key inside a free-form dict field such as override_config
+            if self._foreign(f"{full}.{rest}", value):
+                return
+            target = tree.setdefault(head, {})
+            if not isinstance(target, dict):
+                tree[head] = target = {}
             *parents, leaf = rest.split(".")
             for p in parents:
                 target = target.setdefault(p, {})
             target[leaf] = value
+        elif is_dict and isinstance(value, dict):
+            tree.setdefault(head, {})
+            for k, v in value.items():  # merge, so that mapped entries and the field's own entries combine
+                self._set(tree, cls, f"{head}.{k}", v, prefix)
         else:
             tree[head] = value
 
-
-def _build(cls, tree: dict, prefix: str = ""):
-    kwargs = {}
-    for name, tp in _hints(cls).items():
-        if name not in tree:
-            continue
-        key = f"{prefix}{name}"
-        kwargs[name] = _build(tp, tree[name], key + ".") if dataclasses.is_dataclass(tp) else coerce(tree[name], tp, key)
-    return cls(**kwargs)
+    def build(self, cls=Config, tree: dict | None = None, prefix: str = ""):
+        tree = self.tree if tree is None else tree
+        kwargs = {}
+        for name, tp in _hints(cls).items():
+            if name not in tree:
+                continue
+            key = f"{prefix}{name}"
+            if dataclasses.is_dataclass(tp):
+                kwargs[name] = self.build(tp, tree[name], key + ".")
+                continue
+            try:
+                kwargs[name] = coerce(tree[name], tp, key)
+            except ConfigError as e:
+                self.problems.add("wrong values", str(e))
+        return cls(**kwargs)
 
 
 def resolve_config_file(name_or_path: str) -> Path:
@@ -189,24 +298,61 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.lstrip("+"), parse_value(text)
 
 
-def load_config(config_file: str | None = None, overrides: list[str] | tuple = (), validate: bool = True) -> Config:
-    """Defaults, then the YAML file, then overrides in order; unknown keys and wrong types fail here."""
-    tree: dict = {}
+FAMILIAR_CONFIGS = {"ppo_trainer": [], "ppo_megatron_trainer": ["actor_rollout_ref.actor.strategy=megatron",
+                                                                "critic.strategy=megatron"]}
+
+
+def hydra_config(config_path: str | None, config_name: str | None) -> tuple[str | None, list[str]]:
+    """`--config-path/--config-name` of the familiar command lines: the two stock trees are posttrain's defaults
+    (the Megatron one with strategy=megatron); another name is a YAML file in config_path."""
+    if not config_name:
+        return None, []
+    name = config_name[:-5] if config_name.endswith(".yaml") else config_name
+    if name in FAMILIAR_CONFIGS:
+        return None, list(FAMILIAR_CONFIGS[name])
+    path = Path(config_path or ".") / f"{name}.yaml"
+    if path.is_file():
+        return str(path), []
+    raise ConfigError(f"--config-name={config_name}: not {' or '.join(FAMILIAR_CONFIGS)}, and {path} does not exist")
+
+
+def load_config(config_file: str | None = None, overrides: list[str] | tuple = (), validate: bool = True,
+                adjust=None) -> Config:
+    """Defaults, then the YAML file, then overrides in order. Every unknown key, wrong type and (with `validate`)
+    inconsistent setting is collected and reported in one ConfigError. Accepted foreign keys leave notes in
+    `cfg.port_notes` (why -> keys). `adjust(cfg)` runs before validation (e.g. to adopt torchrun's layout)."""
+    load = _Loading()
     if config_file:
         path = resolve_config_file(config_file)
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
+        if "defaults" in data:
+            raise ConfigError(f"config file '{path}' has a Hydra 'defaults' list; posttrain reads one file: put the "
+                              "keys in it (or pass them as key=value overrides)")
         for key, value in data.items():
-            _set(tree, Config, str(key), value)
+            load.set(str(key), value)
     for item in overrides:
-        key, value = parse_override(item)
-        _set(tree, Config, key, value)
-    cfg = _build(Config, tree)
+        if not item.strip():
+            continue  # an empty argument, e.g. from an unset shell variable
+        try:
+            key, value = parse_override(item)
+        except ConfigError as e:
+            load.problems.add("wrong values", str(e))
+            continue
+        load.set(key, value)
+    cfg = load.build()
+    cfg.port_notes = load.notes
+    if adjust is not None and not len(load.problems):
+        adjust(cfg)
     if validate:
         from .validate import validate_config
 
-        validate_config(cfg)
+        validate_config(cfg, load.problems)
+    load.problems.raise_if_any()
     return cfg
 
 

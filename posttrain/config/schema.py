@@ -29,6 +29,9 @@ class DataConfig:
     truncation: str = "error"
     return_raw_chat: bool = False
     image_key: str = "images"
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    train_max_samples: int = -1
+    val_max_samples: int = -1
 
 
 # ------------------------------------------------------------------ actor / rollout / ref
@@ -39,12 +42,9 @@ class ModelConfig:
     trust_remote_code: bool = False
     use_remove_padding: bool = True
     enable_gradient_checkpointing: bool = True
-    enable_activation_offload: bool = False
     lora_rank: int = 0
     lora_alpha: int = 16
     target_modules: Any = "all-linear"
-    use_liger: bool = False
-    use_fused_kernels: bool = False
     override_config: dict = field(default_factory=dict)
     dtype: str = "auto"
 
@@ -112,7 +112,6 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    ulysses_sequence_parallel_size: int = 1
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

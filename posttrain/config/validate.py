@@ -4,53 +4,55 @@ from __future__ import annotations
 
 import warnings
 
-from .loader import ConfigError
+from .loader import ConfigError, Problems
 from .schema import Config
 
-# Keys that appear on existing command lines but are not part of posttrain: what to use instead.
-UNSUPPORTED_KEYS = {
-    "actor_rollout_ref.actor.ppo_micro_batch_size":
-        "the global micro-batch size is deprecated; use actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size":
-        "use actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": "use actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    "critic.ppo_micro_batch_size": "use critic.ppo_micro_batch_size_per_gpu",
-    "reward_model.micro_batch_size": "use reward_model.micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.multi_turn": "multi-turn tool rollouts are not supported; remove the key",
-    "actor_rollout_ref.rollout.engine_kwargs": "engine-specific kwargs of vLLM/SGLang; posttrain generates with "
-                                               "transformers, remove the key",
-    "actor_rollout_ref.actor.megatron": "Megatron is not supported; remove the key (strategy=fsdp)",
-    "actor_rollout_ref.ref.megatron": "Megatron is not supported; remove the key",
-    "ray_init": "posttrain does not use Ray; remove the key",
-    "trainer.ray_wait_register_center_timeout": "posttrain does not use Ray; remove the key",
-}
-
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+OTHER_ENGINES = ("vllm", "sglang", "trtllm")  # accepted; generation runs on posttrain's engine (a note says so)
+STRATEGIES = ("fsdp", "fsdp2", "megatron")  # megatron: its layout maps onto FSDP2 x tensor parallel (a note says how)
 DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
 ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager", "free_cache_engine",
                     "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "mode")
 
 
-def unsupported_key_message(key: str) -> str | None:
-    parts = key.split(".")
-    for i in range(len(parts), 0, -1):
-        prefix = ".".join(parts[:i])
-        if prefix in UNSUPPORTED_KEYS:
-            return UNSUPPORTED_KEYS[prefix]
-    return None
+_problems: Problems | None = None  # the collector of the validate_config call in progress
+
+FIT = "settings that do not fit together"
 
 
-def _check(cond: bool, message: str) -> None:
+def _check(cond: bool, message: str, group: str = FIT) -> bool:
     if not cond:
-        raise ConfigError(message)
+        if _problems is None:
+            raise ConfigError(message)
+        _problems.add(group, message)
+    return cond
 
 
-def _choice(value, choices, key: str) -> None:
-    _check(value in choices, f"{key}={value!r} is not one of {list(choices)}")
+def _choice(value, choices, key: str) -> bool:
+    return _check(value in choices, f"{key}={value!r} is not one of {list(choices)}", "wrong values")
 
 
-def validate_config(cfg: Config) -> Config:
-    """Raise ConfigError on the first inconsistent or unsupported setting; normalises a few values in place."""
+def _unsupported(cond: bool, message: str) -> bool:
+    return _check(cond, message, "not supported by posttrain")
+
+
+def validate_config(cfg: Config, problems: Problems | None = None) -> Config:
+    """Check every setting; all problems are added to `problems` (or raised together when it is None).
+    Normalises a few values in place."""
+    global _problems
+    own = problems is None
+    _problems = Problems() if own else problems
+    try:
+        _validate(cfg)
+        _check_sources(cfg)
+    finally:
+        collected, _problems = _problems, None
+    if own:
+        collected.raise_if_any()
+    return cfg
+
+
+def _validate(cfg: Config) -> None:
     from ..algo import LOSS_AGG_MODES, estimator_info, get_policy_loss, is_kl_estimator
 
     d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
@@ -60,12 +62,13 @@ def validate_config(cfg: Config) -> Config:
     try:
         info = estimator_info(alg.adv_estimator)
     except KeyError as e:
-        raise ConfigError(f"algorithm.adv_estimator: {e.args[0]}") from None
-    if info.uses_groups:
+        info = None
+        _check(False, f"algorithm.adv_estimator: {e.args[0]}", "wrong values")
+    if info and info.uses_groups:
         _check(rollout.n >= max(2, info.min_group_size),
                f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
                f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
-    if info.needs_critic:
+    if info and info.needs_critic:
         _check(cfg.critic.enable is not False,
                f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, but critic.enable=False; "
                "enable the critic or pick a critic-free estimator such as grpo")
@@ -75,7 +78,7 @@ def validate_config(cfg: Config) -> Config:
     try:
         get_policy_loss(actor.policy_loss.loss_mode)
     except KeyError as e:
-        raise ConfigError(f"actor_rollout_ref.actor.policy_loss.loss_mode: {e.args[0]}") from None
+        _check(False, f"actor_rollout_ref.actor.policy_loss.loss_mode: {e.args[0]}", "wrong values")
     for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", alg.kl_penalty)):
         _check(is_kl_estimator(kind), f"{key}={kind!r} is not a KL estimator (kl, k1, abs, mse, k2, low_var_kl, k3, "
                                       "each optionally with a '+' suffix)")
@@ -96,7 +99,7 @@ def validate_config(cfg: Config) -> Config:
         _check(value is None or value >= 0, f"actor_rollout_ref.actor.{key} must be >= 0")
     _check(d.train_batch_size > 0, "data.train_batch_size must be positive")
     _check(0 < actor.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size must be positive")
-    _check(d.train_batch_size % actor.ppo_mini_batch_size == 0,
+    _check(actor.ppo_mini_batch_size <= 0 or d.train_batch_size % actor.ppo_mini_batch_size == 0,
            f"data.train_batch_size ({d.train_batch_size}) must be divisible by "
            f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}); both count prompts")
     for key, value in (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
@@ -107,13 +110,9 @@ def validate_config(cfg: Config) -> Config:
         _check(clip > 0, f"{key}={clip} must be positive (the largest gradient norm kept)")
     _check(actor.loss_scale_factor is None or actor.loss_scale_factor > 0,
            "actor_rollout_ref.actor.loss_scale_factor must be positive (or null for data.max_response_length)")
-    _check(actor.strategy in ("fsdp", "fsdp2"),
-           f"actor_rollout_ref.actor.strategy={actor.strategy!r} is not supported; use fsdp or fsdp2")
-    _check(cfg.critic.strategy in ("fsdp", "fsdp2"), f"critic.strategy={cfg.critic.strategy!r}: use fsdp or fsdp2")
+    for key, strategy in (("actor_rollout_ref.actor.strategy", actor.strategy), ("critic.strategy", cfg.critic.strategy)):
+        _choice(strategy, STRATEGIES, key)
     _check_layout(cfg)
-    _check(actor.ulysses_sequence_parallel_size == 1,
-           "actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1: sequence parallelism is not supported; "
-           "use use_dynamic_bsz / gradient checkpointing to fit long sequences")
     for optim_key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
         _choice(optim.warmup_style or optim.lr_scheduler_type, ("constant", "cosine"),
                 f"{optim_key}.lr_scheduler_type")
@@ -123,16 +122,13 @@ def validate_config(cfg: Config) -> Config:
     # ---- model
     _choice(model.dtype, DTYPES, "actor_rollout_ref.model.dtype")
     _choice(rollout.dtype, DTYPES, "actor_rollout_ref.rollout.dtype")
-    for key in ("use_liger", "use_fused_kernels", "enable_activation_offload"):
-        _check(not getattr(model, key), f"actor_rollout_ref.model.{key}=True is not supported; posttrain computes "
-                                         "log-probs in chunks and offers enable_gradient_checkpointing instead")
     _check(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank must be >= 0 (0 = train all weights)")
     if model.lora_rank > 0:
         _check(model.lora_alpha > 0, "actor_rollout_ref.model.lora_alpha must be positive")
         _check(isinstance(model.target_modules, (str, list)) and bool(model.target_modules),
                "actor_rollout_ref.model.target_modules must be 'all-linear', a comma-separated string or a list "
                "of module names")
-    _check(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights between "
+    _unsupported(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights between "
                               "actor and rollout; remove the key")
 
     ctok = cfg.critic.model.tokenizer_path
@@ -141,7 +137,7 @@ def validate_config(cfg: Config) -> Config:
            "so it must use the same tokenizer (remove the key)")
 
     # ---- rollout
-    _choice(rollout.name, ("posttrain", "hf", "vllm", "sglang"), "actor_rollout_ref.rollout.name")
+    _choice(rollout.name, ("posttrain", "hf", *OTHER_ENGINES), "actor_rollout_ref.rollout.name")
     _check(rollout.n >= 1, "actor_rollout_ref.rollout.n must be >= 1")
     _check(rollout.prompt_length in (None, d.max_prompt_length),
            "actor_rollout_ref.rollout.prompt_length differs from data.max_prompt_length; prompts are cut by "
@@ -156,12 +152,12 @@ def validate_config(cfg: Config) -> Config:
 
     # ---- reward
     rm = cfg.reward_model
-    _check(not rm.enable, "reward_model.enable=True: model-based rewards are not supported yet; use a rule scorer "
+    _unsupported(not rm.enable, "reward_model.enable=True: model-based rewards are not supported yet; use a rule scorer "
                           "(by data_source) or custom_reward_function.path")
     _choice(rm.reward_manager, ("naive", "batch", "dapo"), "reward_model.reward_manager")
-    _check(not rm.launch_reward_fn_async, "reward_model.launch_reward_fn_async=True is not supported; scoring runs "
+    _unsupported(not rm.launch_reward_fn_async, "reward_model.launch_reward_fn_async=True is not supported; scoring runs "
                                           "in worker processes already (reward_model.num_workers)")
-    _check(rm.sandbox_fusion.url is None, "reward_model.sandbox_fusion.url: remote code sandboxes are not supported")
+    _unsupported(rm.sandbox_fusion.url is None, "reward_model.sandbox_fusion.url: remote code sandboxes are not supported")
     if rm.overlong_buffer.enable:
         _check(0 < rm.overlong_buffer.len <= d.max_response_length,
                "reward_model.overlong_buffer.len must lie in (0, data.max_response_length]")
@@ -179,7 +175,6 @@ def validate_config(cfg: Config) -> Config:
                                                  "data.val_files")
     _check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
     _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
-    return cfg
 
 
 def _check_layout(cfg: Config) -> None:
@@ -191,9 +186,13 @@ def _check_layout(cfg: Config) -> None:
     _check(tr.nnodes >= 1 and tr.n_gpus_per_node >= 1, "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
     world = tr.nnodes * tr.n_gpus_per_node
     tp, fsdp_size = actor.fsdp_config.tp_size, actor.fsdp_config.fsdp_size
-    _check(tp >= 1 and world % tp == 0, f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} must divide the {world} "
-                                        "processes (trainer.nnodes x trainer.n_gpus_per_node)")
+    if not _check(tp >= 1 and world >= 1 and world % tp == 0, f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} "
+                  f"must divide the {world} processes (trainer.nnodes x trainer.n_gpus_per_node)"):
+        return
     dp = world // tp
+    if tp > 1 and arr.model.lora_rank > 0 and actor.strategy == "megatron":
+        actor.fsdp_config.tp_size = tp = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
+        dp = world
     _check(tp == 1 or arr.model.lora_rank == 0,
            f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} with tp_size={tp}: LoRA runs with FSDP2 sharding "
            "alone; set actor_rollout_ref.actor.fsdp_config.tp_size=1 (the frozen base shards over every rank)")
@@ -229,6 +228,46 @@ def _check_layout(cfg: Config) -> None:
             _choice(item, ("model", "optimizer", "extra", "hf_model"), f"actor_rollout_ref.actor.checkpoint.{key} entry")
 
 
+def _check_sources(cfg: Config) -> None:
+    """What the run will read, checked now rather than minutes in: data files, tracking packages."""
+    import importlib.util
+    from pathlib import Path
+
+    group = "files, models and packages"
+    for key in ("train_files", "val_files"):
+        value = getattr(cfg.data, key)
+        for path in [value] if isinstance(value, str) else list(value or []):
+            _check(Path(str(path)).is_file(), f"data.{key}: '{path}' does not exist (or is not a file)", group)
+    reward_file = cfg.custom_reward_function.path
+    if reward_file:
+        _check(Path(reward_file).is_file(), f"custom_reward_function.path: '{reward_file}' does not exist", group)
+    from ..models.hub import model_source_problem
+
+    arr = cfg.actor_rollout_ref
+    for key, path in (("actor_rollout_ref.model.path", arr.model.path),
+                      ("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path),
+                      ("critic.model.path", cfg.critic.model.path)):
+        if path:
+            problem = model_source_problem(str(path), key=key)
+            _check(problem is None, problem or "", group)
+    loggers = cfg.trainer.logger
+    for name in [loggers] if isinstance(loggers, str) else loggers:
+        if name in ("wandb", "mlflow"):
+            _check(importlib.util.find_spec(name) is not None, f"trainer.logger names {name}, which is not "
+                   "installed: pip install 'posttrain[tracking]' (or remove it from trainer.logger)", group)
+
+
+def _layout_note(cfg: Config) -> str | None:
+    """How a Megatron command line's devices are used here, said once."""
+    if "megatron" not in (cfg.actor_rollout_ref.actor.strategy, cfg.critic.strategy):
+        return None
+    tr, tp = cfg.trainer, cfg.actor_rollout_ref.actor.fsdp_config.tp_size
+    world = tr.nnodes * tr.n_gpus_per_node
+    return (f"strategy=megatron: the {world} processes run tensor parallel {tp} (actor.megatron."
+            f"tensor_model_parallel_size) x FSDP2 {max(world // max(tp, 1), 1)}; Megatron's pipeline, context and "
+            "expert parallel have no equivalent here, so those devices shard the model with FSDP2 instead")
+
+
 def config_warnings(cfg: Config) -> list[str]:
     """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
     from .schema import RolloutConfig
@@ -236,13 +275,14 @@ def config_warnings(cfg: Config) -> list[str]:
     rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
     changed = [k for k in ENGINE_ONLY_KEYS if getattr(rollout, k) != getattr(default, k)]
     notes = []
-    if rollout.name in ("vllm", "sglang") or changed:
+    if rollout.name in OTHER_ENGINES or changed:
         notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: posttrain generates with its own engine "
                      f"(rollout.name=posttrain); engine-only keys have no effect"
                      + (f" ({', '.join(changed)})" if changed else ""))
+    layout = _layout_note(cfg)
+    if layout:
+        notes.append(layout)
+    for why, keys in getattr(cfg, "port_notes", {}).items():
+        notes.append(f"{', '.join(keys)}: {why}" if why.startswith("read as") else
+                     f"accepted, no effect here: {', '.join(keys)} ({why})")
     return notes
-
-
-def warn_config(cfg: Config) -> None:
-    for note in config_warnings(cfg):
-        warnings.warn(note, stacklevel=2)

@@ -71,9 +71,10 @@ def prompt_messages(value: Any, where: str) -> list[dict]:
     raise DataError(f"{where}: expected a list of chat messages [{{'role','content'}}] or a string, got {value!r:.80}")
 
 
-def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
+def encode_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            **(template_kwargs or {}))
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return list(ids)
     return tokenizer("\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
@@ -106,14 +107,18 @@ class RLDataset:
     """Tokenised prompts with their scoring fields; filtering and truncation per the data.* keys."""
 
     def __init__(self, files, tokenizer, *, prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=512,
-                 filter_overlong_prompts=False, truncation="error", return_raw_chat=False, image_key="images"):
+                 filter_overlong_prompts=False, truncation="error", return_raw_chat=False, image_key="images",
+                 max_samples=-1, apply_chat_template_kwargs=None):
         self.items: list[PromptItem] = []
+        self.template_kwargs = dict(apply_chat_template_kwargs or {})
         self.num_filtered = 0
         paths = _as_list(files)
         if not paths:
             raise DataError("no data files given (data.train_files / data.val_files)")
         for path in paths:
             for i, row in enumerate(read_rows(path)):
+                if 0 <= max_samples <= len(self.items):
+                    break
                 where = f"{path}: row {i}"
                 item = self._item(row, where, tokenizer, prompt_key, reward_fn_key, image_key, return_raw_chat)
                 if len(item.prompt_ids) > max_prompt_length and filter_overlong_prompts:
@@ -124,8 +129,7 @@ class RLDataset:
         if not self.items:
             raise DataError(f"{paths}: no usable rows ({self.num_filtered} filtered as longer than max_prompt_length)")
 
-    @staticmethod
-    def _item(row, where, tokenizer, prompt_key, reward_fn_key, image_key, return_raw_chat) -> PromptItem:
+    def _item(self, row, where, tokenizer, prompt_key, reward_fn_key, image_key, return_raw_chat) -> PromptItem:
         for column in (prompt_key, reward_fn_key):
             if column not in row:
                 raise DataError(f"{where}: missing column '{column}' (columns: {sorted(row)})")
@@ -138,7 +142,7 @@ class RLDataset:
         extra_info = dict(row.get("extra_info") or {})
         if return_raw_chat:  # scorers see the conversation, e.g. to grade with their own template
             extra_info["raw_prompt"] = messages
-        return PromptItem(prompt_ids=encode_prompt(tokenizer, messages), data_source=str(row[reward_fn_key]),
+        return PromptItem(prompt_ids=encode_prompt(tokenizer, messages, self.template_kwargs), data_source=str(row[reward_fn_key]),
                           ground_truth=reward["ground_truth"], extra_info=extra_info,
                           raw_prompt=messages if return_raw_chat else None)
 

@@ -73,9 +73,28 @@ def model_config(path: str, *, trust_remote_code: bool = False, override_config:
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(resolve_model_source(path, key=key), trust_remote_code=trust_remote_code)
-    for name, value in (override_config or {}).items():
-        setattr(config, name, value)
+    _override(config, override_config or {}, f"{key.rsplit('.', 1)[0]}.override_config" if "." in key else
+              "override_config")
     return config
+
+
+def _override(config, entries: dict, where: str) -> None:
+    """Set entries on a model config (nested dicts on its sub-configs); a field the config lacks is an error,
+    since a misspelt override would otherwise be ignored by the model."""
+    from transformers import PretrainedConfig
+
+    from ..config import ConfigError
+
+    for name, value in entries.items():
+        if not hasattr(config, name):
+            fields = sorted(k for k in config.to_dict() if not k.startswith("_"))
+            raise ConfigError(f"{where}.{name}: the model config ({type(config).__name__}) has no field '{name}'; "
+                              f"its fields: {', '.join(fields)}")
+        current = getattr(config, name)
+        if isinstance(value, dict) and isinstance(current, PretrainedConfig):
+            _override(current, value, f"{where}.{name}")
+        else:
+            setattr(config, name, value)
 
 
 def load_causal_lm(path: str, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,

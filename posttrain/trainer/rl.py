@@ -61,9 +61,12 @@ class RLTrainer:
         data_kwargs = dict(prompt_key=cfg.data.prompt_key, reward_fn_key=cfg.data.reward_fn_key,
                            max_prompt_length=cfg.data.max_prompt_length,
                            filter_overlong_prompts=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation,
-                           return_raw_chat=cfg.data.return_raw_chat, image_key=cfg.data.image_key)
-        self.train_data = RLDataset(cfg.data.train_files, self.tokenizer, **data_kwargs)
-        self.val_data = RLDataset(cfg.data.val_files, self.tokenizer, **data_kwargs) if cfg.data.val_files else None
+                           return_raw_chat=cfg.data.return_raw_chat, image_key=cfg.data.image_key,
+                           apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs)
+        self.train_data = RLDataset(cfg.data.train_files, self.tokenizer, max_samples=cfg.data.train_max_samples,
+                                    **data_kwargs)
+        self.val_data = (RLDataset(cfg.data.val_files, self.tokenizer, max_samples=cfg.data.val_max_samples,
+                                   **data_kwargs) if cfg.data.val_files else None)
         if len(self.train_data) < cfg.data.train_batch_size:
             raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is larger than the training set "
                               f"({len(self.train_data)} prompts)")
