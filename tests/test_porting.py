@@ -1,0 +1,207 @@
+"""Familiar command lines: every key has a decision, problems come all at once, Hydra flags, load-time checks, and
+the recorded example scripts (tests/data/familiar_scripts) load or fail with one message naming every problem."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posttrain.config import ConfigError, all_keys, config_warnings, hydra_config, load_config
+from posttrain.config import keytable
+from posttrain.config.loader import default_of
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "data" / "familiar_scripts"
+OK = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+
+# Scripts that do not load, each with a fragment of the reason its one message gives.
+NOT_LOADING = {
+    "grpo_trainer/run_deepseek671b_math_megatron_80gb.sh": "must be divisible by the 256 data-parallel ranks",
+    "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": "must be divisible by the 12 data-parallel ranks",
+    "grpo_trainer/run_minicpmo2_6.sh": "data.custom_cls.path",
+    "grpo_trainer/run_mistral13b_skyworkrm_hhrlhf.sh": "reward_model.enable=True",
+    "grpo_trainer/run_moonlight16b_math_megatron.sh": "must be divisible by the 6 data-parallel ranks",
+    "grpo_trainer/run_qwen2-32b_sglang_fsdp_npu.sh": "custom_reward_function.path",
+    "grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.sh": "lora_adapter_path",
+    "grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh": "must be divisible by the 8 data-parallel ranks",
+    "grpo_trainer/run_qwen2_5_7b_grpo_e2e_prof_npu.sh": "must be divisible by the 8 data-parallel ranks",
+    "grpo_trainer/run_qwen2_5_vl-7b_freeze_vision.sh": "freeze_vision_tower",
+    "grpo_trainer/run_qwen2_5_vl-7b_lora.sh": "exclude_modules",
+    "grpo_trainer/run_qwen3_vl-30b-megatron.sh": "tp_size=2 must divide the 1 processes",
+    "ppo_trainer/run_deepseek7b_llm_pfppo.sh": "PF-PPO",
+    "ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": "sandbox_fusion.url",
+    "ppo_trainer/run_deepseek_full_hh_rlhf.sh": "reward_model.enable=True",
+    "ppo_trainer/run_qwen2-7b_rm.sh": "reward_model.enable=True",
+    "ppo_trainer/run_qwen2-7b_rm_legacy.sh": "reward_model.enable=True",
+    "ppo_trainer/run_qwen2-7b_rm_reward_loop_colocate.sh": "reward_model.enable=True",
+    "ppo_trainer/run_qwen2-7b_rm_seq_balance.sh": "reward_model.enable=True",
+    "ppo_trainer/run_qwen2-7b_rm_seq_balance_fused_kernels.sh": "reward_model.enable=True",
+    "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": "reward_model.enable=True",
+    "ppo_trainer/run_qwen2.5-3b_rm_legacy.sh": "reward_model.enable=True",
+    "ppo_trainer/run_qwen2.5-3b_rm_reward_loop_colocate.sh": "reward_model.enable=True",
+}
+
+
+def rejects(overrides, *fragments):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides)
+    for fragment in fragments:
+        assert fragment in str(err.value), str(err.value)
+    return str(err.value)
+
+
+@pytest.fixture
+def tracking_installed(monkeypatch):
+    """As with `pip install 'posttrain[tracking]'`: the scripts log to wandb."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in ("wandb", "mlflow") else real(name, *a))
+
+
+def test_every_familiar_key_has_a_decision():
+    keys = (ROOT / "docs" / "familiar_keys.txt").read_text().split()
+    ours = set(all_keys())
+    mappings = [k for k in ours if isinstance(default_of(k), dict)]
+    undecided = [k for k in keys if k not in ours and keytable.find_rule(k) is None
+                 and not any(k.startswith(m + ".") for m in mappings)]
+    assert len(keys) > 700 and not undecided, undecided
+    assert set(keytable.DESCRIPTIONS) == ours  # each of posttrain's own keys says what it does
+
+
+def test_config_docs_are_generated_from_the_table():
+    doc = (ROOT / "docs" / "config.md").read_text()
+    intro = doc.split(keytable.INTRO_END)[0] + keytable.INTRO_END
+    keys = (ROOT / "docs" / "familiar_keys.txt").read_text().split()
+    assert doc == keytable.render(keys, intro), "docs/config.md is stale: run python -m posttrain.config.keytable"
+
+
+def test_all_problems_in_one_message_grouped():
+    message = rejects(OK + ["actor_rollout_ref.actor.use_kl_los=True", "trainer.total_epoch=3",
+                            "actor_rollout_ref.rollout.n=two", "algorithm.use_pf_ppo=True",
+                            "actor_rollout_ref.rollout.multi_turn.enable=True", "actor_rollout_ref.actor.clip_ratio_c=1",
+                            "data.train_files=/no/such.parquet", "actor_rollout_ref.model.path=/nope"])
+    assert message.startswith("8 problems")
+    for group in ("unknown keys:", "not supported by posttrain:", "wrong values:",
+                  "settings that do not fit together:", "files, models and packages:"):
+        assert group in message
+    for fragment in ("use_kl_loss", "trainer.total_epochs", "rollout.n", "PF-PPO", "multi-turn", "clip_ratio_c",
+                     "/no/such.parquet", "'/nope'"):
+        assert fragment in message
+
+
+def test_suggestions_only_when_close():
+    assert "Did you mean 'actor_rollout_ref.actor.entropy_coeff'" in rejects(["actor_rollout_ref.actor.entropy_coef=0"])
+    far = rejects(["actor_rollout_ref.actor.sparkle_mode=1"])
+    assert "Did you mean" not in far and "'actor_rollout_ref.actor' has:" in far and "entropy_coeff" in far
+    deep = rejects(["trainer.nonsense.deep=1"])
+    assert "'trainer' has:" in deep and "total_epochs" in deep
+
+
+def test_foreign_keys_map_note_or_reject():
+    cfg = load_config(None, OK + ["trainer.n_gpus_per_node=4",
+                                  "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                                  "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                                  "actor_rollout_ref.actor.optim.clip_grad=0.5",
+                                  "+reward_model.reward_kwargs.overlong_buffer_cfg.len=8",
+                                  "actor_rollout_ref.actor.use_torch_compile=True",
+                                  "+actor_rollout_ref.model.override_config.model_config.attention_dropout=0.1",
+                                  "actor_rollout_ref.actor.strategy=megatron"])
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.fsdp_config.tp_size == 2 and actor.grad_clip == 0.5
+    assert cfg.reward_model.overlong_buffer.len == 8
+    assert cfg.actor_rollout_ref.model.override_config == {"attention_dropout": 0.1}
+    notes = "\n".join(config_warnings(cfg))
+    assert "the 4 processes run tensor parallel 2" in notes and "x FSDP2 2;" in notes and "use_torch_compile" in notes
+    assert "pipeline_model_parallel_size" in notes and "optim.clip_grad -> actor_rollout_ref.actor.grad_clip" in notes
+    # harmless values of unsupported features pass; others are rejected with the reason
+    load_config(None, OK + ["actor_rollout_ref.rollout.multi_turn.enable=False", "algorithm.use_pf_ppo=False"])
+    rejects(OK + ["actor_rollout_ref.model.lora_adapter_path=/x"], "is not supported", "saved adapter")
+
+
+def test_hydra_flags_and_python_dash_m(tmp_path):
+    assert hydra_config("config", "ppo_trainer.yaml") == (None, [])
+    assert hydra_config("./config", "ppo_megatron_trainer")[1] == ["actor_rollout_ref.actor.strategy=megatron",
+                                                                   "critic.strategy=megatron"]
+    (tmp_path / "mine.yaml").write_text("trainer:\n  total_epochs: 3\n")
+    assert hydra_config(str(tmp_path), "mine") == (str(tmp_path / "mine.yaml"), [])
+    with pytest.raises(ConfigError, match="does not exist"):
+        hydra_config(str(tmp_path), "other")
+    out = subprocess.run([sys.executable, "-m", "posttrain", "train", "--config-path=config",
+                          "--config-name=ppo_megatron_trainer", "--print-config", *OK,
+                          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1"],
+                         capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "strategy: megatron" in out.stdout and "note: strategy=megatron" in out.stderr
+
+
+def test_load_time_checks(tmp_path, monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
+    message = rejects(OK + [f"data.train_files={tmp_path / 'missing.parquet'}", "trainer.logger=['console','mlflow']",
+                            "actor_rollout_ref.model.path=./no_such_dir"])
+    assert "missing.parquet' does not exist" in message and "posttrain[tracking]" in message
+    assert "actor_rollout_ref.model.path='./no_such_dir'" in message
+
+
+def test_override_config_names_unknown_field(tiny_model_dir):
+    from posttrain.models.load import model_config
+
+    cfg = model_config(str(tiny_model_dir), override_config={"attention_dropout": 0.25}, key="actor_rollout_ref.model.path")
+    assert cfg.attention_dropout == 0.25
+    with pytest.raises(ConfigError, match="override_config.atention_dropout: the model config .* has no field"):
+        model_config(str(tiny_model_dir), override_config={"atention_dropout": 0.1}, key="actor_rollout_ref.model.path")
+
+
+def _script_argv(name, model, data):
+    record = json.loads((SCRIPTS / name).read_text())
+    argv = [a.replace("$MODEL_PATH", model).replace("$TRAIN_FILES", data).replace("$VAL_FILES", data)
+            for a in record["argv"]]
+    hydra = {a.split("=")[0]: a.split("=", 1)[1] for a in argv if a.startswith("--config-")}
+    return record["script"], hydra, [a for a in argv if not a.startswith("--config-")]
+
+
+@pytest.fixture(scope="module")
+def gsm8k_file(tmp_path_factory):
+    from posttrain.data.preprocess import prepare
+
+    out = tmp_path_factory.mktemp("gsm8k")
+    return str(prepare("gsm8k", None, out)["train"][0])
+
+
+def test_recorded_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, tracking_installed):
+    loaded, failed = [], {}
+    for path in sorted(SCRIPTS.glob("*.json")):
+        script, hydra, overrides = _script_argv(path.name, str(tiny_model_dir), gsm8k_file)
+        config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
+        try:
+            load_config(config_file, base + overrides)
+            loaded.append(script)
+        except ConfigError as e:
+            failed[script] = str(e)
+    assert len(loaded) + len(failed) == 76
+    assert set(failed) == set(NOT_LOADING), sorted(set(failed) ^ set(NOT_LOADING))
+    for script, fragment in NOT_LOADING.items():
+        assert fragment in failed[script], (script, failed[script])
+
+
+@pytest.mark.parametrize("name", ["grpo_trainer__run_qwen2-7b.json", "gpg_trainer__run_qwen2-7b_math_megatron.json",
+                                  "ppo_trainer__run_deepseek7b_llm.json"])
+def test_recorded_script_trains_two_steps(name, tiny_model_dir, gsm8k_file, tmp_path, tracking_installed):
+    """The script's own keys plus small batch sizes on the tiny model: two steps run and log metrics."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from verl_examples import SMALL
+
+    from posttrain.trainer.rl import run_rl
+
+    script, hydra, overrides = _script_argv(name, str(tiny_model_dir), gsm8k_file)
+    config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
+    small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL]
+    cfg = load_config(config_file, base + overrides + small + ["data.train_max_samples=16"])
+    run_rl(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
