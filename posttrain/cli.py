@@ -27,7 +27,7 @@ def _load(args):
     from .config import ConfigError, config_warnings, hydra_config, load_config
     from .parallel import launch
 
-    config_file, base = hydra_config(args.config_path, args.config_name)
+    config_file, base = hydra_config(getattr(args, "config_path", None), getattr(args, "config_name", None))
     if config_file and args.config:
         raise ConfigError("give either --config or --config-path/--config-name, not both")
 
