@@ -122,3 +122,8 @@ def test_docs_custom_loss_and_estimator_example_runs():
         POLICY_LOSSES._table.pop("clipped_pg", None)
         ADVANTAGE_ESTIMATORS._table.pop("group_max_baseline", None)
         advantages_module.ESTIMATOR_INFO.pop("group_max_baseline", None)
+
+
+def test_a_loss_needs_a_name():
+    with pytest.raises(ValueError, match="at least one name"):
+        register_policy_loss()
