@@ -28,6 +28,21 @@ FAMILIES = {
     "DAPO": ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
              "algorithm.filter_groups.max_num_gen_batches=4", "actor_rollout_ref.actor.clip_ratio_high=0.28",
              "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=1"],
+    "GRPO (grpo_vectorized)": ["algorithm.adv_estimator=grpo_vectorized", "actor_rollout_ref.actor.use_kl_loss=True",
+                               "actor_rollout_ref.actor.kl_loss_type=low_var_kl"],
+    "GRPO token-sum": ["actor_rollout_ref.actor.loss_agg_mode=token-sum"],
+    "Clip-Cov": ["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov"],
+    "KL-Cov": ["actor_rollout_ref.actor.policy_loss.loss_mode=kl_cov"],
+    "GMPO": ["actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean"],
+    "SAPO": ["actor_rollout_ref.actor.policy_loss.loss_mode=sapo"],
+    "DPPO-TV": ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_tv"],
+    "DPPO-KL": ["actor_rollout_ref.actor.policy_loss.loss_mode=dppo_kl"],
+    "Optimal token baseline": ["algorithm.adv_estimator=optimal_token_baseline"],
+    "GDPO": ["algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[score,overlong_penalty]",
+             "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=1",
+             "reward_model.overlong_buffer.log=True"],
+    "GRPO + token TIS": ["algorithm.rollout_correction.rollout_is=token"],
+    "GRPO + sequence TIS": ["algorithm.rollout_correction.rollout_is=sequence"],
 }
 
 

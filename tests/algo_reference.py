@@ -146,7 +146,23 @@ def rloo(R, uids):
 
 
 def reinforce_pp_returns(R, M, gamma):
-    """G[t] = r[t] + gamma * m[t+1] * G[t+1], backwards, G[L] = 0."""
+    """Backwards from run = 0: where m[t] = 1, run = r[t] + gamma * run and G[t] = run; where m[t] = 0 (padding or
+    an observation span inside the response), G[t] = 0 and run passes through unchanged."""
+    G = []
+    for r, m in zip(R, M):
+        L = len(r)
+        g = [0.0] * L
+        run = 0.0
+        for t in range(L - 1, -1, -1):
+            if m[t]:
+                run = r[t] + gamma * run
+                g[t] = run
+        G.append(g)
+    return G
+
+
+def reinforce_pp_returns_old(R, M, gamma):
+    """The earlier rule (run reset at every m = 0): kept to show right-padded masks give the same numbers."""
     G = []
     for r, m in zip(R, M):
         L = len(r)
@@ -258,7 +274,7 @@ def broadcast(per_response, M):
 
 
 def agg(LM, M, mode, C=None, T=None, S=None):
-    """The four loss_agg_mode formulas; T / S default to this batch's counts (whole mini-batch)."""
+    """The five loss_agg_mode formulas; T / S default to this batch's counts (whole mini-batch)."""
     if T is None:
         T = sum(flat(M))
     if S is None:
@@ -266,6 +282,8 @@ def agg(LM, M, mode, C=None, T=None, S=None):
     if mode == "token-mean":
         total = sum(l * m for l, m in zip(flat(LM), flat(M)))
         return total / T if T > 0 else 0.0
+    if mode == "token-sum":  # no normaliser at all
+        return sum(l * m for l, m in zip(flat(LM), flat(M)))
     if mode == "seq-mean-token-sum":
         total = sum(l * m for l, m in zip(flat(LM), flat(M)))
         return total / S if S > 0 else 0.0
@@ -416,3 +434,199 @@ def outcome_rewards(rng: random.Random, M, binary: bool):
             r[valid[-1]] = float(rng.randint(0, 1)) if binary else rng.uniform(-2.0, 3.0)
         R.append(r)
     return R
+
+
+# ----------------------------------------------------------------------------- newer policy losses
+
+
+def token_cov(LP, ADV, M):
+    """(A - mean A)(logp - mean logp) per token, means over the valid tokens."""
+    ms = flat(M)
+    ma, ml = masked_mean(flat(ADV), ms), masked_mean(flat(LP), ms)
+    return [[(ADV[i][t] - ma) * (LP[i][t] - ml) for t in range(len(M[i]))] for i in range(len(M))]
+
+
+def clip_cov_candidates(LP, OLD, ADV, M, lo, hi, lb, ub):
+    """Valid tokens PPO did not clip whose covariance lies strictly inside (lb, ub)."""
+    cov = token_cov(LP, ADV, M)
+    out = []
+    for i in range(len(M)):
+        for t in range(len(M[i])):
+            _, l1, l2, _, _ = vanilla_token(LP[i][t], OLD[i][t], ADV[i][t], lo, hi, 3.0)
+            if M[i][t] and not l2 > l1 and lb < cov[i][t] < ub:
+                out.append((i, t))
+    return out
+
+
+def clip_cov(LP, OLD, ADV, M, mode, lo, hi, dropped, C=None):
+    """max(l1, l2) (no dual clip), zero on the `dropped` tokens."""
+    Lm = []
+    for i in range(len(M)):
+        row = []
+        for t in range(len(M[i])):
+            _, l1, l2, _, _ = vanilla_token(LP[i][t], OLD[i][t], ADV[i][t], lo, hi, 3.0)
+            row.append(0.0 if (i, t) in dropped else max(l1, l2))
+        Lm.append(row)
+    return agg(Lm, M, mode, C)
+
+
+def kl_cov(LP, OLD, ADV, M, mode, ratio, coef, C=None):
+    cov = token_cov(LP, ADV, M)
+    valid = [(cov[i][t], i, t) for i in range(len(M)) for t in range(len(M[i])) if M[i][t]]
+    k = max(1, int(len(valid) * ratio))
+    top = {(i, t) for _, i, t in sorted(valid, reverse=True)[:k]}
+    Lm = []
+    for i in range(len(M)):
+        row = []
+        for t in range(len(M[i])):
+            d = clamp(LP[i][t] - OLD[i][t], -20.0, 20.0)
+            loss = -ADV[i][t] * math.exp(d)
+            if (i, t) in top:
+                loss += coef * abs(d)
+            row.append(loss)
+        Lm.append(row)
+    return agg(Lm, M, mode, C)
+
+
+def sapo(LP, OLD, ADV, M, tau_pos=1.0, tau_neg=1.05):
+    Lm = []
+    for i in range(len(M)):
+        row = []
+        for t in range(len(M[i])):
+            r = math.exp(clamp(LP[i][t] - OLD[i][t], -20.0, 20.0))
+            A = ADV[i][t]
+            tau = tau_pos if A > 0 else tau_neg
+            gate = 4.0 / tau / (1.0 + math.exp(-tau * (r - 1.0)))
+            row.append(-gate * A)
+        Lm.append(row)
+    return agg(Lm, M, "seq-mean-token-mean")
+
+
+def geo_mean(LP, OLD, ADV, M, lo, hi, W=None):
+    """Per sequence: -mean(A) * exp(mean of the sign-aware clipped log-ratios); mean over non-empty sequences."""
+    total, S = 0.0, 0
+    for i in range(len(M)):
+        n = sum(M[i])
+        if n == 0:
+            continue
+        S += 1
+        s_d, s_a, s_w = 0.0, 0.0, 0.0
+        for t in range(len(M[i])):
+            if not M[i][t]:
+                continue
+            d, A = LP[i][t] - OLD[i][t], ADV[i][t]
+            dc = clamp(d, -lo, hi)
+            if A > 0:
+                d = min(d, dc)
+            elif A < 0:
+                d = max(d, dc)
+            else:
+                d = 0.0
+            s_d += d
+            s_a += A
+            if W is not None:
+                s_w += math.log(W[i][t] + 1e-10)
+        k = n + 1e-8  # the means divide by len + 1e-8
+        loss = -(s_a / k) * math.exp(s_d / k)
+        if W is not None:
+            loss *= math.exp(s_w / k)
+        total += loss
+    return total / S if S else 0.0
+
+
+def dppo_keep(lp, old, A, lo, hi, kind):
+    p, q = math.exp(lp), math.exp(old)
+    if kind == "tv":
+        return (p - q <= hi) if A > 0 else (p - q >= -lo)
+    kl = q * (old - lp) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+    return (kl <= hi or p <= q) if A > 0 else (kl <= lo or p >= q)
+
+
+def dppo(LP, OLD, ADV, M, mode, lo, hi, c, kind, C=None):
+    """-A * min(ratio, c) * logp on the kept tokens (value; the ratio is a constant for the gradient)."""
+    Lm = []
+    for i in range(len(M)):
+        row = []
+        for t in range(len(M[i])):
+            lp, old, A = LP[i][t], OLD[i][t], ADV[i][t]
+            keep = dppo_keep(lp, old, A, lo, hi, kind)
+            r = math.exp(clamp(lp - old, -20.0, 20.0))
+            row.append(-A * min(r, c) * lp if keep else 0.0)
+        Lm.append(row)
+    return agg(Lm, M, mode, C)
+
+
+# ----------------------------------------------------------------------------- newer estimators
+
+
+def optimal_token_baseline(R, M, uids, OLDLP, SPS, W=None):
+    """G = return-to-go of r*m; per group and t: B_t = sum_j G W m / (sum_j W m + 1e-8) with
+    W_jt = sum_{s<=t} (1 - 2 exp(oldlp) + sum_pi^2) [* w^2] * m (group of one: B = 0); A = (G - B) * m."""
+    B_, L = len(R), len(R[0])
+    G, Wc = [], []
+    for i in range(B_):
+        g, acc = [0.0] * L, 0.0
+        for t in range(L - 1, -1, -1):
+            acc += R[i][t] * M[i][t]
+            g[t] = acc
+        G.append(g)
+        w, run = [0.0] * L, 0.0
+        for t in range(L):
+            x = 1 - 2 * math.exp(OLDLP[i][t]) + SPS[i][t]
+            if W is not None:
+                x *= W[i][t] ** 2
+            run += x * M[i][t]
+            w[t] = run * M[i][t]
+        Wc.append(w)
+    A = [[0.0] * L for _ in range(B_)]
+    for members in groups_of(uids).values():
+        for t in range(L):
+            if len(members) > 1:
+                num = sum(G[j][t] * Wc[j][t] * M[j][t] for j in members)
+                den = sum(Wc[j][t] * M[j][t] for j in members) + 1e-8
+                b = num / den
+            else:
+                b = 0.0
+            for j in members:
+                A[j][t] = (G[j][t] - b) * M[j][t]
+    return A, G
+
+
+def gdpo(COMPS, M, uids, weights=None, norm_by_std=True):
+    """Each component group-normalised as grpo normalises scores, weighted sum, broadcast, whitened, masked."""
+    K = len(COMPS[0])
+    weights = weights or [1.0] * K
+    total = [0.0] * len(COMPS)
+    for k in range(K):
+        s = [row[k] for row in COMPS]
+        mu, sd = group_mean_std(s, uids)
+        for i in range(len(s)):
+            total[i] += weights[k] * ((s[i] - mu[i]) / (sd[i] + 1e-6) if norm_by_std else s[i] - mu[i])
+    X = broadcast(total, M)
+    Wh = masked_whiten(X, M)
+    return [[Wh[i][t] * M[i][t] for t in range(len(M[i]))] for i in range(len(M))]
+
+
+# ----------------------------------------------------------------------------- rollout correction
+
+
+def rollout_is_weights(OLD, ROLL, M, level, threshold, normalize=False):
+    B_, L = len(M), len(M[0])
+    rho = [[0.0] * L for _ in range(B_)]
+    for i in range(B_):
+        if level == "token":
+            for t in range(L):
+                rho[i][t] = math.exp(clamp((OLD[i][t] - ROLL[i][t]) * M[i][t], -20.0, 20.0)) * M[i][t]
+        else:
+            s = sum((OLD[i][t] - ROLL[i][t]) * M[i][t] for t in range(L))
+            for t in range(L):
+                rho[i][t] = math.exp(clamp(s, -20.0, 20.0)) * M[i][t]
+    w = [[min(x, threshold) for x in row] for row in rho]
+    if normalize:
+        if level == "token":
+            mean = masked_mean(flat(w), flat(M))
+        else:
+            seq = [w[i][next(t for t in range(L) if M[i][t])] for i in range(B_) if any(M[i])]
+            mean = sum(seq) / len(seq)
+        w = [[x / mean for x in row] for row in w]
+    return w

@@ -282,12 +282,30 @@ def test_reinforce_plus_plus_hand():
     assert torch.allclose(adv, t([[w[0], w[1], w[2]], [w[3], w[4], 0.0]]), atol=1e-9)
 
 
-def test_reinforce_plus_plus_hole_breaks_the_return_chain():
-    # G[t] = r[t] + gamma * m[t+1] * G[t+1]: a masked token (m=0) stops the return flowing back past it
-    R = [[0.0, 0.0, 1.0]]
-    M = [[1.0, 0.0, 1.0]]
-    _, ret = run("reinforce_plus_plus", R, M, gamma=1.0)
-    assert torch.allclose(ret, t([[0.0, 1.0, 1.0]]), atol=1e-12)
+def test_reinforce_plus_plus_return_passes_an_observation_span():
+    # turn 1 (t=0,1), observation tokens (t=2,3: m=0), turn 2 (t=4,5) with the outcome reward on its last token:
+    # the return reaches turn 1, discounted once per response token only; observation positions get G = 0
+    R = [[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]]
+    M = [[1.0, 1.0, 0.0, 0.0, 1.0, 1.0]]
+    _, ret = run("reinforce_plus_plus", R, M, gamma=0.5)
+    assert torch.allclose(ret, t([[0.125, 0.25, 0.0, 0.0, 0.5, 1.0]]), atol=1e-12)
+    adv, ret = run("reinforce_plus_plus", R, M, gamma=0.9)
+    e_adv, e_ret = ref.reinforce_pp(R, M, 0.9)
+    assert_close(adv, e_adv)
+    assert_close(ret, e_ret)
+    assert float(ret[0, 0]) > 0  # the earlier rule cut the return here (run reset at the observation span)
+    assert ref.reinforce_pp_returns_old(R, M, 0.9)[0][0] == 0.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_reinforce_plus_plus_right_padded_same_as_before(seed, gamma):
+    rng = random.Random(900 + seed)
+    B, L = rng.randint(3, 7), rng.randint(3, 10)
+    M = ref.random_mask(rng, B, L, holes=False)
+    R = ref.outcome_rewards(rng, M, binary=False)
+    _, ret = run("reinforce_plus_plus", R, M, gamma=gamma)
+    assert_close(ret, ref.reinforce_pp_returns_old(R, M, gamma))
 
 
 def test_remax_hand():

@@ -9,10 +9,16 @@ import torch.nn.functional as F
 
 import algo_reference as ref
 from algo_reference import single_torch_thread  # noqa: F401  (autouse fixture)
-from posttrain.algo import LOSS_AGG_MODES, AggNorm, agg_loss, agg_norm, get_policy_loss, value_loss
+from posttrain.algo import LOSS_AGG_MODES, AggNorm, agg_loss, agg_norm, LossSettings, get_policy_loss, value_loss
 
 F64 = torch.float64
 C = 11.0
+
+
+def call(loss, lp, old, A, m, norm=None, rollout_is_weights=None, **settings):
+    """A policy loss by name (or function), with the actor's calling convention; keywords become LossSettings."""
+    fn = get_policy_loss(loss) if isinstance(loss, str) else loss
+    return fn(lp, old, A, m, settings=LossSettings(**settings), norm=norm, rollout_is_weights=rollout_is_weights)
 
 
 def t(x, dtype=F64):
@@ -173,23 +179,24 @@ def invariance_case(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-@pytest.mark.parametrize("name", ["vanilla", "gpg", "gspo", "cispo"])
+@pytest.mark.parametrize("name", ["vanilla", "gpg", "gspo", "cispo", "sapo", "geo_mean", "dppo_tv", "dppo_kl"])
 def test_policy_loss_micro_batch_invariance(name, mode, seed):
+    """clip_cov / kl_cov are not here: their token selection is per call (micro-batch), as in verl."""
     rng, B, L, mask, dead = invariance_case(1000 * seed + 7)
     model = Model(seed, B, L)
     old = (model.out(list(range(B)))[0] + model.noise).detach()
-    adv = model.seq_adv if name == "gspo" else model.adv
+    adv = model.seq_adv if name in ("gspo", "geo_mean") else model.adv
     loss_fn = get_policy_loss(name)
     full_norm = agg_norm(mask, C)
 
     def one_pass(rows):
         lp, _ = model.out(rows)
-        return loss_fn(lp, old[rows], adv[rows], mask[rows], loss_agg_mode=mode, clip_ratio_low=0.2,
+        return call(loss_fn, lp, old[rows], adv[rows], mask[rows], loss_agg_mode=mode, clip_ratio_low=0.2,
                        clip_ratio_high=0.28, clip_ratio_c=3.0, const=C)[0]
 
     def micro(rows):
         lp, _ = model.out(rows)
-        return loss_fn(lp, old[rows], adv[rows], mask[rows], loss_agg_mode=mode, clip_ratio_low=0.2,
+        return call(loss_fn, lp, old[rows], adv[rows], mask[rows], loss_agg_mode=mode, clip_ratio_low=0.2,
                        clip_ratio_high=0.28, clip_ratio_c=3.0, norm=full_norm, const=C)[0]
 
     full_loss, full_grads = accumulate(model, [list(range(B))], one_pass)

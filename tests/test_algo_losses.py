@@ -8,10 +8,16 @@ import torch
 
 import algo_reference as ref
 from algo_reference import single_torch_thread  # noqa: F401  (autouse fixture)
-from posttrain.algo import LOSS_AGG_MODES, POLICY_LOSSES, get_policy_loss, value_loss
+from posttrain.algo import LOSS_AGG_MODES, POLICY_LOSSES, LossSettings, get_policy_loss, value_loss
 
 F64 = torch.float64
 C = 13.0  # seq-mean-token-sum-norm constant (loss_scale_factor / max_response_length), != padded length
+
+
+def call(loss, lp, old, A, m, norm=None, rollout_is_weights=None, **settings):
+    """A policy loss by name (or function), with the actor's calling convention; keywords become LossSettings."""
+    fn = get_policy_loss(loss) if isinstance(loss, str) else loss
+    return fn(lp, old, A, m, settings=LossSettings(**settings), norm=norm, rollout_is_weights=rollout_is_weights)
 
 
 def t(x, dtype=F64):
@@ -46,7 +52,7 @@ def batch(seed, B=None, L=None, spread=0.6, adv_per_seq=False):
 def test_vanilla_value_and_metrics(seed, mode, eps):
     LP, OLD, ADV, M = batch(seed, spread=1.5)  # wide spread: both clips and the dual clip bind
     lo, hi = eps
-    loss, metrics = get_policy_loss("vanilla")(t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode,
+    loss, metrics = call("vanilla", t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode,
                                                clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=3.0, const=C)
     e_loss, e_metrics = ref.vanilla(LP, OLD, ADV, M, mode, lo, hi, 3.0, C)
     assert close(loss, e_loss)
@@ -63,7 +69,7 @@ def test_vanilla_dual_clip_binds_hand():
     old = t([[0.0, 0.0, 0.0, 0.0]])
     A = t([[-1.0, -1.0, 1.0, -1.0]])
     m = t([[1.0, 1.0, 1.0, 1.0]])
-    loss, metrics = get_policy_loss("vanilla")(lp, old, A, m, loss_agg_mode="token-mean", clip_ratio_low=0.1,
+    loss, metrics = call("vanilla", lp, old, A, m, loss_agg_mode="token-mean", clip_ratio_low=0.1,
                                                clip_ratio_high=0.2, clip_ratio_c=3.0)
     expect = (3.0 + math.exp(0.1) + -1.2 + 0.9) / 4
     assert close(loss, expect, 1e-12)
@@ -75,7 +81,7 @@ def test_vanilla_dual_clip_binds_hand():
 
 def test_vanilla_defaults_are_0_2_and_3():
     LP, OLD, ADV, M = batch(4, spread=1.5)
-    loss, _ = get_policy_loss("vanilla")(t(LP), t(OLD), t(ADV), t(M))
+    loss, _ = call("vanilla", t(LP), t(OLD), t(ADV), t(M))
     e_loss, _ = ref.vanilla(LP, OLD, ADV, M, "token-mean", 0.2, 0.2, 3.0)
     assert close(loss, e_loss)
 
@@ -115,6 +121,8 @@ def own_agg(rows, M, mode):
             total = total + srow
     if mode == "token-mean":
         return total / T
+    if mode == "token-sum":
+        return total
     if mode == "seq-mean-token-sum-norm":
         return total / (S * C)
     return total / S
@@ -165,7 +173,7 @@ def grads(fn, LP):
 def test_vanilla_gradient(seed, mode):
     LP, OLD, ADV, M = batch(100 + seed, spread=1.5)
     lo, hi, c = 0.2, 0.28, 3.0
-    v1, g1 = grads(lambda lp: get_policy_loss("vanilla")(lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode,
+    v1, g1 = grads(lambda lp: call("vanilla", lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode,
                                                          clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c,
                                                          const=C)[0], LP)
     v2, g2 = grads(lambda lp: own_vanilla(lp, OLD, ADV, M, mode, lo, hi, c), LP)
@@ -179,7 +187,7 @@ def test_gspo_value_and_gradient(seed, per_seq):
     LP, OLD, ADV, M = batch(200 + seed, spread=0.5, adv_per_seq=per_seq)
     lo, hi = 0.2, 0.28
     fn = get_policy_loss("gspo")
-    v1, g1 = grads(lambda lp: fn(lp, t(OLD), t(ADV), t(M), clip_ratio_low=lo, clip_ratio_high=hi)[0], LP)
+    v1, g1 = grads(lambda lp: call(fn, lp, t(OLD), t(ADV), t(M), clip_ratio_low=lo, clip_ratio_high=hi)[0], LP)
     v2, g2 = grads(lambda lp: own_gspo(lp, OLD, ADV, M, lo, hi), LP)
     assert close(v1, ref.gspo(LP, OLD, ADV, M, lo, hi))
     assert close(v1, float(v2))
@@ -190,7 +198,7 @@ def test_gspo_value_and_gradient(seed, per_seq):
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_gspo_is_always_seq_mean_token_mean(mode):
     LP, OLD, ADV, M = batch(7)
-    loss, metrics = get_policy_loss("gspo")(t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode, const=C)
+    loss, metrics = call("gspo", t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode, const=C)
     assert close(loss, ref.gspo(LP, OLD, ADV, M))
     kl = [o - lp for o, lp in zip(ref.flat(OLD), ref.flat(LP))]
     assert close(metrics["actor/ppo_kl"], ref.masked_mean(kl, ref.flat(M)), 1e-6)
@@ -203,9 +211,9 @@ def test_gspo_hand():
     lp = t([[0.1, 0.3, 5.0]])
     old = t([[0.0, 0.0, 0.0]])
     m = t([[1.0, 1.0, 0.0]])
-    loss, _ = get_policy_loss("gspo")(lp, old, t([[1.0, 1.0, 1.0]]), m)
+    loss, _ = call("gspo", lp, old, t([[1.0, 1.0, 1.0]]), m)
     assert close(loss, -1.2 * 2 / (2 + 1e-8), 1e-12)
-    loss, _ = get_policy_loss("gspo")(lp, old, t([[-1.0, -1.0, -1.0]]), m)
+    loss, _ = call("gspo", lp, old, t([[-1.0, -1.0, -1.0]]), m)
     assert close(loss, math.exp(0.2) * 2 / (2 + 1e-8), 1e-12)
 
 
@@ -215,7 +223,7 @@ def test_cispo_value_and_gradient(seed, mode):
     LP, OLD, ADV, M = batch(300 + seed, spread=1.0)
     lo, hi = 0.2, 0.28
     fn = get_policy_loss("cispo")
-    v1, g1 = grads(lambda lp: fn(lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode, clip_ratio_low=lo,
+    v1, g1 = grads(lambda lp: call(fn, lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode, clip_ratio_low=lo,
                                  clip_ratio_high=hi, const=C)[0], LP)
     v2, g2 = grads(lambda lp: own_cispo(lp, OLD, ADV, M, mode, lo, hi), LP)
     assert close(v1, ref.cispo(LP, OLD, ADV, M, mode, lo, hi, C))
@@ -228,7 +236,7 @@ def test_cispo_value_and_gradient(seed, mode):
 
 def test_cispo_metrics():
     LP, OLD, ADV, M = batch(9, spread=1.0)
-    _, metrics = get_policy_loss("cispo")(t(LP), t(OLD), t(ADV), t(M), clip_ratio_low=0.2, clip_ratio_high=0.28)
+    _, metrics = call("cispo", t(LP), t(OLD), t(ADV), t(M), clip_ratio_low=0.2, clip_ratio_high=0.28)
     ms = ref.flat(M)
     kl = [-(lp - o) for lp, o in zip(ref.flat(LP), ref.flat(OLD))]
     outside = [1.0 if not (0.8 <= math.exp(lp - o) <= 1.28) else 0.0 for lp, o in zip(ref.flat(LP), ref.flat(OLD))]
@@ -241,11 +249,11 @@ def test_cispo_metrics():
 def test_gpg_loss(seed, mode):
     LP, OLD, ADV, M = batch(400 + seed)
     fn = get_policy_loss("gpg")
-    v1, g1 = grads(lambda lp: fn(lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode, const=C)[0], LP)
+    v1, g1 = grads(lambda lp: call(fn, lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode, const=C)[0], LP)
     v2, g2 = grads(lambda lp: own_gpg(lp, ADV, M, mode), LP)
     assert close(v1, ref.gpg_loss(LP, ADV, M, mode, C))
     assert torch.allclose(g1, g2, atol=1e-10, rtol=0)
-    _, metrics = fn(t(LP), t(OLD), t(ADV), t(M))
+    _, metrics = call(fn, t(LP), t(OLD), t(ADV), t(M))
     kl = [o - lp for o, lp in zip(ref.flat(OLD), ref.flat(LP))]
     assert close(metrics["actor/ppo_kl"], ref.masked_mean(kl, ref.flat(M)), 1e-6)
     assert float(metrics["actor/pg_clipfrac"]) == 0.0 == float(metrics["actor/pg_clipfrac_lower"])
@@ -262,7 +270,7 @@ def test_huge_log_ratio_is_finite(name, mode):
     A = t([[1.0, 1.0, -1.0, -1.0], [-2.0, -2.0, -2.0, -2.0]])
     m = t([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
     lp = lp0.clone().requires_grad_(True)
-    loss, metrics = get_policy_loss(name)(lp, old, A, m, loss_agg_mode=mode, const=C)
+    loss, metrics = call(name, lp, old, A, m, loss_agg_mode=mode, const=C)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
     for v in metrics.values():

@@ -104,7 +104,9 @@ def cleanup():
 
 def test_user_advantage_estimator(cleanup):
     @register_advantage("_test_half_score", uses_groups=True)
-    def half(*, token_level_rewards, response_mask, **_):
+    def half(*, token_level_rewards, response_mask, index=None, values=None, reward_baselines=None, gamma=1.0,
+             lam=1.0, norm_adv_by_std_in_grpo=True, old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
+             reward_components=None, reward_weights=None):
         a = 0.5 * token_level_rewards.sum(-1, keepdim=True) * response_mask
         return a, a
 
@@ -121,7 +123,8 @@ def test_user_advantage_estimator(cleanup):
 
 def test_user_policy_loss(cleanup):
     @register_policy_loss("_test_neg_mean")
-    def neg_mean(log_prob, old_log_prob, advantages, response_mask, **_):
+    def neg_mean(log_prob, old_log_prob, advantages, response_mask, *, settings=None, norm=None,
+                 rollout_is_weights=None):
         return -(log_prob * response_mask).sum(), {}
 
     cleanup.append((POLICY_LOSSES, "_test_neg_mean"))
@@ -165,13 +168,9 @@ def test_registering_a_taken_name_needs_override(cleanup):
         register_advantage("_test_bad_meta", uses_group=True)
     assert "_test_bad_meta" not in ADVANTAGE_ESTIMATORS
 
-    @register_advantage("_test_twice")
-    def first(**_):
-        return None
-
-    @register_advantage("_test_twice", override=True, uses_groups=True)
-    def second(**_):
-        return None
+    first, second = get_advantage_estimator("grpo"), get_advantage_estimator("rloo")  # well-formed signatures
+    register_advantage("_test_twice")(first)
+    register_advantage("_test_twice", override=True, uses_groups=True)(second)
 
     cleanup.append((ADVANTAGE_ESTIMATORS, "_test_twice"))
     assert get_advantage_estimator("_test_twice") is second and estimator_info("_test_twice").uses_groups

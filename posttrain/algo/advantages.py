@@ -1,8 +1,11 @@
 """Advantage estimators (`algorithm.adv_estimator`), exactly as ALGORITHMS.md states them.
 
-Every estimator is called with keyword arguments only and ignores the ones it does not use:
+Every estimator takes the same keyword-only arguments (`ESTIMATOR_KEYWORDS`), each declared explicitly, so a
+misspelt keyword raises TypeError instead of being swallowed; `register_advantage` checks a new one has them:
     token_level_rewards (B, L) float, response_mask (B, L) {0,1}, index (B,) group keys (uids),
-    values (B, L) (gae), reward_baselines (B,) (remax), gamma, lam, norm_adv_by_std_in_grpo.
+    values (B, L) (gae), reward_baselines (B,) (remax), gamma, lam, norm_adv_by_std_in_grpo,
+    old_log_probs (B, L) and sum_pi_squared (B, L) (optimal_token_baseline), rollout_is_weights (B, L) or None,
+    reward_components (B, K) and reward_weights (K,) or None (gdpo).
 It returns (advantages, returns), both (B, L). Outcome estimators return A_i * m[i, t] for both.
 """
 
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .registry import Registry
+from .registry import Registry, check_signature
 from .stats import group_ids, masked_whiten
 
 
@@ -23,6 +26,13 @@ class EstimatorInfo:
     uses_groups: bool = False  # compares the n responses of one prompt; pointless with rollout.n=1
     needs_greedy_baseline: bool = False  # reads `reward_baselines` (ReMax)
     min_group_size: int = 1
+    needs_sum_pi_squared: bool = False  # reads `old_log_probs` and `sum_pi_squared` (optimal_token_baseline)
+    needs_reward_components: bool = False  # reads `reward_components` (gdpo)
+
+
+ESTIMATOR_KEYWORDS = ("token_level_rewards", "response_mask", "index", "values", "reward_baselines", "gamma", "lam",
+                      "norm_adv_by_std_in_grpo", "old_log_probs", "sum_pi_squared", "rollout_is_weights",
+                      "reward_components", "reward_weights")
 
 
 ADVANTAGE_ESTIMATORS: Registry = Registry("advantage estimator (algorithm.adv_estimator)")
@@ -37,6 +47,7 @@ def register_advantage(name: str, *, override: bool = False, **info):
     register = ADVANTAGE_ESTIMATORS.register(name, override=override)
 
     def decorate(fn):
+        check_signature(fn, (), ESTIMATOR_KEYWORDS, "advantage estimator")
         register(fn)
         ESTIMATOR_INFO[name] = metadata
         return fn
@@ -87,7 +98,10 @@ def _scores(rewards: Tensor) -> Tensor:
 
 
 @register_advantage("gae", needs_critic=True)
-def gae(*, token_level_rewards: Tensor, response_mask: Tensor, values: Tensor, gamma: float = 1.0, lam: float = 1.0, **_):
+def gae(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
     """PPO's GAE over response tokens; masked positions are skipped (they never influence the result)."""
     mask = response_mask.to(values.dtype)
     B, L = values.shape
@@ -106,7 +120,10 @@ def gae(*, token_level_rewards: Tensor, response_mask: Tensor, values: Tensor, g
 
 
 @register_advantage("grpo", uses_groups=True)
-def grpo(*, token_level_rewards: Tensor, response_mask: Tensor, index, norm_adv_by_std_in_grpo: bool = True, **_):
+def grpo(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
     """(s - group mean) / (group std + 1e-6); without the std division this is Dr. GRPO."""
     s = _scores(token_level_rewards)
     _, _, mean, std = _group_stats(s, index)
@@ -115,7 +132,10 @@ def grpo(*, token_level_rewards: Tensor, response_mask: Tensor, index, norm_adv_
 
 
 @register_advantage("rloo", uses_groups=True)
-def rloo(*, token_level_rewards: Tensor, response_mask: Tensor, index, **_):
+def rloo(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
     """Leave-one-out baseline: s_i - mean of the other members of the group."""
     s = _scores(token_level_rewards)
     _, count, mean, _ = _group_stats(s, index)
@@ -124,20 +144,27 @@ def rloo(*, token_level_rewards: Tensor, response_mask: Tensor, index, **_):
 
 
 @register_advantage("reinforce_plus_plus")
-def reinforce_plus_plus(*, token_level_rewards: Tensor, response_mask: Tensor, gamma: float = 1.0, **_):
-    """Discounted token returns, whitened over the batch."""
+def reinforce_plus_plus(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
+    """Discounted return over the response's own tokens (carried across observation spans), whitened."""
     mask = response_mask.to(token_level_rewards.dtype)
     returns = torch.zeros_like(token_level_rewards)
     run = torch.zeros_like(token_level_rewards[:, 0])
     for t in reversed(range(token_level_rewards.shape[1])):
-        run = token_level_rewards[:, t] + gamma * run
-        returns[:, t] = run
-        run = run * mask[:, t]
+        m = mask[:, t]
+        # observation tokens (m = 0) inside a multi-turn response pass the return on to earlier turns unchanged
+        run = m * (token_level_rewards[:, t] + gamma * run) + (1 - m) * run
+        returns[:, t] = m * run
     return masked_whiten(returns, mask) * mask, returns
 
 
 @register_advantage("reinforce_plus_plus_baseline", uses_groups=True)
-def reinforce_plus_plus_baseline(*, token_level_rewards: Tensor, response_mask: Tensor, index, **_):
+def reinforce_plus_plus_baseline(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
     """Group-mean baseline, then whitened over every valid token of the batch."""
     mask = response_mask.to(token_level_rewards.dtype)
     s = _scores(token_level_rewards)
@@ -147,7 +174,10 @@ def reinforce_plus_plus_baseline(*, token_level_rewards: Tensor, response_mask: 
 
 
 @register_advantage("remax", needs_greedy_baseline=True)
-def remax(*, token_level_rewards: Tensor, response_mask: Tensor, reward_baselines: Tensor, **_):
+def remax(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
     """Return-to-go minus the score of a greedy response to the same prompt."""
     mask = response_mask.to(token_level_rewards.dtype)
     returns = (token_level_rewards * mask).flip(-1).cumsum(-1).flip(-1)
@@ -156,7 +186,10 @@ def remax(*, token_level_rewards: Tensor, response_mask: Tensor, reward_baseline
 
 
 @register_advantage("gpg", uses_groups=True)
-def gpg(*, token_level_rewards: Tensor, response_mask: Tensor, index, **_):
+def gpg(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
     """GPG (arXiv 2504.02546): alpha * (s - group mean), alpha = B / max(B - M, 1), M = responses with zero signal.
 
     Groups of one use mean 0, as in every other group estimator here.
@@ -171,7 +204,10 @@ def gpg(*, token_level_rewards: Tensor, response_mask: Tensor, index, **_):
 
 
 @register_advantage("opo", uses_groups=True)
-def opo(*, token_level_rewards: Tensor, response_mask: Tensor, index, **_):
+def opo(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
     """Length-weighted group baseline b = sum len_j s_j / sum len_j (groups of one: b = 0)."""
     s = _scores(token_level_rewards)
     lengths = response_mask.to(s.dtype).sum(-1)
@@ -185,7 +221,10 @@ def opo(*, token_level_rewards: Tensor, response_mask: Tensor, index, **_):
 
 
 @register_advantage("grpo_passk", uses_groups=True, min_group_size=2)
-def grpo_passk(*, token_level_rewards: Tensor, response_mask: Tensor, index, norm_adv_by_std_in_grpo: bool = True, **_):
+def grpo_passk(*, token_level_rewards: Tensor, response_mask: Tensor, index=None, values: Tensor | None = None,
+        reward_baselines: Tensor | None = None, gamma: float = 1.0, lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+        old_log_probs: Tensor | None = None, sum_pi_squared: Tensor | None = None,
+        rollout_is_weights: Tensor | None = None, reward_components: Tensor | None = None, reward_weights=None):
     """Only the best response of each group (first on ties) gets s_max - s_second (optionally / (std + 1e-6))."""
     s = _scores(token_level_rewards)
     gid, count, _, std = _group_stats(s, index)
@@ -199,3 +238,10 @@ def grpo_passk(*, token_level_rewards: Tensor, response_mask: Tensor, index, nor
         gap = s[best] - s[second]
         adv[best] = gap / (std[best] + 1e-6) if norm_adv_by_std_in_grpo else gap
     return _outcome(adv, response_mask)
+
+
+# the vectorised names verl offers for speed; ours are already vectorised, so they are the same functions
+register_advantage("grpo_vectorized", uses_groups=True)(grpo)
+register_advantage("rloo_vectorized", uses_groups=True)(rloo)
+
+from . import advantages_more  # noqa: F401  (register optimal_token_baseline, gdpo)

@@ -3,6 +3,7 @@
 A micro-batch contributes `agg_loss(l, m, mode, norm=mini_batch_norm)`; summing those contributions over the
 micro-batches (and ranks) of a mini-batch gives exactly the loss of one pass over the whole mini-batch, so the
 accumulated gradient does not depend on how the mini-batch is split.
+`token-sum` has no normaliser at all, so it is split-invariant by construction and ignores `norm`/`const`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,8 @@ def agg_loss(loss_mat: Tensor, mask: Tensor, mode: str = "token-mean", norm: Agg
     masked = loss_mat * mask
     if mode == "token-mean":
         return masked.sum() / max(norm.tokens, 1.0)
+    if mode == "token-sum":  # the loss grows with the batch's token count: scale the learning rate to match
+        return masked.sum()
     if mode == "seq-mean-token-sum":
         return masked.sum() / max(norm.seqs, 1.0)
     if mode == "seq-mean-token-mean":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import inspect
 from typing import Callable, Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
@@ -48,3 +49,14 @@ class Registry(Generic[F]):
 
     def names(self) -> list[str]:
         return sorted(self._table)
+
+
+def check_signature(fn, positional: tuple, keywords: tuple, kind: str) -> None:
+    """Reject a function whose parameters differ from the calling convention (no **kwargs swallowing typos)."""
+    params = inspect.signature(fn).parameters.values()
+    pos = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    kw = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
+    rest = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if pos != positional or set(kw) != set(keywords) or rest:
+        want = ", ".join(list(positional) + (["*"] + list(keywords) if keywords else []))
+        raise TypeError(f"{kind} {fn.__name__} must have the signature ({want}); got {inspect.signature(fn)}")

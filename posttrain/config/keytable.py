@@ -34,8 +34,6 @@ MEGATRON_LAYOUT = ("Megatron's pipeline/context/expert parallel have no equivale
                    "model with FSDP2 instead (tensor parallel maps onto actor.fsdp_config.tp_size)")
 DIST_CKPT = ("a Megatron checkpoint converted from the Hugging Face weights, for faster loading; posttrain reads the "
              "Hugging Face weights at model.path")
-ROLLOUT_CORR = ("rollout correction is not supported yet; posttrain's engine decodes with the trainer's own weights "
-                "(cast to rollout.dtype), so the two log-probs differ only by that rounding")
 SINGLE_TURN = "posttrain's rollout is single-turn generation; multi-turn tool rollouts are not supported"
 VL = "vision-language inputs are not supported yet (text models only)"
 NO_SP = ("sequence parallelism is not supported: each device holds whole sequences (use_dynamic_bsz and gradient "
@@ -314,14 +312,6 @@ RULES: list[Rule] = [
     Rule("algorithm.use_pf_ppo", "only", "PF-PPO (reweighting samples by reward) is not supported", (False,)),
     Rule("algorithm.pf_ppo.*", "note", "PF-PPO is not supported"),
 
-    Rule("actor_rollout_ref.actor.policy_loss.*", "note", "a parameter of the clip_cov / kl_cov losses, which "
-         "posttrain does not provide yet (choosing them in policy_loss.loss_mode is rejected)"),
-    Rule("actor_rollout_ref.actor.tau_pos", "note", "a parameter of the sapo loss, which posttrain does not provide yet"),
-    Rule("actor_rollout_ref.actor.tau_neg", "note", "a parameter of the sapo loss, which posttrain does not provide yet"),
-    Rule("algorithm.rollout_correction.rollout_is", "only", ROLLOUT_CORR, (None,)),
-    Rule("algorithm.rollout_correction.rollout_rs", "only", ROLLOUT_CORR, (None,)),
-    Rule("algorithm.rollout_correction.bypass_mode", "only", ROLLOUT_CORR, (False,)),
-    Rule("algorithm.rollout_correction.*", "note", ROLLOUT_CORR),
 
     # ---- trainer
     Rule("trainer.default_hdfs_dir", "only", "checkpoints are written to trainer.default_local_dir (copy them "
@@ -363,14 +353,14 @@ DESCRIPTIONS: dict[str, str] = {
         'too-long prompt: `error` (names file and row), `left`, `right`, `middle`',
     'data.return_raw_chat':
         'pass the chat messages to scorers as `extra_info["raw_prompt"]`',
+    'data.image_key':
+        'column that would hold images; a row with images fails (text models only)',
     'data.apply_chat_template_kwargs':
-        'extra arguments of the tokenizer\'s chat template (e.g. `enable_thinking`, `reasoning_effort`)',
+        "extra arguments of the tokenizer's chat template (e.g. `enable_thinking`, `reasoning_effort`)",
     'data.train_max_samples':
         'use only the first N usable training rows (-1 = all)',
     'data.val_max_samples':
         'use only the first N usable validation rows (-1 = all)',
-    'data.image_key':
-        'column that would hold images; a row with images fails (text models only)',
     'actor_rollout_ref.hybrid_engine':
         'actor and rollout share weights (the only mode; False is rejected)',
     'actor_rollout_ref.model.path':
@@ -418,7 +408,7 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.actor.clip_ratio_c':
         'dual-clip bound for negative advantages (> 1)',
     'actor_rollout_ref.actor.loss_agg_mode':
-        '`token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`',
+        '`token-mean`, `token-sum` (no normaliser), `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`',
     'actor_rollout_ref.actor.loss_scale_factor':
         '`C` of `seq-mean-token-sum-norm` (null = `data.max_response_length`)',
     'actor_rollout_ref.actor.entropy_coeff':
@@ -430,7 +420,23 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.actor.kl_loss_type':
         '`kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`, each with optional `+`',
     'actor_rollout_ref.actor.policy_loss.loss_mode':
-        '`vanilla` (PPO dual-clip), `gpg`, `gspo`, `cispo`, or a registered loss',
+        '`vanilla` (PPO dual-clip), `gpg`, `gspo`, `cispo`, `clip_cov`, `kl_cov`, `geo_mean`, `sapo`, `dppo_tv`, `dppo_kl`, or a registered loss (docs/algorithms.md)',
+    'actor_rollout_ref.actor.policy_loss.clip_cov_ratio':
+        '`clip_cov`: share of tokens whose gradient is dropped',
+    'actor_rollout_ref.actor.policy_loss.clip_cov_lb':
+        '`clip_cov`: lower end of the covariance window of the candidates',
+    'actor_rollout_ref.actor.policy_loss.clip_cov_ub':
+        '`clip_cov`: upper end of the covariance window of the candidates',
+    'actor_rollout_ref.actor.policy_loss.kl_cov_ratio':
+        '`kl_cov`: share of tokens (largest covariance) penalised',
+    'actor_rollout_ref.actor.policy_loss.ppo_kl_coef':
+        '`kl_cov`: coefficient of the `|log-ratio|` penalty',
+    'actor_rollout_ref.actor.tau_pos':
+        '`sapo`: gate temperature for positive advantages',
+    'actor_rollout_ref.actor.tau_neg':
+        '`sapo`: gate temperature for negative advantages',
+    'actor_rollout_ref.actor.calculate_sum_pi_squared':
+        'accepted for portability: `sum_v pi_v^2` is computed whenever the estimator reads it (`optimal_token_baseline`)',
     'actor_rollout_ref.actor.optim.lr':
         'AdamW learning rate',
     'actor_rollout_ref.actor.optim.lr_warmup_steps':
@@ -518,7 +524,7 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.rollout.ignore_eos':
         'keep generating past EOS up to `response_length`',
     'actor_rollout_ref.rollout.calculate_log_probs':
-        'always compute `logp_old` in its own pass (otherwise skipped when one mini-batch and one epoch make it `sg(logp)`)',
+        "the engine also returns each sampled token's log-prob under the distribution it was drawn from (`rollout_log_probs`), and `logp_old` is computed in its own pass (otherwise skipped when one mini-batch and one epoch make it `sg(logp)`)",
     'actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu':
         'responses per old-log-prob forward',
     'actor_rollout_ref.rollout.log_prob_use_dynamic_bsz':
@@ -666,7 +672,7 @@ DESCRIPTIONS: dict[str, str] = {
     'custom_reward_function.name':
         '`compute_score(data_source, solution_str, ground_truth, extra_info) -> float or dict(score=...)`',
     'algorithm.adv_estimator':
-        '`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax`, `gpg`, `opo`, `grpo_passk`, or registered',
+        '`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax`, `gpg`, `opo`, `grpo_passk`, `optimal_token_baseline`, `gdpo`, `grpo_vectorized` / `rloo_vectorized` (= `grpo` / `rloo`), or registered',
     'algorithm.gamma':
         'discount and GAE lambda',
     'algorithm.lam':
@@ -691,6 +697,24 @@ DESCRIPTIONS: dict[str, str] = {
         'DAPO dynamic sampling',
     'algorithm.filter_groups.max_num_gen_batches':
         'DAPO dynamic sampling',
+    'algorithm.gdpo_reward_keys':
+        "`gdpo`: the keys of the reward function's dict, one reward component each (required)",
+    'algorithm.gdpo_reward_weights':
+        '`gdpo`: a weight per component (null = 1 each)',
+    'algorithm.rollout_correction.rollout_is':
+        'truncated importance sampling `pi_old / pi_rollout`: `token` or `sequence` (null = off)',
+    'algorithm.rollout_correction.rollout_is_threshold':
+        'upper truncation of the weights',
+    'algorithm.rollout_correction.rollout_rs':
+        'rejection sampling: not supported, any value but null is rejected',
+    'algorithm.rollout_correction.rollout_rs_threshold':
+        'rejection sampling: not supported, any value but null is rejected',
+    'algorithm.rollout_correction.bypass_mode':
+        "True: the rollout's log-probs are the old policy (no old-log-prob pass); not with `rollout_is`",
+    'algorithm.rollout_correction.loss_type':
+        "bypass mode's loss: `ppo_clip` (the configured policy loss); `reinforce` is rejected",
+    'algorithm.rollout_correction.rollout_is_batch_normalize':
+        'rescale the weights to mean 1 over the batch',
     'trainer.project_name':
         'name the run folder `checkpoints/{project_name}/{experiment_name}`',
     'trainer.experiment_name':

@@ -83,6 +83,11 @@ class FSDPConfig:
 @dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002  # clip_cov: share of tokens whose gradient is dropped
+    clip_cov_lb: float = 1.0  # clip_cov: covariance window (lb, ub) of the candidates
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002  # kl_cov: share of tokens (largest covariance) that get the KL penalty
+    ppo_kl_coef: float = 0.1  # kl_cov: coefficient of that |log-ratio| penalty
 
 
 @dataclass
@@ -112,6 +117,9 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
+    tau_neg: float = 1.05  # sapo: gate temperature for negative advantages
+    calculate_sum_pi_squared: bool = False  # accepted for portability; computed whenever the estimator reads it
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -264,6 +272,17 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    rollout_is: Optional[str] = None  # null (off), token or sequence: truncated IS weights pi_old / pi_rollout
+    rollout_is_threshold: float = 2.0  # upper truncation of the weights
+    rollout_rs: Optional[str] = None  # rejection sampling: not supported (rejected by validate)
+    rollout_rs_threshold: Any = None
+    bypass_mode: bool = False  # True: the rollout's log-probs are the old policy (no old-log-prob pass)
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip (the configured policy loss)
+    rollout_is_batch_normalize: bool = False  # rescale the weights to mean 1 over the batch
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     gamma: float = 1.0
@@ -273,6 +292,9 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    gdpo_reward_keys: Optional[list] = None  # gdpo: the reward function's dict keys, one component each
+    gdpo_reward_weights: Optional[list] = None  # gdpo: a weight per component (null = all 1)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 # ------------------------------------------------------------------ trainer

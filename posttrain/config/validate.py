@@ -87,6 +87,16 @@ def _validate(cfg: Config) -> None:
         _check(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
                "algorithm.kl_ctrl adaptive needs target_kl > 0 and horizon > 0")
     _check(0 <= alg.gamma <= 1 and 0 <= alg.lam <= 1, "algorithm.gamma and algorithm.lam must lie in [0, 1]")
+    if info and info.needs_reward_components:
+        keys = alg.gdpo_reward_keys
+        _check(isinstance(keys, list) and len(keys) > 0 and all(isinstance(k, str) for k in keys),
+               f"algorithm.adv_estimator={alg.adv_estimator} normalises each reward component on its own: set "
+               "algorithm.gdpo_reward_keys to the keys your compute_score returns, e.g. [accuracy_reward,format_reward]")
+        w = alg.gdpo_reward_weights
+        _check(w is None or (isinstance(w, list) and len(w) == len(keys)),
+               "algorithm.gdpo_reward_weights needs one weight per entry of algorithm.gdpo_reward_keys (or null)")
+    _check_policy_loss(actor)
+    _check_rollout_correction(alg.rollout_correction)
     if alg.filter_groups.enable:
         _choice(alg.filter_groups.metric, ("acc", "score", "seq_reward", "seq_final_reward"),
                 "algorithm.filter_groups.metric")
@@ -175,6 +185,31 @@ def _validate(cfg: Config) -> None:
                                                  "data.val_files")
     _check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
     _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
+
+
+def _check_policy_loss(actor) -> None:
+    """The constants the policy losses read (clip_cov / kl_cov / sapo)."""
+    pl, key = actor.policy_loss, "actor_rollout_ref.actor.policy_loss"
+    _check(0 < pl.clip_cov_ratio <= 1, f"{key}.clip_cov_ratio must lie in (0, 1] (a share of the tokens)")
+    _check(0 < pl.kl_cov_ratio <= 1, f"{key}.kl_cov_ratio must lie in (0, 1] (a share of the tokens)")
+    _check(pl.clip_cov_lb < pl.clip_cov_ub, f"{key}.clip_cov_lb must be below clip_cov_ub")
+    _check(pl.ppo_kl_coef >= 0, f"{key}.ppo_kl_coef must be >= 0")
+    _check(actor.tau_pos > 0 and actor.tau_neg > 0, "actor_rollout_ref.actor.tau_pos and tau_neg must be positive")
+
+
+def _check_rollout_correction(rc) -> None:
+    """Truncated IS (token / sequence) and bypass mode with the configured loss work; the rest is rejected."""
+    key = "algorithm.rollout_correction"
+    _check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
+                                                          "[null, 'token', 'sequence']")
+    _check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
+    _check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
+                                  "truncated importance sampling (rollout_is=token or sequence) and remove the key")
+    _check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
+                                       "loss on the rollout's log-probs) is supported")
+    _check(not (rc.bypass_mode and rc.rollout_is is not None),
+           f"{key}.bypass_mode=True makes the rollout's log-probs the old policy, so rollout_is weights would all "
+           "be 1; set rollout_is=null (the loss's ratio corrects for the rollout) or bypass_mode=False")
 
 
 def _check_layout(cfg: Config) -> None:

@@ -26,6 +26,8 @@ from torch.utils.checkpoint import checkpoint
 __all__ = ["token_logprobs_and_entropy", "response_logprobs"]
 
 Projection = Callable[[Tensor], Tensor]
+# `with_entropy=SUM_PI_SQUARED` everywhere below: the second output is sum_v softmax(z)_v^2 instead of the entropy
+SUM_PI_SQUARED = "sum_pi_squared"
 
 
 def _chunk_stats(
@@ -34,7 +36,7 @@ def _chunk_stats(
     project: Projection,
     temperature: float,
     softcap: float | None,
-    with_entropy: bool,
+    with_entropy: bool | str,
 ) -> tuple[Tensor, ...]:
     """Log-prob of ``labels`` and entropy for one chunk of rows; the logits live only inside this call."""
     z = project(hidden).float()
@@ -47,6 +49,8 @@ def _chunk_stats(
     if not with_entropy:
         return (logp,)
     p = torch.softmax(z, dim=-1)
+    if with_entropy == SUM_PI_SQUARED:  # sum_v pi_v^2 instead of the entropy (optimal_token_baseline reads it)
+        return logp, torch.bmm(p.unsqueeze(1), p.unsqueeze(2)).view(-1)
     # H = logsumexp(z) - E_p[z]; the row-wise dot product avoids materialising p * z as another chunk-sized tensor.
     entropy = lse - torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1)
     return logp, entropy

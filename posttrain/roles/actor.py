@@ -12,10 +12,11 @@ from collections import defaultdict
 
 import torch
 
-from ..algo import agg_loss, agg_norm, get_policy_loss, kl_penalty
+from ..algo import LossSettings, agg_loss, agg_norm, get_policy_loss, kl_penalty
 from ..data.batch import Batch
 from ..parallel import gathered_for_generation, set_gradient_sync
 from ..models.load import eval_mode
+from ..models.logprobs import SUM_PI_SQUARED
 from .common import Worker, group_rows, make_optimizer
 
 
@@ -27,6 +28,7 @@ class Actor:
         self.norm_const = cfg.loss_scale_factor or max_response_length
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg.optim, total_steps)
         self.policy_loss = get_policy_loss(cfg.policy_loss.loss_mode)
+        self.loss_settings = loss_settings(cfg, self.norm_const)
         self.generator = torch.Generator().manual_seed(seed)
         self.skipped_steps = 0
         self.offload_optimizer = offload_optimizer
@@ -47,8 +49,11 @@ class Actor:
             self.scheduler.load_state_dict(state["scheduler"])
 
     @torch.no_grad()
-    def compute_log_prob(self, batch: Batch, micro_batch_size=None, max_tokens=None, with_entropy=False):
-        """(B, L) log-probs (and entropy) of every row of the global batch."""
+    def compute_log_prob(self, batch: Batch, micro_batch_size=None, max_tokens=None, with_entropy=False,
+                         sum_pi_squared=False):
+        """(B, L) log-probs (and entropy, or with `sum_pi_squared` sum_v pi_v^2) of every row of the global batch."""
+        with_entropy = SUM_PI_SQUARED if sum_pi_squared else with_entropy
+
         def compute(mb):
             logp, ent = self.worker.logprobs(mb, temperature=self.temperature, with_entropy=with_entropy)
             return (logp, ent) if with_entropy else (logp,)
@@ -79,8 +84,6 @@ class Actor:
     def _step(self, mini: Batch, sums) -> None:
         cfg, worker = self.cfg, self.worker
         norm = agg_norm(mini["response_mask"].float(), self.norm_const)  # the whole mini-batch's, on every rank
-        eps_low = cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio
-        eps_high = cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio
         need_entropy = cfg.entropy_coeff != 0
         totals = defaultdict(float)
         mine = mini.select(worker.my_rows(mini))
@@ -92,10 +95,9 @@ class Actor:
             mask = mb["response_mask"].float().to(worker.device)
             logp, ent = worker.logprobs(mb, temperature=self.temperature, with_entropy=True)
             old = mb["old_log_probs"].to(worker.device) if "old_log_probs" in mb else logp.detach()
+            weights = mb["rollout_is_weights"].to(worker.device) if "rollout_is_weights" in mb else None
             pg_loss, metrics = self.policy_loss(logp, old, mb["advantages"].to(worker.device), mask,
-                                                loss_agg_mode=cfg.loss_agg_mode, clip_ratio_low=eps_low,
-                                                clip_ratio_high=eps_high, clip_ratio_c=cfg.clip_ratio_c,
-                                                norm=norm, const=self.norm_const)
+                                                settings=self.loss_settings, norm=norm, rollout_is_weights=weights)
             loss = pg_loss
             entropy = agg_loss(ent.detach() if not need_entropy else ent, mask, cfg.loss_agg_mode, norm)
             if need_entropy:
@@ -120,3 +122,15 @@ class Actor:
             sums["actor/empty_mini_batches"].append(1.0)
         sums["actor/grad_norm"].append(grad_norm)
         sums["actor/skipped_steps"].append(float(self.skipped_steps))
+
+
+def loss_settings(cfg, norm_const: float) -> LossSettings:
+    """The policy loss's constants from the actor config (clip_ratio_low / high fall back to clip_ratio)."""
+    pl = cfg.policy_loss
+    return LossSettings(
+        loss_agg_mode=cfg.loss_agg_mode,
+        clip_ratio_low=cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio,
+        clip_ratio_high=cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio,
+        clip_ratio_c=cfg.clip_ratio_c, const=norm_const, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
+        clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=cfg.tau_pos,
+        tau_neg=cfg.tau_neg)

@@ -24,7 +24,7 @@ from .base import SamplingParams
 from .hf import HFRollout
 from ..models.shared_prompt import attention_implementation
 from .prefix_attention import ATTENTION_NAME, SharedPrefixCache
-from .sampling import next_tokens
+from .sampling import next_tokens, sampled_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class DecodeEngine(HFRollout):
         super().__init__(model, tokenizer, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
         self.shared_prefix_ok: bool | None = None  # decided by the first call's check
 
-    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams) -> torch.Tensor:
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams):
         if self.shared_prefix_ok is None:
             self.shared_prefix_ok = self._check(model)
         if not self.shared_prefix_ok:
@@ -51,7 +51,8 @@ class DecodeEngine(HFRollout):
         # the sampling noise comes from torch's global generator (the trainer seeds it per step and rank)
         generator = None if s.greedy else torch.Generator(self.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
         with eval_mode(model), torch.no_grad(), autocast(self.device, self.dtype):
-            return self._decode(model, prompts[:: s.n], prompt_mask[:: s.n], s, generator).cpu()
+            tokens, logprobs = self._decode(model, prompts[:: s.n], prompt_mask[:: s.n], s, generator)
+        return tokens.cpu(), (logprobs.cpu() if logprobs is not None else None)
 
     def _prefill(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int):
         """Last-position logits (prompts, V), and the decoding cache holding the prompts' keys and values."""
@@ -66,9 +67,10 @@ class DecodeEngine(HFRollout):
 
     def _decode(self, model, prompts: torch.Tensor, mask: torch.Tensor, s: SamplingParams,
                 generator: torch.Generator | None = None, forced: torch.Tensor | None = None,
-                on_logits=None) -> torch.Tensor:
-        """(prompts * n, max_new) tokens. `forced` (rows, steps) replaces the sampled tokens and `on_logits(t,
-        logits)` sees each step's logits: the check in `_check` uses both."""
+                on_logits=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(prompts * n, max_new) tokens, and their sampling log-probs when `s.logprobs` (else None). `forced`
+        (rows, steps) replaces the sampled tokens and `on_logits(t, logits)` sees each step's logits: the check in
+        `_check` uses both."""
         device = self.device
         prompts, mask = prompts.to(device), mask.to(device)
         used = mask.any(dim=0).nonzero()
@@ -80,6 +82,7 @@ class DecodeEngine(HFRollout):
         rows = len(prompts) * n
         position = mask.sum(dim=-1).repeat_interleave(n)  # of the next token, per row
         tokens = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=device) if s.logprobs else None
         live = torch.arange(rows, device=device)  # the original row of each current row
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
@@ -89,6 +92,8 @@ class DecodeEngine(HFRollout):
                     on_logits(t, logits)
                 token = next_tokens(logits, s, generator) if forced is None else forced[live, t]
                 tokens[live, t] = token
+                if logprobs is not None:
+                    logprobs[live, t] = sampled_logprobs(logits, token, s)
                 if t == steps - 1:
                     break
                 if not s.ignore_eos:
@@ -105,7 +110,7 @@ class DecodeEngine(HFRollout):
                 cache.advance()
                 logits = out.logits[:, -1]
                 position = position + 1
-        return tokens
+        return tokens, logprobs
 
     def _check(self, model) -> bool:
         """Does the shared-prefix loop give the model's own logits? Two prompts (one left-padded) x two samples,

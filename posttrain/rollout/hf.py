@@ -38,22 +38,28 @@ class HFRollout(RolloutEngine):
         with inference_weights(self.model, self.dtype) as model:
             parts = [self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling)
                      for i in range(0, len(out), chunk)]
-        width = max(p.shape[1] for p in parts)
-        responses = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=self.pad_id) for p in parts])
+        width = max(p.shape[1] for p, _ in parts)
+        pad = torch.nn.functional.pad
+        responses = torch.cat([pad(p, (0, width - p.shape[1]), value=self.pad_id) for p, _ in parts])
         mask = response_mask_from(responses, self.eos_ids, self.pad_id, sampling.ignore_eos)
         responses = torch.where(mask.bool(), responses, torch.full_like(responses, self.pad_id))
         out["responses"], out["response_mask"] = responses, mask
+        if sampling.logprobs:
+            out["rollout_log_probs"] = torch.cat([pad(lp, (0, width - lp.shape[1])) for _, lp in parts]) * mask
         out["input_ids"] = torch.cat([out["prompts"], responses], dim=1)
         out["attention_mask"] = torch.cat([out["prompt_mask"], mask], dim=1)
         return out
 
-    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams) -> torch.Tensor:
-        """(rows, max_new) tokens for `rows` prompts (each repeated `n` times, consecutively)."""
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams):
+        """(rows, max_new) tokens for `rows` prompts (each repeated `n` times, consecutively), and their (rows,
+        max_new) sampling log-probs when `s.logprobs` (else None)."""
         use_cache = model.config.use_cache
         model.config.use_cache = True
         # synced_gpus=False: a sharded policy is gathered before generate, so ranks decode independently
         kwargs = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id, use_cache=True, synced_gpus=False,
                       eos_token_id=None if s.ignore_eos else sorted(self.eos_ids))
+        if s.logprobs:  # generate's scores are the logits after its processors and warpers: what it drew from
+            kwargs.update(output_scores=True, return_dict_in_generate=True)
         if s.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
@@ -64,7 +70,12 @@ class HFRollout(RolloutEngine):
                                       **kwargs)
         finally:
             model.config.use_cache = use_cache
-        return seqs[:, prompts.shape[1]:].cpu()
+        if not s.logprobs:
+            return seqs[:, prompts.shape[1]:].cpu(), None
+        tokens = seqs.sequences[:, prompts.shape[1]:]
+        scores = torch.stack(seqs.scores, dim=1).float()  # (rows, steps, V)
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        return tokens.cpu(), logprobs.nan_to_num(0.0).cpu()
 
 
 def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:

@@ -39,3 +39,9 @@ def next_tokens(logits: torch.Tensor, s: SamplingParams, generator: torch.Genera
     cdf = filtered_logits(logits, s).softmax(dim=-1).cumsum(dim=-1)
     u = torch.rand(cdf.shape[0], 1, generator=generator, device=cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=cdf.shape[-1] - 1)
+
+
+def sampled_logprobs(logits: torch.Tensor, tokens: torch.Tensor, s: SamplingParams) -> torch.Tensor:
+    """(B,) log-prob of `tokens` under the distribution `next_tokens` drew them from (greedy: the raw logits)."""
+    z = logits.float() if s.greedy else filtered_logits(logits, s)
+    return torch.log_softmax(z, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -10,6 +10,7 @@ import torch
 
 from ..algo import compute_advantage, estimator_info, make_kl_controller
 from ..algo.kl import apply_kl_in_reward
+from ..algo.rollout_correction import rollout_is_weights
 from ..config import ConfigError, to_yaml
 from ..data.batch import Batch
 from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_batches
@@ -84,11 +85,17 @@ class RLTrainer:
                 self.reward.check_data_sources(it.data_source for it in data.items)
         r = arr.rollout
         self.max_new = r.response_length or cfg.data.max_response_length
-        self.sampling = SamplingParams.of(r, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
+        rc = cfg.algorithm.rollout_correction
+        self.rollout_logprobs = r.calculate_log_probs or rc.rollout_is is not None or rc.bypass_mode
+        self.sampling = SamplingParams.of(r, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos,
+                                          logprobs=self.rollout_logprobs)
         self.val_sampling = SamplingParams.of(r.val_kwargs, max_new_tokens=self.max_new, ignore_eos=r.ignore_eos)
         a = arr.actor
-        self.needs_old_log_prob = (a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size
-                                   or cfg.algorithm.use_kl_in_reward or r.calculate_log_probs)
+        self.info = estimator_info(cfg.algorithm.adv_estimator)
+        # bypass mode: the rollout's log-probs are the old policy's, so no pass computes them
+        self.needs_old_log_prob = self.info.needs_sum_pi_squared or not rc.bypass_mode and (
+            a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size or cfg.algorithm.use_kl_in_reward
+            or r.calculate_log_probs or rc.rollout_is is not None)
         self.run_dir = Path(tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}")
         if self.par.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -172,9 +179,13 @@ class RLTrainer:
         if self.needs_old_log_prob:
             with _timer(timing, "old_log_prob"):
                 r = cfg.actor_rollout_ref.rollout
-                batch["old_log_probs"], _ = self.actor.compute_log_prob(
+                batch["old_log_probs"], sum_pi_squared = self.actor.compute_log_prob(
                     batch, micro_batch_size=r.log_prob_micro_batch_size_per_gpu,
-                    max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None)
+                    max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None,
+                    sum_pi_squared=self.info.needs_sum_pi_squared)
+                if sum_pi_squared is not None:
+                    batch["sum_pi_squared"] = sum_pi_squared
+        metrics |= self._rollout_correction(batch)
         if self.reference is not None:
             with _timer(timing, "ref"):
                 batch["ref_log_probs"] = self.reference.compute_log_prob(batch)
@@ -189,11 +200,14 @@ class RLTrainer:
                 metrics |= kl_metrics
             else:
                 batch["token_level_rewards"] = batch["token_level_scores"]
+            alg = cfg.algorithm
             batch["advantages"], batch["returns"] = compute_advantage(
-                cfg.algorithm.adv_estimator, token_level_rewards=batch["token_level_rewards"],
+                alg.adv_estimator, token_level_rewards=batch["token_level_rewards"],
                 response_mask=batch["response_mask"].float(), index=batch.meta["uid"], values=batch.get("values"),
-                reward_baselines=batch.get("reward_baselines"), gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam,
-                norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo)
+                reward_baselines=batch.get("reward_baselines"), gamma=alg.gamma, lam=alg.lam,
+                norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, old_log_probs=batch.get("old_log_probs"),
+                sum_pi_squared=batch.get("sum_pi_squared"), rollout_is_weights=batch.get("rollout_is_weights"),
+                reward_components=self._reward_components(batch), reward_weights=alg.gdpo_reward_weights)
         if self.critic is not None:
             with _timer(timing, "update_critic"):
                 metrics |= self.critic.update(batch)
@@ -210,6 +224,32 @@ class RLTrainer:
             elif values and isinstance(values[0], float):
                 metrics[f"reward/{name}/mean"] = sum(values) / len(values)
         return metrics
+
+    def _rollout_correction(self, batch: Batch) -> dict[str, float]:
+        """Bypass mode: the rollout's log-probs become the old policy's. Otherwise, with `rollout_is`, truncated IS
+        weights pi_old / pi_rollout that the policy loss multiplies in."""
+        rc = self.cfg.algorithm.rollout_correction
+        if rc.bypass_mode:
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+            return {}
+        if rc.rollout_is is None:
+            return {}
+        batch["rollout_is_weights"], metrics = rollout_is_weights(
+            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"].float(), level=rc.rollout_is,
+            threshold=rc.rollout_is_threshold, batch_normalize=rc.rollout_is_batch_normalize)
+        return metrics
+
+    def _reward_components(self, batch: Batch) -> torch.Tensor | None:
+        """(B, K) reward components for gdpo, from the keys the reward function returned (algorithm.gdpo_reward_keys)."""
+        if not self.info.needs_reward_components:
+            return None
+        keys = self.cfg.algorithm.gdpo_reward_keys
+        have = sorted(k.split(":", 1)[1] for k in batch.meta if k.startswith("reward:"))
+        missing = [k for k in keys if f"reward:{k}" not in batch.meta]
+        if missing:
+            raise ConfigError(f"algorithm.gdpo_reward_keys {missing}: the reward function returned no such key "
+                              f"(it returned {have}); return a dict with these keys from compute_score")
+        return torch.tensor([batch.meta[f"reward:{k}"] for k in keys], dtype=torch.float32).T
 
     # ------------------------------------------------------------------ validation
 

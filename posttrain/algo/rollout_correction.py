@@ -1,0 +1,48 @@
+"""Rollout correction: truncated importance sampling between the policy that sampled (the rollout engine's
+log-probs) and the trainer's old policy (`algorithm.rollout_correction.*`, verl's keys).
+
+The two differ when the engine's numerics differ from the trainer's (another dtype, kernels, top-k/top-p
+filtering). The weights are detached and multiply each token's policy loss; they change the measure, not the
+objective.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .stats import masked_mean
+
+SAFETY_BOUND = 20.0  # log-ratios are clamped to +-20 before exp, as everywhere else
+IS_LEVELS = ("token", "sequence")
+
+
+def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *, level: str,
+                       threshold: float, batch_normalize: bool = False) -> tuple[Tensor, dict[str, float]]:
+    """(B, L) weights min(rho, threshold) * m, rho = pi_old / pi_rollout per token (`token`) or its product over
+    the response (`sequence`, broadcast to the tokens); `batch_normalize` rescales them to mean 1 over valid
+    tokens (token) or valid responses (sequence)."""
+    if level not in IS_LEVELS:
+        raise ValueError(f"rollout_is={level!r} is not one of {list(IS_LEVELS)}")
+    m = response_mask.to(old_log_probs.dtype)
+    log_ratio = (old_log_probs - rollout_log_probs.to(old_log_probs.dtype)) * m
+    if level == "token":
+        rho = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND).exp()
+    else:
+        rho = torch.clamp(log_ratio.sum(-1, keepdim=True), -SAFETY_BOUND, SAFETY_BOUND).exp().expand_as(m)
+    rho = rho * m
+    metrics = {"rollout_corr/rollout_is_mean": float(masked_mean(rho, m)),
+               "rollout_corr/rollout_is_max": float((rho * m).max()) if m.any() else 0.0,
+               "rollout_corr/rollout_is_ratio_fraction_high": float(masked_mean((rho > threshold).to(m.dtype), m)),
+               "rollout_corr/kl": float(masked_mean(-log_ratio, m))}  # k1 estimate of KL(rollout || old)
+    w = torch.clamp(rho, max=threshold).detach()
+    if batch_normalize:
+        if level == "token":
+            mean = masked_mean(w, m)
+        else:
+            valid = (m.sum(-1) > 0).to(w.dtype)
+            mean = (w * m).amax(-1).sum() / valid.sum().clamp(min=1)  # one weight per response
+        if float(mean) > 1e-8:
+            w = w / mean
+        metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(mean) if float(mean) > 1e-8 else 1.0
+    return w, metrics

@@ -1,0 +1,122 @@
+"""The inputs the newer algorithms read, as the engine and trainer produce them: the rollout's sampling log-probs,
+sum_pi_squared from the old-log-prob pass, reward components for gdpo, rollout-IS weights, bypass mode. References
+are the model's own plain forward and the formulas written out here."""
+
+import json
+
+import pytest
+import torch
+
+from posttrain.config import load_config
+from posttrain.data.batch import Batch
+from posttrain.models.load import load_causal_lm
+from posttrain.models.policy import PolicyModel
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.engine import DecodeEngine
+from posttrain.rollout.hf import HFRollout
+from posttrain.trainer.rl import RLTrainer
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+CPU = torch.device("cpu")
+
+
+def prompts(tok, texts):
+    from posttrain.data.dataset import PromptItem, collate_prompts
+
+    chats = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
+             for t in texts]
+    ids, mask = collate_prompts([PromptItem(c["input_ids"], "synthetic/arithmetic", "0") for c in chats],
+                                tok.pad_token_id)
+    return Batch({"prompts": ids, "prompt_mask": mask}, {"uid": [str(i) for i in range(len(texts))]})
+
+
+def sampling_logprobs_reference(lm, out, s: SamplingParams):
+    """log softmax of the filtered (temperature, top-k) logits of the plain forward, at the sampled tokens."""
+    ids, mask = out["input_ids"], out["attention_mask"]
+    L = out["responses"].shape[1]
+    with torch.no_grad():
+        logits = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    z = logits[:, -(L + 1):-1].double() / s.temperature
+    if s.top_k > 0:
+        kth = z.topk(s.top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    lp = torch.log_softmax(z, -1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
+    return torch.where(out["response_mask"].bool(), lp, torch.zeros_like(lp))  # padding may be outside top-k
+
+
+@pytest.mark.parametrize("engine", [DecodeEngine, HFRollout])
+@pytest.mark.parametrize("top_k", [-1, 7])
+def test_engines_return_the_sampling_log_probs(tiny_model_dir, tiny_tokenizer, engine, top_k):
+    lm = load_causal_lm(str(tiny_model_dir))
+    rollout = engine(PolicyModel(lm), tiny_tokenizer, device=CPU, dtype=torch.float32)
+    s = SamplingParams(n=3, temperature=0.7, top_k=top_k, max_new_tokens=6, logprobs=True)
+    torch.manual_seed(0)
+    out = rollout.generate(prompts(tiny_tokenizer, ["1+2=", "33+44=", "7+7="]), s)
+    expected = sampling_logprobs_reference(lm, out, s)
+    assert out["rollout_log_probs"].shape == out["responses"].shape
+    assert torch.allclose(out["rollout_log_probs"].double(), expected, atol=2e-5)
+    assert "rollout_log_probs" not in rollout.generate(prompts(tiny_tokenizer, ["1+2="]),
+                                                       SamplingParams(n=1, max_new_tokens=3)).tensors
+
+
+def run_config(out, files, run, *extra):
+    return load_config(None, [
+        "data.train_batch_size=12", "data.max_prompt_length=32", "data.max_response_length=8",
+        "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=6",
+        "actor_rollout_ref.actor.optim.lr=3e-4", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.model.path={out / 'sft'}", f"data.train_files={files['rl_train']}",
+        "trainer.total_training_steps=2", f"trainer.default_local_dir={out / run}", "trainer.logger=['jsonl']",
+        "trainer.val_before_train=False", *extra])
+
+
+def test_sum_pi_squared_and_rollout_is_weights_in_a_training_run(small_task):
+    out, files = small_task
+    cfg = run_config(out, files, "otb_tis", "algorithm.adv_estimator=optimal_token_baseline",
+                     "algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.temperature=0.8",
+                     "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32")
+    trainer = RLTrainer(cfg)
+    batch, _ = trainer._rollout({})
+    assert "rollout_log_probs" in batch
+    old, sps = trainer.actor.compute_log_prob(batch, sum_pi_squared=True)
+    lm = trainer.actor.model.lm
+    ids, mask, L = batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1]
+    with torch.no_grad():
+        z = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    p = torch.softmax(z[:, -(L + 1):-1].double() / 0.8, -1)
+    m = batch["response_mask"].double()
+    assert torch.allclose(sps.double() * m, (p * p).sum(-1) * m, atol=1e-5)
+    # on-policy in fp32: the rollout's log-probs are the trainer's, so the IS weights are 1
+    assert torch.allclose(batch["rollout_log_probs"].double() * m, old.double() * m, atol=1e-4)
+    metrics = trainer.learn(batch)
+    assert abs(metrics["rollout_corr/rollout_is_mean"] - 1.0) < 1e-3 and abs(metrics["rollout_corr/kl"]) < 1e-4
+    assert torch.allclose(batch["rollout_is_weights"].double(), m, atol=1e-3)
+    assert "sum_pi_squared" in batch and torch.isfinite(batch["advantages"]).all()
+
+
+def test_gdpo_reads_the_reward_components_and_bypass_mode_skips_the_old_pass(small_task):
+    out, files = small_task
+    cfg = run_config(out, files, "gdpo_bypass", "algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[score,acc]",
+                     "algorithm.gdpo_reward_weights=[1.0,0.5]", "algorithm.rollout_correction.bypass_mode=True")
+    trainer = RLTrainer(cfg)
+    assert not trainer.needs_old_log_prob
+    batch, _ = trainer._rollout({})
+    comps = trainer._reward_components(batch)
+    assert comps.tolist() == [[s, a] for s, a in zip(batch.meta["reward:score"], batch.meta["reward:acc"])]
+    trainer.learn(batch)
+    assert torch.equal(batch["old_log_probs"], batch["rollout_log_probs"])
+    trainer.fit()
+    assert len((out / "gdpo_bypass" / "metrics.jsonl").read_text().splitlines()) == 2
+    bad = RLTrainer(run_config(out, files, "gdpo_bad", "algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[fmt]"))
+    with pytest.raises(Exception, match="returned no such key"):
+        bad.learn(bad._rollout({})[0])
+
+
+def test_new_losses_train_a_step(small_task):
+    out, files = small_task
+    for loss in ("clip_cov", "kl_cov", "geo_mean", "sapo", "dppo_tv", "dppo_kl"):
+        run = f"loss_{loss}"
+        RLTrainer(run_config(out, files, run, "algorithm.adv_estimator=grpo",
+                             f"actor_rollout_ref.actor.policy_loss.loss_mode={loss}",
+                             "trainer.total_training_steps=1")).fit()
+        metrics = json.loads((out / run / "metrics.jsonl").read_text().splitlines()[0])
+        assert all(torch.isfinite(torch.tensor(metrics[k])) for k in ("actor/pg_loss", "actor/grad_norm")), loss
