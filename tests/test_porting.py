@@ -159,8 +159,8 @@ def test_override_config_names_unknown_field(tiny_model_dir):
 
 def _script_argv(name, model, data):
     record = json.loads((SCRIPTS / name).read_text())
-    argv = [a.replace("$MODEL_PATH", model).replace("$TRAIN_FILES", data).replace("$VAL_FILES", data)
-            for a in record["argv"]]
+    argv = [a.replace("$REWARD_MODEL_PATH", model).replace("$MODEL_PATH", model).replace("$TRAIN_FILES", data)
+            .replace("$VAL_FILES", data) for a in record["argv"]]
     hydra = {a.split("=")[0]: a.split("=", 1)[1] for a in argv if a.startswith("--config-")}
     return record["script"], hydra, [a for a in argv if not a.startswith("--config-")]
 

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-MODEL, TRAIN, VAL = "$MODEL_PATH", "$TRAIN_FILES", "$VAL_FILES"
+MODEL, TRAIN, VAL, REWARD = "$MODEL_PATH", "$TRAIN_FILES", "$VAL_FILES", "$REWARD_MODEL_PATH"
 PATH_KEYS = {"model.path": MODEL, "tokenizer_path": MODEL, "model.tokenizer_path": MODEL,
              "model.input_tokenizer": MODEL, "data.train_files": TRAIN, "data.val_files": VAL}
 SHIM = """#!/usr/bin/env bash
@@ -39,8 +39,8 @@ def _placeholder(arg: str) -> str:
     bare = key.lstrip("+")
     for suffix, placeholder in PATH_KEYS.items():
         if bare == suffix or bare.endswith("." + suffix):
-            if bare.startswith("reward_model.") and placeholder == MODEL:
-                return f"{key}={value}"  # a reward model is its own model; keep what the script names
+            if bare == "reward_model.model.path":
+                return f"{key}={REWARD}"  # a reward model is a model of its own
             return f"{key}={placeholder}"
     return arg
 
@@ -68,6 +68,7 @@ def capture(examples: Path, out_dir: Path) -> None:
             subprocess.run(["bash", "-c", tolerant, str(script)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
             lines = record.read_text().splitlines() if record.exists() else []
+            lines = [line.replace(str(tmp / "home"), "/home/user") for line in lines]  # stable across runs
         name = f"{script.parent.name}__{script.stem}.json"
         if not lines:
             print(f"{script.relative_to(examples)}: no main_ppo call recorded", file=sys.stderr)
@@ -90,11 +91,11 @@ SMALL = ["data.train_batch_size=4", "data.val_batch_size=4", "data.max_prompt_le
          "reward_model.overlong_buffer.len=4"]
 
 
-def substitute(argv: list[str], model: str, train: str, val: str) -> list[str]:
-    return [a.replace(MODEL, model).replace(TRAIN, train).replace(VAL, val) for a in argv]
+def substitute(argv: list[str], model: str, train: str, val: str, reward: str) -> list[str]:
+    return [a.replace(REWARD, reward).replace(MODEL, model).replace(TRAIN, train).replace(VAL, val) for a in argv]
 
 
-def check(args_dir: Path, model: str, train: str, val: str, steps: int) -> int:
+def check(args_dir: Path, model: str, train: str, val: str, reward: str, steps: int) -> int:
     """Load every recorded command line; with steps > 0 also train that many steps. Prints one line per script
     and the reasons for those that do not load."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -102,7 +103,7 @@ def check(args_dir: Path, model: str, train: str, val: str, steps: int) -> int:
     files = sorted(args_dir.glob("*.json"))
     for f in files:
         record = json.loads(f.read_text())
-        argv = substitute(record["argv"], model, train, val)
+        argv = substitute(record["argv"], model, train, val, reward)
         start = time.time()
         out = subprocess.run([sys.executable, "-m", "posttrain", "train", "--print-config", *argv], env=env,
                              capture_output=True, text=True)
@@ -137,12 +138,14 @@ def main() -> int:
     p.add_argument("--model", required=True, help="model directory standing in for every script's model")
     p.add_argument("--train", required=True, help="training file standing in for every script's data")
     p.add_argument("--val", default=None, help="validation file (default: --train)")
+    p.add_argument("--reward-model", default=None, help="reward model standing in for the scripts' (default: --model)")
     p.add_argument("--steps", type=int, default=0, help="also train this many steps with small batch sizes")
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.examples, args.out_dir)
         return 0
-    return check(args.args_dir, args.model, args.train, args.val or args.train, args.steps)
+    return check(args.args_dir, args.model, args.train, args.val or args.train, args.reward_model or args.model,
+                 args.steps)
 
 
 if __name__ == "__main__":
