@@ -179,3 +179,48 @@ def test_grpo_with_a_reward_model_runs(rm_dir, tiny_model_dir, tmp_path):
     assert last["critic/score/mean"] == pytest.approx(last["reward/rm_score/mean"], abs=1e-5)
     assert last["reward/rm_score/mean"] != 0.0
     assert any(k.startswith("val-core/openai/gsm8k/") for k in val)  # validation stays rule-based
+
+
+WORKER = '''
+import json, sys
+import torch
+from posttrain.models.load import load_tokenizer
+from posttrain.parallel import init_parallel, shutdown
+from posttrain.roles.reward_model import RewardModel
+from tests.test_reward_model import rm_config, scored_batch
+
+rm_dir, policy_dir, out = sys.argv[1:4]
+par = init_parallel(device_name="cpu")
+tok = load_tokenizer(policy_dir)
+batch, _ = scored_batch(tok)
+rm = RewardModel.from_config(rm_config(rm_dir, "reward_model.micro_batch_size_per_gpu=1"), par, tok)
+assert rm.worker.sharded
+rows = [[0, 1], [2]][par.rank]  # uneven shares: rank 1 joins its second micro-batch with an empty part
+scores = rm.score(batch.select(rows))
+gathered = par.gather((rows, scores.tolist()))
+if par.is_main:
+    with open(out, "w") as f:
+        json.dump(sorted((r, s) for rs, ss in gathered for r, s in zip(rs, ss)), f)
+shutdown()
+'''
+
+
+def test_two_processes_score_as_one(rm_dir, tiny_model_dir, tiny_tokenizer, tmp_path):
+    """Each rank scores its own rows with the FSDP2-sharded reward model; together they give one process's scores."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    batch, _ = scored_batch(tiny_tokenizer)
+    one = RewardModel.from_config(rm_config(rm_dir), Parallel(), tiny_tokenizer).score(batch)
+    (tmp_path / "worker.py").write_text(WORKER)
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(tmp_path / "worker.py"), str(rm_dir), str(tiny_model_dir), str(tmp_path / "out.json")],
+                            capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = json.loads((tmp_path / "out.json").read_text())
+    assert [r for r, _ in two] == [0, 1, 2]
+    torch.testing.assert_close(torch.tensor([s for _, s in two]), one, rtol=1e-5, atol=1e-5)
