@@ -73,7 +73,8 @@ def test_unknown_key_suggests_closest():
 def test_unsupported_keys_say_what_to_use():
     rejects(["actor_rollout_ref.actor.ppo_micro_batch_size=4"], "not supported", "ppo_micro_batch_size_per_gpu")
     rejects(["actor_rollout_ref.actor.strategy=deepspeed"], "strategy='deepspeed' is not one of")
-    rejects(["reward_model.enable=True"], "not supported")
+    rejects(["reward_model.enable=True"], "reward_model.enable=True needs reward_model.model.path")
+    rejects(["reward_model.launch_reward_fn_async=True"], "not supported")
     rejects(["algorithm.use_pf_ppo=True"], "is not supported", "PF-PPO")
 
 

@@ -98,7 +98,7 @@ RULES: list[Rule] = [
     *_roles("megatron.override_mcore_model_config.**", "note", "Megatron model settings; posttrain runs the "
             "transformers model (use model.override_config for its config)"),
     Rule("actor_rollout_ref.ref.megatron.optimizer_offload", "note", "the reference has no optimizer"),
-    Rule("reward_model.megatron.**", "note", "reward models are not supported yet"),
+    Rule("reward_model.megatron.**", "note", "the reward model runs as a transformers model (FSDP2 when sharded)"),
     *_roles("load_weight", "only", "posttrain always starts from the model's weights", (True,)),
 
     # ---- FSDP engine knobs of every role
@@ -106,8 +106,9 @@ RULES: list[Rule] = [
          "fsdp_config.mixed_precision.param_dtype / model.dtype (compute)"),
     *_roles("fsdp_config.dtype", "note", "posttrain: fsdp_config.model_dtype (stored weights) and "
             "fsdp_config.mixed_precision.param_dtype / model.dtype (compute)"),
-    *_roles("model.fsdp_config.**", "note", "reward models are not supported yet (reward_model.enable=True is "
-            "rejected)", roles=("reward_model",)),
+    *_roles("model.fsdp_config.**", "note", "the reward model is sharded with FSDP2 over the ranks like the "
+            "reference, in the rollout dtype; its own fsdp settings (param_offload too) are not read",
+            roles=("reward_model",)),
     *_roles("fsdp_config.strategy", "only", "FSDP2 is posttrain's sharding", ("fsdp", "fsdp2")),
     Rule("critic.model.fsdp_config.strategy", "only", "FSDP2 is posttrain's sharding", ("fsdp", "fsdp2")),
     Rule("**.fsdp_config.forward_prefetch", "note", "FSDP2 prefetches the next layer's gather by itself"),
@@ -288,21 +289,24 @@ RULES: list[Rule] = [
     Rule("data.validation_shuffle", "note", "validation runs over every row in file order"),
 
     # ---- rewards
-    Rule("reward_model.use_reward_loop", "note", "posttrain scores in its own scorer pool (reward_model.num_workers)"),
+    Rule("reward_model.use_reward_loop", "note", "posttrain scores rules in its own scorer pool "
+         "(reward_model.num_workers) and runs the reward model in the training processes"),
     Rule("reward_model.reward_loop_source", "note", "posttrain scores in its own scorer pool"),
     Rule("reward_model.reward_loop_module_path", "only", "use custom_reward_function.path", (None,)),
     Rule("reward_model.reward_loop_class_name", "only", "use custom_reward_function.path", (None,)),
     Rule("reward_model.reward_kwargs.overlong_buffer_cfg.*", "map", "DAPO overlong shaping",
          target="reward_model.overlong_buffer.{0}"),
     Rule("reward_model.reward_kwargs.max_resp_len", "note", "the overlong shaping uses data.max_response_length"),
-    Rule("reward_model.enable_resource_pool", "note", "reward models are not supported yet"),
-    Rule("reward_model.n_gpus_per_node", "note", "reward models are not supported yet"),
-    Rule("reward_model.nnodes", "note", "reward models are not supported yet"),
-    Rule("reward_model.strategy", "note", "reward models are not supported yet"),
-    Rule("reward_model.rollout.**", "note", "generative reward models are not supported yet"),
-    Rule("reward_model.model.override_config", "note", "reward models are not supported yet"),
-    Rule("reward_model.model.use_fused_kernels", "note", "reward models are not supported yet"),
-    Rule("reward_model.model.use_remove_padding", "note", "reward models are not supported yet"),
+    Rule("reward_model.enable_resource_pool", "note", "the reward model shares the training processes' devices"),
+    Rule("reward_model.n_gpus_per_node", "note", "the reward model shares the training processes' devices"),
+    Rule("reward_model.nnodes", "note", "the reward model shares the training processes' devices"),
+    Rule("reward_model.strategy", "note", "the reward model is sharded with FSDP2 like the reference"),
+    Rule("reward_model.rollout.**", "note", "the scalar reward model runs in-process with transformers; "
+         "generative judges (a served LLM grading responses) are not supported yet"),
+    Rule("reward_model.model.override_config", "note", "the reward model loads with its own config"),
+    Rule("reward_model.model.use_fused_kernels", "note", "the reward model runs the transformers forward"),
+    Rule("reward_model.model.use_remove_padding", "note", "the reward model runs on padded micro-batches, each cut "
+         "to its longest row"),
     Rule("reward_manager.source", "only", "reward_model.reward_manager names the manager", ("register",)),
     Rule("reward_manager.module.path", "only", "use custom_reward_function.path", (None,)),
     Rule("reward_manager.name", "note", "reward_model.reward_manager names the manager"),
@@ -630,27 +634,34 @@ DESCRIPTIONS: dict[str, str] = {
     'critic.loss_agg_mode':
         "null = the actor's",
     'reward_model.enable':
-        'model-based rewards; True is rejected (not supported yet)',
+        'a scalar reward model scores each response (on its last token); as in verl its score is the training '
+        'reward. Rule scoring (custom function or data_source scorer) still runs when every data source has a '
+        'scorer or a custom function is set, but only for metrics (`reward/acc/mean`, `reward/rule_score/mean`), '
+        'gdpo components and validation (rule-based; skipped when rule scoring is off). Logs '
+        '`reward/rm_score/mean`; DAPO overlong shaping is added to the model score',
     'reward_model.model.path':
-        'reward-model settings, read only with `enable=True`',
+        'sequence classifier with one label (`AutoModelForSequenceClassification`, `num_labels=1`), local or hub id; '
+        'a causal LM is refused (generative judges are not supported yet)',
     'reward_model.model.input_tokenizer':
-        'reward-model settings, read only with `enable=True`',
+        "tokenizer the policy's ids are decoded with before re-encoding in the reward model's chat template "
+        "(null = the actor's)",
     'reward_model.model.trust_remote_code':
-        'reward-model settings, read only with `enable=True`',
+        "allow the reward model's own modelling / tokenizer code",
     'reward_model.micro_batch_size_per_gpu':
-        'reward-model settings, read only with `enable=True`',
+        "rows per reward-model forward on each rank (null = all the rank's rows at once)",
     'reward_model.max_length':
-        'reward-model settings, read only with `enable=True`',
+        'keep the first this many tokens of the re-encoded exchange (null = all)',
     'reward_model.use_dynamic_bsz':
-        'reward-model settings, read only with `enable=True`',
+        'token-budget micro-batches for the reward model',
     'reward_model.forward_max_token_len_per_gpu':
-        'reward-model settings, read only with `enable=True`',
+        "token budget of one reward-model micro-batch (with `use_dynamic_bsz`)",
     'reward_model.reward_manager':
         '`naive`, `batch`, `dapo` (all score per response; `prime` is rejected)',
     'reward_model.launch_reward_fn_async':
         'rejected when True (scoring already runs in worker processes)',
     'reward_model.num_workers':
-        'scorer worker processes (0 = main process); hung or raising scorers are contained and counted',
+        'rule-scorer worker processes (0 = main process); hung or raising scorers are contained and counted. The '
+        'reward model (`enable=True`) runs in the training processes whatever this says',
     'reward_model.timeout_s':
         'per-response scorer limit in worker processes',
     'reward_model.sandbox_fusion.url':

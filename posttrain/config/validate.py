@@ -162,8 +162,13 @@ def _validate(cfg: Config) -> None:
 
     # ---- reward
     rm = cfg.reward_model
-    _unsupported(not rm.enable, "reward_model.enable=True: model-based rewards are not supported yet; use a rule scorer "
-                          "(by data_source) or custom_reward_function.path")
+    if rm.enable:
+        _check(bool(rm.model.path), "reward_model.enable=True needs reward_model.model.path (a sequence classifier "
+                                    "with one label, e.g. Skywork/Skywork-Reward-V2-Llama-3.1-8B)")
+        _check(rm.micro_batch_size_per_gpu is None or rm.micro_batch_size_per_gpu > 0,
+               "reward_model.micro_batch_size_per_gpu must be positive (or null: one pass over the rank's rows)")
+        _check(rm.max_length is None or rm.max_length > 0, "reward_model.max_length must be positive (or null)")
+        _check(rm.forward_max_token_len_per_gpu > 0, "reward_model.forward_max_token_len_per_gpu must be positive")
     _choice(rm.reward_manager, ("naive", "batch", "dapo"), "reward_model.reward_manager")
     _unsupported(not rm.launch_reward_fn_async, "reward_model.launch_reward_fn_async=True is not supported; scoring runs "
                                           "in worker processes already (reward_model.num_workers)")
@@ -281,7 +286,10 @@ def _check_sources(cfg: Config) -> None:
     arr = cfg.actor_rollout_ref
     for key, path in (("actor_rollout_ref.model.path", arr.model.path),
                       ("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path),
-                      ("critic.model.path", cfg.critic.model.path)):
+                      ("critic.model.path", cfg.critic.model.path),
+                      *((("reward_model.model.path", cfg.reward_model.model.path),
+                         ("reward_model.model.input_tokenizer", cfg.reward_model.model.input_tokenizer))
+                        if cfg.reward_model.enable else ())):
         if path:
             problem = model_source_problem(str(path), key=key)
             _check(problem is None, problem or "", group)

@@ -144,7 +144,7 @@ class RLDataset:
             extra_info["raw_prompt"] = messages
         return PromptItem(prompt_ids=encode_prompt(tokenizer, messages, self.template_kwargs), data_source=str(row[reward_fn_key]),
                           ground_truth=reward["ground_truth"], extra_info=extra_info,
-                          raw_prompt=messages if return_raw_chat else None)
+                          raw_prompt=messages)  # kept for the reward model's own chat template
 
     def __len__(self) -> int:
         return len(self.items)

@@ -120,6 +120,29 @@ def load_causal_lm(path: str, *, device: torch.device | str = "cpu", dtype: torc
     return model
 
 
+def load_reward_model(path: str, *, dtype: torch.dtype = torch.float32, meta: bool = False,
+                      trust_remote_code: bool = False, key: str = "reward_model.model.path"):
+    """A scalar reward model: a sequence classifier with one label. Anything else (a causal LM, a classifier with
+    several labels) would get a freshly initialised head from transformers, so it is refused by name."""
+    from transformers import AutoModelForSequenceClassification
+
+    from ..config import ConfigError
+
+    path = resolve_model_source(path, key=key)
+    config = model_config(path, trust_remote_code=trust_remote_code, key=key)
+    arch = list(getattr(config, "architectures", None) or [])
+    if not any(a.endswith("ForSequenceClassification") for a in arch) or config.num_labels != 1:
+        raise ConfigError(f"{key}='{path}' is {arch or 'a model of unknown architecture'} with {config.num_labels} "
+                          "labels; posttrain's reward models are sequence classifiers with one label "
+                          "(AutoModelForSequenceClassification, num_labels=1). Generative judges are not supported yet")
+    if meta:
+        with torch.device("meta"):
+            return AutoModelForSequenceClassification.from_config(config, dtype=dtype,
+                                                                  trust_remote_code=trust_remote_code)
+    return AutoModelForSequenceClassification.from_pretrained(path, config=config, dtype=dtype,
+                                                              trust_remote_code=trust_remote_code)
+
+
 @dataclass(frozen=True)
 class LoraSettings:
     """`actor_rollout_ref.model.lora_rank / lora_alpha / target_modules` for peft's LoRA."""

@@ -21,7 +21,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen2ForSequenceClassification)
 
 __all__ = [
     "CHAT_TEMPLATE",
@@ -31,6 +32,7 @@ __all__ = [
     "QWEN2_PRETOKENIZE_REGEX",
     "build_tokenizer",
     "build_tiny_model",
+    "build_tiny_reward_model",
 ]
 
 # Same string as transformers' Qwen2Tokenizer.PRETOKENIZE_REGEX: one digit per piece, letters grouped with at most
@@ -121,25 +123,10 @@ def build_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
-    n_tokens = len(tokenizer)
-    padded_vocab = (n_tokens + 7) // 8 * 8
-    eos_id = tokenizer.convert_tokens_to_ids(IM_END)
-    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-
-    config = Qwen2Config(
-        vocab_size=padded_vocab,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
-        bos_token_id=None,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-    )
+    config = _tiny_config(tokenizer, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                          num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                          max_position_embeddings=max_position_embeddings)
+    eos_id, pad_id = config.eos_token_id, config.pad_token_id
     # Seed a private generator state so building a model does not disturb (or depend on) the caller's RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -151,6 +138,36 @@ def build_tiny_model(
     tokenizer.save_pretrained(out)
     _mark_tokenizer_class(out)
     return out
+
+
+def build_tiny_reward_model(out_dir: str | Path, texts: Iterable[str], *, vocab_size: int = 512, hidden_size: int = 64,
+                            num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2, intermediate_size: int = 128,
+                            max_position_embeddings: int = 512, seed: int = 0) -> Path:
+    """A randomly initialised ``Qwen2ForSequenceClassification`` with one label (a scalar reward model, as the
+    Skywork / Qwen RMs are) and the tokenizer of ``build_tiny_model``, saved into ``out_dir``: the offline stand-in
+    for ``reward_model.model.path`` in tests and examples. Returns ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    config = _tiny_config(tokenizer, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                          num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                          max_position_embeddings=max_position_embeddings, num_labels=1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForSequenceClassification(config)
+        torch.nn.init.normal_(model.score.weight, std=1.0)  # scores of order 1 (the default init gives ~0.02)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    _mark_tokenizer_class(out)
+    return out
+
+
+def _tiny_config(tokenizer, **sizes) -> Qwen2Config:
+    """Qwen2 config for ``tokenizer``: the embedding matrix padded to a multiple of 8, eos = ``<|im_end|>``,
+    pad = ``<|endoftext|>``, no bos."""
+    return Qwen2Config(vocab_size=(len(tokenizer) + 7) // 8 * 8, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                       bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+                       pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN), **sizes)
 
 
 def _mark_tokenizer_class(out: Path) -> None:

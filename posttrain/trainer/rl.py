@@ -17,6 +17,7 @@ from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_
 from ..models.load import load_tokenizer
 from ..parallel import Parallel, shutdown
 from ..reward.manager import RewardManager
+from ..reward.model import ModelRewardManager
 from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
 from ..rollout.base import SamplingParams
@@ -79,10 +80,16 @@ class RLTrainer:
         self.roles = roles.trained
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        self.reward = RewardManager.from_config(cfg, self.tokenizer)
+        self.rule_reward = RewardManager.from_config(cfg, self.tokenizer)  # validation is rule-based (as in verl)
+        self.reward = (ModelRewardManager(self.rule_reward, roles.reward_model.score) if roles.reward_model is not None
+                       else self.rule_reward)
         for data in (self.train_data, self.val_data):
             if data is not None:
                 self.reward.check_data_sources(it.data_source for it in data.items)
+        if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not self._rule_scoring:
+            raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
+                              "a data source without a scorer turns them off; use metric=score (the reward model's) or "
+                              "set custom_reward_function.path")
         r = arr.rollout
         self.max_new = r.response_length or cfg.data.max_response_length
         rc = cfg.algorithm.rollout_correction
@@ -102,6 +109,11 @@ class RLTrainer:
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.global_step = 0
         self.data_cursor = 0  # batches of prompts drawn so far (dynamic sampling draws more than one per step)
+
+    @property
+    def _rule_scoring(self) -> bool:
+        """Whether rule scores exist: always without a reward model; with one, when every row has a scorer."""
+        return getattr(self.reward, "rule_scoring", True)
 
     def _seed(self, base: int) -> None:
         """Sampling noise: the same for the ranks of one tensor-parallel group, different across data ranks."""
@@ -257,7 +269,7 @@ class RLTrainer:
     def validate(self) -> dict[str, float]:
         """Generate for the validation prompts (each rank its share of each chunk), score, gather, and report
         mean@n / maj@n / pass@k per data source."""
-        if self.val_data is None:
+        if self.val_data is None or not self._rule_scoring:
             return {}
         chunk = self.cfg.data.val_batch_size or len(self.val_data)
         records = []  # (data_source, uid, score, answer, sample) for every response, gathered over ranks
@@ -270,7 +282,7 @@ class RLTrainer:
                     self._seed(self.cfg.trainer.seed + 17 * start)
                     batch = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, f"v{start}", share.start),
                                                   self.val_sampling)
-                    _, extras = self.reward(batch)
+                    _, extras = self.rule_reward(batch)
                     m = batch.meta
                     mine = [(ds, uid, s, _answer(ds, t), {"data_source": ds, "ground_truth": str(gt), "response": t,
                                                           "score": s})

@@ -13,6 +13,7 @@ from ..roles.actor import Actor
 from ..roles.common import Worker
 from ..roles.critic import Critic
 from ..roles.reference import Reference
+from ..roles.reward_model import RewardModel
 from ..rollout.engine import DecodeEngine
 from ..rollout.hf import HFRollout
 
@@ -34,6 +35,11 @@ def model_sources(cfg) -> dict[str, str]:
         keys["actor_rollout_ref.model.tokenizer_path"] = model.tokenizer_path
     if needs_critic(cfg) and cfg.critic.model.path:
         keys["critic.model.path"] = cfg.critic.model.path
+    rm = cfg.reward_model
+    if rm.enable:
+        keys["reward_model.model.path"] = rm.model.path
+        if rm.model.input_tokenizer:
+            keys["reward_model.model.input_tokenizer"] = rm.model.input_tokenizer
     return {key: resolve_model_source(path, key=key) for key, path in keys.items()}
 
 
@@ -60,7 +66,8 @@ def _moves_adam(fsdp_cfg) -> bool:
 
 
 class Roles:
-    """The models of one run on this rank: actor (+ rollout over the same weights), reference, critic."""
+    """The models of one run on this rank: actor (+ rollout over the same weights), reference, critic, reward
+    model."""
 
     def __init__(self, cfg, par: Parallel, tokenizer, total_steps: int):
         arr, tr = cfg.actor_rollout_ref, cfg.trainer
@@ -107,6 +114,8 @@ class Roles:
             self.critic = Critic(Worker(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
                                  seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config))
+        self.reward_model = (RewardModel.from_config(cfg, par, tokenizer, balance_batch=tr.balance_batch)
+                             if cfg.reward_model.enable else None)
         r = arr.rollout
         engine = HFRollout if r.name == "hf" else DecodeEngine  # vllm / sglang name engines posttrain lacks
         self.rollout = engine(actor_worker.model, tokenizer, device=par.device,

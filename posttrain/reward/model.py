@@ -1,0 +1,63 @@
+"""Rewards from a scalar reward model, and how they meet the rule scorers.
+
+The rule, as verl's reward managers apply it (they return `rm_scores` as they are when a reward model ran): the
+reward model's score is the training reward, on the last response token. Rule scoring (custom_reward_function, or
+the data_source's scorer) runs beside it only when it can score every row — a custom function is set, or every
+data source has a scorer — and then only feeds the metrics (`reward/acc/mean`, `reward/rule_score/mean`, the
+scorer's own keys), gdpo's reward components and validation, which stays rule-based as in verl. DAPO's overlong
+shaping, when on, is added to the reward model's score.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..data.batch import Batch
+from .manager import RewardManager, overlong_penalty
+from .registry import default_compute_score, known_data_sources
+
+
+class ModelRewardManager:
+    """`(batch) -> (token_level_scores, extras)` like RewardManager; `score_fn(batch) -> (B,)` is the reward
+    model's pass (RewardModel.score), called on every rank at once."""
+
+    def __init__(self, rule: RewardManager, score_fn: Callable[[Batch], torch.Tensor]):
+        self.rule, self.score_fn = rule, score_fn
+        self.rule_scoring = True  # until a data source without a scorer is seen (check_data_sources)
+
+    def check_data_sources(self, sources) -> None:
+        """Rows need no rule scorer here: a data source without one turns rule scoring off (the reward model
+        alone scores; validation then has nothing to report)."""
+        if self.rule.compute_score is default_compute_score:
+            known = set(known_data_sources())
+            self.rule_scoring = self.rule_scoring and all(s in known for s in set(sources))
+
+    def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
+        mask = batch["response_mask"]
+        rm = self.score_fn(batch).float()
+        extras: dict[str, list] = {}
+        if self.rule_scoring:
+            _, extras = self.rule(batch)
+            extras["rule_score"] = extras["score"]
+            extras.pop("overlong_penalty", None)  # recomputed below, on the reward model's score
+        else:
+            extras["response_text"] = self.rule.tokenizer.batch_decode(
+                [r[m.bool()].tolist() for r, m in zip(batch["responses"], mask)], skip_special_tokens=True)
+        extras["rm_score"] = rm.tolist()
+        extras["score"] = rm.tolist()  # the training reward before shaping (rollout dumps, filter_groups' `score`)
+        scores = rm
+        if self.rule.overlong:
+            max_len, buf, factor = self.rule.overlong
+            penalties = [overlong_penalty(int(n), max_len, buf, factor) for n in mask.sum(-1).tolist()]
+            if self.rule.log_overlong:
+                extras["overlong_penalty"] = penalties
+            scores = scores + torch.tensor(penalties)
+        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
+        last = (mask.sum(-1) - 1).clamp(min=0)
+        token_scores[torch.arange(len(rm)), last] = scores * (mask.sum(-1) > 0)
+        return token_scores, extras
+
+    def close(self) -> None:
+        self.rule.close()

@@ -1,0 +1,122 @@
+"""The scalar reward model (`reward_model.enable=True`): a sequence classifier with one label that reads each
+prompt's chat plus the response in its own tokenizer and chat template, and gives the exchange one number.
+
+Shaped like the reference: frozen, eval mode, no grad, the rollout's compute dtype (autocast in one process, FSDP2's
+mixed precision when sharded over several processes, built with the same `prepare_model`). Each rank scores the
+rows it generated; the micro-batch count is made equal over ranks, so a sharded model's collectives line up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..data.batch import Batch
+from ..models.load import compute_dtype, eval_mode, load_reward_model, load_tokenizer
+from ..parallel import Parallel, ShardSettings, prepare_model
+from .common import Worker
+
+
+def rm_input_ids(tokenizer, messages: list[dict], response: str, max_length: int | None) -> list[int]:
+    """`messages + [assistant: response]` in the reward model's chat template (without one: the contents joined
+    by newlines, with the tokenizer's own special tokens), the first `max_length` tokens kept (verl's right
+    truncation)."""
+    chat = [*messages, {"role": "assistant", "content": response}]
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer("\n".join(str(m["content"]) for m in chat))["input_ids"]
+    return ids[:max_length] if max_length else ids
+
+
+def _score_head(model) -> torch.nn.Module | None:
+    """The per-position output layer of the decoder-LM classifiers (Llama, Qwen2, Mistral, Gemma: `score`)."""
+    head = getattr(model, "score", None)
+    return head if isinstance(head, torch.nn.Module) else None
+
+
+class RewardModel:
+    def __init__(self, worker: Worker, cfg, *, tokenizer, input_tokenizer):
+        self.worker, self.model, self.cfg = worker, worker.model, cfg
+        self.tokenizer, self.input_tokenizer = tokenizer, input_tokenizer
+        self.model.eval().requires_grad_(False)
+        if self.model.config.pad_token_id is None:  # transformers' classifiers refuse batches > 1 without one
+            self.model.config.pad_token_id = tokenizer.pad_token_id
+        self.head = _score_head(self.model)
+
+    @classmethod
+    def from_config(cls, cfg, par: Parallel, input_tokenizer=None, *, balance_batch: bool = True) -> "RewardModel":
+        """`reward_model.*` of `cfg`; `input_tokenizer` decodes the policy's ids (default: the actor's tokenizer,
+        or `reward_model.model.input_tokenizer` when set)."""
+        rm, arr = cfg.reward_model, cfg.actor_rollout_ref
+        dtype = compute_dtype(arr.rollout.dtype, par.device)
+        trust = rm.model.trust_remote_code
+        if rm.model.input_tokenizer:
+            input_tokenizer = load_tokenizer(rm.model.input_tokenizer, trust,
+                                             key="reward_model.model.input_tokenizer")
+        elif input_tokenizer is None:
+            key = "actor_rollout_ref.model." + ("tokenizer_path" if arr.model.tokenizer_path else "path")
+            input_tokenizer = load_tokenizer(arr.model.tokenizer_path or arr.model.path, arr.model.trust_remote_code,
+                                             key=key)
+        tokenizer = load_tokenizer(rm.model.path, trust, key="reward_model.model.path")
+
+        def build(meta: bool):
+            return load_reward_model(rm.model.path, meta=meta, trust_remote_code=trust)
+
+        model = prepare_model(build, par, ShardSettings(param_dtype=dtype))
+        return cls(Worker(model, par, dtype=dtype, balance_batch=balance_batch), rm, tokenizer=tokenizer,
+                   input_tokenizer=input_tokenizer)
+
+    def encode(self, batch: Batch) -> list[list[int]]:
+        """The reward model's ids for each row: the prompt's chat (`raw_prompt`; without it the decoded prompt as
+        one user turn) and the decoded response."""
+        dec = self.input_tokenizer
+        responses = dec.batch_decode([r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])],
+                                     skip_special_tokens=True)
+        chats = batch.meta.get("raw_prompt") or [None] * len(batch)
+        out = []
+        for i, (chat, response) in enumerate(zip(chats, responses)):
+            if chat is None:
+                prompt = batch["prompts"][i][batch["prompt_mask"][i].bool()].tolist()
+                chat = [{"role": "user", "content": dec.decode(prompt, skip_special_tokens=True)}]
+            out.append(rm_input_ids(self.tokenizer, list(chat), response, self.cfg.max_length))
+        return out
+
+    @torch.no_grad()
+    def score(self, batch: Batch) -> torch.Tensor:
+        """(B,) float32: the classifier's output at the last real token of each row's re-encoded exchange."""
+        ids = self.encode(batch)
+        n, width = len(ids), max([len(x) for x in ids] + [1])
+        input_ids = torch.full((n, width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        for i, row in enumerate(ids):  # right padding: positions 0.. of every row are its real tokens
+            input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            mask[i, : len(row)] = 1
+        cfg = self.cfg
+        parts = self.worker.micro_parts(Batch({"attention_mask": mask}), cfg.micro_batch_size_per_gpu,
+                                        max_tokens=cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
+        scores = torch.zeros(n, dtype=torch.float32)
+        with eval_mode(self.model):
+            for part in parts:
+                if not part:  # this rank has fewer rows than micro-batches: a sharded model still joins the pass
+                    self._forward(input_ids[:1, :1], torch.ones((1, 1), dtype=torch.long))
+                    continue
+                w = int(mask[part].sum(-1).max())
+                scores[part] = self._forward(input_ids[part, :w], mask[part, :w])
+        return scores
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        captured = {}
+        hook = self.head.register_forward_hook(lambda m, i, o: captured.setdefault("logits", o)) if self.head else None
+        try:
+            kwargs = {"use_cache": False} if hasattr(self.model.config, "use_cache") else {}
+            with self.worker.autocast():
+                out = self.model(input_ids=ids.to(self.worker.device), attention_mask=mask.to(self.worker.device),
+                                 **kwargs)
+        finally:
+            if hook is not None:
+                hook.remove()
+        if captured.get("logits") is None or captured["logits"].dim() != 3:  # the classifier's own pooling
+            return out.logits[:, 0].float().cpu()
+        logits = captured["logits"][..., 0].float().cpu()  # (b, T): the score the head gives every position
+        return logits[torch.arange(len(ids)), mask.sum(-1) - 1]
