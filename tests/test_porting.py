@@ -23,7 +23,6 @@ NOT_LOADING = {
     "grpo_trainer/run_deepseek671b_math_megatron_80gb.sh": "must be divisible by the 256 data-parallel ranks",
     "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": "must be divisible by the 12 data-parallel ranks",
     "grpo_trainer/run_minicpmo2_6.sh": "data.custom_cls.path",
-    "grpo_trainer/run_mistral13b_skyworkrm_hhrlhf.sh": "reward_model.enable=True",
     "grpo_trainer/run_moonlight16b_math_megatron.sh": "must be divisible by the 6 data-parallel ranks",
     "grpo_trainer/run_qwen2-32b_sglang_fsdp_npu.sh": "custom_reward_function.path",
     "grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.sh": "lora_adapter_path",
@@ -34,15 +33,6 @@ NOT_LOADING = {
     "grpo_trainer/run_qwen3_vl-30b-megatron.sh": "tp_size=2 must divide the 1 processes",
     "ppo_trainer/run_deepseek7b_llm_pfppo.sh": "PF-PPO",
     "ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": "sandbox_fusion.url",
-    "ppo_trainer/run_deepseek_full_hh_rlhf.sh": "reward_model.enable=True",
-    "ppo_trainer/run_qwen2-7b_rm.sh": "reward_model.enable=True",
-    "ppo_trainer/run_qwen2-7b_rm_legacy.sh": "reward_model.enable=True",
-    "ppo_trainer/run_qwen2-7b_rm_reward_loop_colocate.sh": "reward_model.enable=True",
-    "ppo_trainer/run_qwen2-7b_rm_seq_balance.sh": "reward_model.enable=True",
-    "ppo_trainer/run_qwen2-7b_rm_seq_balance_fused_kernels.sh": "reward_model.enable=True",
-    "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": "reward_model.enable=True",
-    "ppo_trainer/run_qwen2.5-3b_rm_legacy.sh": "reward_model.enable=True",
-    "ppo_trainer/run_qwen2.5-3b_rm_reward_loop_colocate.sh": "reward_model.enable=True",
 }
 
 
@@ -157,9 +147,9 @@ def test_override_config_names_unknown_field(tiny_model_dir):
         model_config(str(tiny_model_dir), override_config={"atention_dropout": 0.1}, key="actor_rollout_ref.model.path")
 
 
-def _script_argv(name, model, data):
+def _script_argv(name, model, data, reward_model=None):
     record = json.loads((SCRIPTS / name).read_text())
-    argv = [a.replace("$REWARD_MODEL_PATH", model).replace("$MODEL_PATH", model).replace("$TRAIN_FILES", data)
+    argv = [a.replace("$REWARD_MODEL_PATH", reward_model or model).replace("$MODEL_PATH", model).replace("$TRAIN_FILES", data)
             .replace("$VAL_FILES", data) for a in record["argv"]]
     hydra = {a.split("=")[0]: a.split("=", 1)[1] for a in argv if a.startswith("--config-")}
     return record["script"], hydra, [a for a in argv if not a.startswith("--config-")]
@@ -189,19 +179,32 @@ def test_recorded_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file,
         assert fragment in failed[script], (script, failed[script])
 
 
+@pytest.fixture(scope="module")
+def tiny_reward_model(tmp_path_factory):
+    from posttrain.data.synthetic import tokenizer_corpus
+    from posttrain.models.tiny import build_tiny_reward_model
+
+    return str(build_tiny_reward_model(tmp_path_factory.mktemp("rm"), tokenizer_corpus(0, 200), seed=1))
+
+
 @pytest.mark.parametrize("name", ["grpo_trainer__run_qwen2-7b.json", "gpg_trainer__run_qwen2-7b_math_megatron.json",
-                                  "ppo_trainer__run_deepseek7b_llm.json"])
-def test_recorded_script_trains_two_steps(name, tiny_model_dir, gsm8k_file, tmp_path, tracking_installed):
-    """The script's own keys plus small batch sizes on the tiny model: two steps run and log metrics."""
+                                  "ppo_trainer__run_deepseek7b_llm.json",
+                                  "ppo_trainer__run_qwen2-7b_rm_seq_balance.json"])
+def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_model, gsm8k_file, tmp_path,
+                                          tracking_installed):
+    """The script's own keys plus small batch sizes on the tiny models: two steps run and log metrics (the last one
+    scores with a reward model)."""
     sys.path.insert(0, str(ROOT / "tools"))
     from verl_examples import SMALL
 
     from posttrain.trainer.rl import run_rl
 
-    script, hydra, overrides = _script_argv(name, str(tiny_model_dir), gsm8k_file)
+    script, hydra, overrides = _script_argv(name, str(tiny_model_dir), gsm8k_file, tiny_reward_model)
     config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
     small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL]
     cfg = load_config(config_file, base + overrides + small + ["data.train_max_samples=16"])
     run_rl(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
+    if "_rm_" in name:
+        assert all("reward/rm_score/mean" in r for r in rows if "actor/pg_loss" in r)
