@@ -51,6 +51,12 @@ RULES: list[Rule] = [
     Rule("global_profiler.**", "note", PROFILER),
     *_roles("profiler.**", "note", PROFILER),
     Rule("actor_rollout_ref.rollout.profiler.**", "note", PROFILER),
+    Rule("actor_rollout_ref.*.profile.**", "note", PROFILER),
+    Rule("actor_rollout_ref.profiler.**", "note", PROFILER),
+    Rule("trainer.controller_nsight_options.**", "note", PROFILER),
+    Rule("trainer.worker_nsight_options.**", "note", PROFILER),
+    Rule("trainer.npu_profile.**", "note", PROFILER),
+    Rule("trainer.profile_steps", "note", PROFILER),
     Rule("ray_init.**", "note", NOT_RAY),
     Rule("ray_kwargs.**", "note", NOT_RAY),
     Rule("trainer.ray_wait_register_center_timeout", "note", NOT_RAY),
@@ -257,6 +263,9 @@ RULES: list[Rule] = [
       for k in ("cudagraph_capture_sizes", "data_parallel_size", "disable_log_stats", "enable_prefix_caching",
                 "layered_summon", "max_model_len", "multi_stage_wake_up", "scheduling_policy", "skip_tokenizer_init",
                 "expert_parallel_size", "pipeline_model_parallel_size", "skip_dump_dir", "limit_images")],
+    Rule("actor_rollout_ref.rollout.update_weights_bucket_megabytes", "note", "posttrain's engine reads the training "
+         "weights in place (no weight transfer)"),
+    Rule("actor_rollout_ref.ref.model", "only", "the reference is the actor's starting model", (None,)),
     Rule("actor_rollout_ref.rollout.logprobs_mode", "note", "the sampled tokens' log-probs are those of the "
          "processed (temperature, top-k, top-p) distribution"),
     Rule("actor_rollout_ref.rollout.quantization", "only", "posttrain's engine decodes in model.dtype / rollout.dtype; "
@@ -316,6 +325,22 @@ RULES: list[Rule] = [
     Rule("algorithm.use_pf_ppo", "only", "PF-PPO (reweighting samples by reward) is not supported", (False,)),
     Rule("algorithm.pf_ppo.*", "note", "PF-PPO is not supported"),
 
+
+    Rule("algorithm.rollout_correction.rollout_rs_threshold_lower", "only", "rejection sampling is not supported",
+         (None,)),
+    Rule("algorithm.rollout_correction.rollout_token_veto_threshold", "only", "the token veto is not supported",
+         (None,)),
+    Rule("algorithm.rollout_correction.use_policy_gradient", "only", "bypass mode runs the configured policy "
+         "loss (loss_type=ppo_clip)", (False,)),
+    Rule("algorithm.rollout_is_threshold", "map", "the older spelling of rollout correction's threshold",
+         target="algorithm.rollout_correction.rollout_is_threshold"),
+    Rule("algorithm.rollout_is", "only", "the older spelling: set algorithm.rollout_correction.rollout_is=token "
+         "(or sequence) instead", (False,)),
+    Rule("algorithm.rollout_is_level", "note", "the older spelling: algorithm.rollout_correction.rollout_is names the "
+         "level"),
+    Rule("algorithm.rollout_is_mode", "only", "weights are truncated (the only mode)", ("truncate",)),
+    Rule("algorithm.rollout_is_threshold_lower", "only", "rejection sampling is not supported", (None,)),
+    Rule("algorithm.rollout_is_veto_threshold", "note", "the token veto is not applied"),
 
     # ---- trainer
     Rule("trainer.default_hdfs_dir", "only", "checkpoints are written to trainer.default_local_dir (copy them "
