@@ -43,7 +43,8 @@ def main(spec_path: str) -> None:
         metrics = trainer.learn(batch)
         states = {role: full_model_state(obj.model) for role, obj in trainer.roles.items()}
         if par.is_main:
-            torch.save({"metrics": metrics, "states": states, "old_log_probs": batch.get("old_log_probs"),
+            shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.roles.items()}
+            torch.save({"metrics": metrics, "states": states, "shared": shared, "old_log_probs": batch.get("old_log_probs"),
                         "ref_log_probs": batch.get("ref_log_probs"), "values": batch.get("values")},
                        out / f"{name}.pt")
         if spec.get("count_gathers") and name == next(iter(spec["cases"])):

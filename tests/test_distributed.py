@@ -113,6 +113,8 @@ def assert_same_update(reference: Path, other: Path):
         for key in METRICS:
             if key in want["metrics"]:
                 assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (case, key)
+        # the models that share prompts in one process do so when sharded too (the fast path is not lost)
+        assert got["shared"] == want["shared"], (case, got["shared"], want["shared"])
         for key in ("old_log_probs", "ref_log_probs", "values"):
             if want[key] is not None:
                 assert torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-6), (case, key)
@@ -125,6 +127,7 @@ def assert_same_update(reference: Path, other: Path):
 def test_two_processes_equal_one(fixed_batch, tiny_model_dir, one_process):
     two = run_layout(fixed_batch, tiny_model_dir, "fsdp2", 2, [], count_gathers=True)
     assert_same_update(one_process, two)
+    assert any(torch.load(two / f"{case}.pt")["shared"].get("actor") for case in CASES)
     gathers = json.loads((two / "gathers.json").read_text())
     # generation gathers each FSDP unit once, however many tokens it decodes
     assert gathers["counts"][0] == gathers["counts"][1] <= gathers["units"], gathers

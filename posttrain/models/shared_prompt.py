@@ -36,17 +36,26 @@ ATTENTION_NAME = "posttrain_shared_prompt"
 log = logging.getLogger(__name__)
 
 
+class PromptKeyValues:
+    """Per-layer keys and values of the prompt call, read by the response call. A plain object, not a dict: FSDP2
+    rebuilds the dicts and dataclasses in a forward's arguments when it moves them to the device, and both calls
+    must see the same storage."""
+
+    def __init__(self):
+        self.keys: dict = {}
+        self.values: dict = {}
+
+
 @dataclass
 class PromptContext:
     """Shared between the two calls. `row_prompt` (rows,): each response row's prompt; `prompt_mask` (prompts,
-    P) bool. The prompt call (`attend=False`) fills `keys` / `values` per layer; the response call (`attend=True`,
+    P) bool. The prompt call (`attend=False`) fills `stored` per layer; the response call (`attend=True`,
     see `responses()`) reads them. Each call gets its own object, so a layer recomputed in the backward pass
     (activation checkpointing) runs as it did in the forward."""
 
     row_prompt: torch.Tensor
     prompt_mask: torch.Tensor
-    keys: dict = field(default_factory=dict)
-    values: dict = field(default_factory=dict)
+    stored: PromptKeyValues = field(default_factory=PromptKeyValues)
     attend: bool = False
     _mask: torch.Tensor | None = None
 
@@ -72,11 +81,11 @@ def shared_prompt_attention(module, query, key, value, attention_mask, dropout: 
         raise RuntimeError("shared-prompt attention runs full attention only (no sliding window, softcap or sinks)")
     ctx, layer = shared_prompt, module.layer_idx
     if not ctx.attend:  # the prompts: ordinary attention, keys and values kept (a recompute overwrites them)
-        ctx.keys[layer], ctx.values[layer] = key, value
+        ctx.stored.keys[layer], ctx.stored.values[layer] = key, value
         return sdpa_attention_forward(module, query, key, value, attention_mask, **plain)
     rows, _, length, _ = query.shape
-    keys = torch.cat([ctx.keys[layer].index_select(0, ctx.row_prompt), key], dim=2)
-    values = torch.cat([ctx.values[layer].index_select(0, ctx.row_prompt), value], dim=2)
+    keys = torch.cat([ctx.stored.keys[layer].index_select(0, ctx.row_prompt), key], dim=2)
+    values = torch.cat([ctx.stored.values[layer].index_select(0, ctx.row_prompt), value], dim=2)
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=ctx.response_mask(length), dropout_p=dropout,
                                          scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
