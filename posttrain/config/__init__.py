@@ -4,5 +4,5 @@ from .loader import ConfigError, all_keys, hydra_config, load_config, parse_over
 from .schema import Config
 from .validate import config_warnings, validate_config
 
-__all__ = ["Config", "ConfigError", "all_keys", "hydra_config", "config_warnings", "load_config", "parse_override", "parse_value",
-           "to_dict", "to_yaml", "validate_config"]
+__all__ = ["Config", "ConfigError", "all_keys", "config_warnings", "hydra_config", "load_config", "parse_override",
+           "parse_value", "to_dict", "to_yaml", "validate_config"]

@@ -26,6 +26,8 @@ class Rule:
 
 
 ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
+ACTOR_REF = ROLES[:2]
+TRAINED = ("actor_rollout_ref.actor", "critic")
 NOT_RAY = "posttrain starts its own processes (torch.distributed) and does not use Ray"
 ENGINE = "a knob of the vLLM/SGLang engines; posttrain's decoding engine sizes its cache per call"
 PROFILER = ("posttrain has no profiler hook; run py-spy or torch.profiler around `posttrain train` "
@@ -66,7 +68,8 @@ RULES: list[Rule] = [
 
     # ---- Megatron layouts onto FSDP2 x tensor parallel
     Rule("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "map",
-         "Megatron tensor parallel = posttrain's tensor parallel", target="actor_rollout_ref.actor.fsdp_config.tp_size"),
+         "Megatron tensor parallel = posttrain's tensor parallel",
+         target="actor_rollout_ref.actor.fsdp_config.tp_size"),
     *_roles("megatron.tensor_model_parallel_size", "note",
             "every role uses the actor's tensor-parallel layout (actor.megatron.tensor_model_parallel_size)",
             roles=ROLES[1:]),
@@ -85,7 +88,8 @@ RULES: list[Rule] = [
          target="critic.model.fsdp_config.param_offload"),
     Rule("critic.megatron.optimizer_offload", "map", "keep Adam state in CPU memory",
          target="critic.model.fsdp_config.optimizer_offload"),
-    *_roles("megatron.grad_offload", "note", "gradients follow fsdp_config.param_offload (FSDP2 CPU offload)"),
+    *_roles("megatron.grad_offload", "note", "gradients follow fsdp_config.param_offload (FSDP2 CPU offload)",
+            roles=ROLES[:3]),
     *_roles("megatron.use_distributed_optimizer", "note", "FSDP2 shards the optimizer state over the "
             "data-parallel ranks always"),
     *_roles("megatron.use_dist_checkpointing", "note", DIST_CKPT),
@@ -97,26 +101,22 @@ RULES: list[Rule] = [
     *_roles("megatron.use_mbridge", "note", "posttrain loads Hugging Face models directly, no bridge"),
     *_roles("megatron.vanilla_mbridge", "note", "posttrain loads Hugging Face models directly, no bridge"),
     *_roles("megatron.use_remove_padding", "note", TRANSFORMERS),
-    *_roles("megatron.forward_only", "note", "the role decides whether it trains"),
+    *_roles("megatron.forward_only", "note", "the role decides whether it trains", roles=ROLES[:3]),
     *_roles("megatron.override_transformer_config.**", "note", "Megatron kernel, fusion and recompute settings; "
             "posttrain runs the transformers model (activation checkpointing: model.enable_gradient_checkpointing)"),
-    *_roles("megatron.override_ddp_config.**", "note", "Megatron DDP settings; posttrain uses FSDP2"),
+    *_roles("megatron.override_ddp_config.**", "note", "Megatron DDP settings; posttrain uses FSDP2", roles=ROLES[:3]),
     *_roles("megatron.override_mcore_model_config.**", "note", "Megatron model settings; posttrain runs the "
-            "transformers model (use model.override_config for its config)"),
+            "transformers model (use model.override_config for its config)", roles=ROLES[:3]),
     Rule("actor_rollout_ref.ref.megatron.optimizer_offload", "note", "the reference has no optimizer"),
     Rule("reward_model.megatron.**", "note", "the reward model runs as a transformers model (FSDP2 when sharded)"),
     *_roles("load_weight", "only", "posttrain always starts from the model's weights", (True,)),
 
     # ---- FSDP engine knobs of every role
-    Rule("critic.model.fsdp_config.dtype", "note", "posttrain: fsdp_config.model_dtype (stored weights) and "
+    Rule("reward_model.model.fsdp_config.**", "note", "the reward model is sharded with FSDP2 over the ranks like "
+         "the reference, in the rollout dtype; its own fsdp settings (param_offload too) are not read"),
+    Rule("**.fsdp_config.dtype", "note", "posttrain: fsdp_config.model_dtype (stored weights) and "
          "fsdp_config.mixed_precision.param_dtype / model.dtype (compute)"),
-    *_roles("fsdp_config.dtype", "note", "posttrain: fsdp_config.model_dtype (stored weights) and "
-            "fsdp_config.mixed_precision.param_dtype / model.dtype (compute)"),
-    *_roles("model.fsdp_config.**", "note", "the reward model is sharded with FSDP2 over the ranks like the "
-            "reference, in the rollout dtype; its own fsdp settings (param_offload too) are not read",
-            roles=("reward_model",)),
-    *_roles("fsdp_config.strategy", "only", "FSDP2 is posttrain's sharding", ("fsdp", "fsdp2")),
-    Rule("critic.model.fsdp_config.strategy", "only", "FSDP2 is posttrain's sharding", ("fsdp", "fsdp2")),
+    Rule("**.fsdp_config.strategy", "only", "FSDP2 is posttrain's sharding", ("fsdp", "fsdp2")),
     Rule("**.fsdp_config.forward_prefetch", "note", "FSDP2 prefetches the next layer's gather by itself"),
     Rule("**.fsdp_config.use_orig_params", "note", "FSDP2 keeps the original parameters always"),
     Rule("**.fsdp_config.offload_policy", "note", "fsdp_config.param_offload selects FSDP2's CPUOffloadPolicy"),
@@ -132,20 +132,23 @@ RULES: list[Rule] = [
     Rule("**.fsdp_config.ulysses_sequence_parallel_size", "note", NO_SP),
 
     # ---- actor / ref / critic
-    *_roles("entropy_checkpointing", "note", TRANSFORMERS),
-    *_roles("entropy_from_logits_with_chunking", "note", TRANSFORMERS),
+    *_roles("entropy_checkpointing", "note", TRANSFORMERS, roles=ACTOR_REF),
+    *_roles("entropy_from_logits_with_chunking", "note", TRANSFORMERS, roles=ACTOR_REF),
     *_roles("use_torch_compile", "note", "posttrain runs eagerly (compile time outweighs the gain at these sizes; "
-            "docs/performance.md)"),
-    *_roles("rollout_n", "note", "always actor_rollout_ref.rollout.n"),
-    *_roles("router_replay.mode", "only", "MoE router replay is not supported", ("disabled",)),
-    *_roles("router_replay.record_file", "only", "MoE router replay is not supported", (None,)),
-    *_roles("router_replay.replay_file", "only", "MoE router replay is not supported", (None,)),
+            "docs/performance.md)", roles=ACTOR_REF),
+    *_roles("rollout_n", "note", "always actor_rollout_ref.rollout.n", roles=ROLES[:3]),
+    *_roles("router_replay.mode", "only", "MoE router replay is not supported", ("disabled",), roles=ACTOR_REF),
+    *_roles("router_replay.record_file", "only", "MoE router replay is not supported", (None,), roles=ACTOR_REF),
+    *_roles("router_replay.replay_file", "only", "MoE router replay is not supported", (None,), roles=ACTOR_REF),
     *_roles("ulysses_sequence_parallel_size", "note", NO_SP),
-    *_roles("data_loader_seed", "note", "the mini-batch shuffle (actor.shuffle) is seeded by trainer.seed"),
-    *_roles("checkpoint.async_save", "only", "checkpoints are written synchronously and atomically", (False,)),
+    *_roles("data_loader_seed", "note", "the mini-batch shuffle (actor.shuffle) is seeded by trainer.seed",
+            roles=TRAINED),
+    Rule("actor_rollout_ref.actor.checkpoint.async_save", "only", "checkpoints are written synchronously and "
+         "atomically", (False,)),
     Rule("critic.checkpoint.*", "note", "one checkpoint holds every role; actor.checkpoint.* decides its contents"),
     Rule("actor_rollout_ref.actor.ppo_micro_batch_size", "only",
-         "the global micro-batch size is deprecated; use actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", (None,)),
+         "the global micro-batch size is deprecated; use actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+         (None,)),
     Rule("actor_rollout_ref.rollout.log_prob_micro_batch_size", "only",
          "use actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", (None,)),
     Rule("actor_rollout_ref.ref.log_prob_micro_batch_size", "only",
@@ -262,7 +265,7 @@ RULES: list[Rule] = [
     *[Rule(f"actor_rollout_ref.rollout.{k}", "note", ENGINE)
       for k in ("cudagraph_capture_sizes", "data_parallel_size", "disable_log_stats", "enable_prefix_caching",
                 "layered_summon", "max_model_len", "multi_stage_wake_up", "scheduling_policy", "skip_tokenizer_init",
-                "expert_parallel_size", "pipeline_model_parallel_size", "skip_dump_dir", "limit_images")],
+                "expert_parallel_size", "pipeline_model_parallel_size", "skip_dump_dir")],
     Rule("actor_rollout_ref.rollout.update_weights_bucket_megabytes", "note", "posttrain's engine reads the training "
          "weights in place (no weight transfer)"),
     Rule("actor_rollout_ref.ref.model", "only", "the reference is the actor's starting model", (None,)),
@@ -403,7 +406,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.model.enable_gradient_checkpointing':
         'activation checkpointing in the actor (and critic) forward',
     'actor_rollout_ref.model.lora_rank':
-        '> 0 trains a LoRA adapter of this rank (peft) instead of all weights; the reference is then the same model with the adapter off',
+        '> 0 trains a LoRA adapter of this rank (peft) instead of all weights; the reference is then the same'
+        ' model with the adapter off',
     'actor_rollout_ref.model.lora_alpha':
         'LoRA scale and the modules it adapts (`all-linear`, a comma-separated string or a list of names)',
     'actor_rollout_ref.model.target_modules':
@@ -411,7 +415,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.model.override_config':
         'entries set on the model config before loading (e.g. `attention_dropout`)',
     'actor_rollout_ref.model.dtype':
-        "compute dtype: `auto` = bf16 where the hardware supports it, else fp32; or `bf16`, `fp16`, `fp32` (autocast in one process, FSDP's mixed precision when sharded)",
+        'compute dtype: `auto` = bf16 where the hardware supports it, else fp32; or `bf16`, `fp16`, `fp32` '
+        "(autocast in one process, FSDP's mixed precision when sharded)",
     'actor_rollout_ref.actor.strategy':
         '`fsdp`/`fsdp2`: FSDP2 when sharded (see "Processes and sharding"); `megatron` is rejected',
     'actor_rollout_ref.actor.ppo_mini_batch_size':
@@ -419,7 +424,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu':
         'responses per forward/backward; null = whole mini-batch',
     'actor_rollout_ref.actor.use_dynamic_bsz':
-        'micro-batches packed to about `ppo_max_token_len_per_gpu` tokens, near-equal in tokens, as many on every rank',
+        'micro-batches packed to about `ppo_max_token_len_per_gpu` tokens, near-equal in tokens, as many on '
+        'every rank',
     'actor_rollout_ref.actor.ppo_max_token_len_per_gpu':
         'token budget of a dynamic micro-batch',
     'actor_rollout_ref.actor.ppo_epochs':
@@ -437,7 +443,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.actor.clip_ratio_c':
         'dual-clip bound for negative advantages (> 1)',
     'actor_rollout_ref.actor.loss_agg_mode':
-        '`token-mean`, `token-sum` (no normaliser), `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`',
+        '`token-mean`, `token-sum` (no normaliser), `seq-mean-token-sum`, `seq-mean-token-mean`, '
+        '`seq-mean-token-sum-norm`',
     'actor_rollout_ref.actor.loss_scale_factor':
         '`C` of `seq-mean-token-sum-norm` (null = `data.max_response_length`)',
     'actor_rollout_ref.actor.entropy_coeff':
@@ -449,7 +456,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.actor.kl_loss_type':
         '`kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`, each with optional `+`',
     'actor_rollout_ref.actor.policy_loss.loss_mode':
-        '`vanilla` (PPO dual-clip), `gpg`, `gspo`, `cispo`, `clip_cov`, `kl_cov`, `geo_mean`, `sapo`, `dppo_tv`, `dppo_kl`, or a registered loss (docs/algorithms.md)',
+        '`vanilla` (PPO dual-clip), `gpg`, `gspo`, `cispo`, `clip_cov`, `kl_cov`, `geo_mean`, `sapo`, '
+        '`dppo_tv`, `dppo_kl`, or a registered loss (docs/algorithms.md)',
     'actor_rollout_ref.actor.policy_loss.clip_cov_ratio':
         '`clip_cov`: share of tokens whose gradient is dropped',
     'actor_rollout_ref.actor.policy_loss.clip_cov_lb':
@@ -465,7 +473,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.actor.tau_neg':
         '`sapo`: gate temperature for negative advantages',
     'actor_rollout_ref.actor.calculate_sum_pi_squared':
-        'accepted for portability: `sum_v pi_v^2` is computed whenever the estimator reads it (`optimal_token_baseline`)',
+        'accepted for portability: `sum_v pi_v^2` is computed whenever the estimator reads it '
+        '(`optimal_token_baseline`)',
     'actor_rollout_ref.actor.optim.lr':
         'AdamW learning rate',
     'actor_rollout_ref.actor.optim.lr_warmup_steps':
@@ -485,25 +494,32 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.actor.optim.total_training_steps':
         "scheduler horizon; -1 = the trainer's step count",
     'actor_rollout_ref.actor.fsdp_config.param_offload':
-        'keep parameters, gradients and Adam state in CPU memory (FSDP2 `CPUOffloadPolicy`; shards even one process)',
+        'keep parameters, gradients and Adam state in CPU memory (FSDP2 `CPUOffloadPolicy`; shards even one '
+        'process)',
     'actor_rollout_ref.actor.fsdp_config.optimizer_offload':
         'keep Adam state in CPU memory between optimizer steps (on a GPU; nothing to move on a CPU run)',
     'actor_rollout_ref.actor.fsdp_config.fsdp_size':
-        'ranks per FSDP shard group (-1 = all data-parallel ranks; a divisor gives HSDP: shard within groups, replicate across them)',
+        'ranks per FSDP shard group (-1 = all data-parallel ranks; a divisor gives HSDP: shard within groups,'
+        ' replicate across them)',
     'actor_rollout_ref.actor.fsdp_config.tp_size':
-        "tensor-parallel degree: attention and MLP projections split over this many ranks (the model's own plan, colwise/rowwise); a 2-D mesh with FSDP over the rest. The same layout holds for ref and critic",
+        "tensor-parallel degree: attention and MLP projections split over this many ranks (the model's own "
+        'plan, colwise/rowwise); a 2-D mesh with FSDP over the rest. The same layout holds for ref and critic',
     'actor_rollout_ref.actor.fsdp_config.model_dtype':
         "dtype of the stored (sharded) weights and so of the optimizer's parameters",
     'actor_rollout_ref.actor.fsdp_config.reshard_after_forward':
         'free each gathered layer after its forward (False keeps it until backward: faster, more memory)',
     'actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype':
-        'FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype; `buffer_dtype` is accepted and has no effect',
+        'FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype; '
+        '`buffer_dtype` is accepted and has no effect',
     'actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype':
-        'FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype; `buffer_dtype` is accepted and has no effect',
+        'FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype; '
+        '`buffer_dtype` is accepted and has no effect',
     'actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype':
-        'FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype; `buffer_dtype` is accepted and has no effect',
+        'FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype; '
+        '`buffer_dtype` is accepted and has no effect',
     'actor_rollout_ref.actor.checkpoint.save_contents':
-        'what a checkpoint holds; add `hf_model` to also write a plain Hugging Face folder (`actor/huggingface`) at each save',
+        'what a checkpoint holds; add `hf_model` to also write a plain Hugging Face folder '
+        '(`actor/huggingface`) at each save',
     'actor_rollout_ref.actor.checkpoint.load_contents':
         'what a resume loads (null = `save_contents`)',
     'actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu':
@@ -513,7 +529,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.ref.log_prob_max_token_len_per_gpu':
         'token-budget micro-batches',
     'actor_rollout_ref.ref.fsdp_config.param_offload':
-        'keep the reference weights in CPU memory between uses (FSDP2 CPU offload when sharded; in one plain process on a GPU the model moves in and out per step; nothing to move on a CPU run)',
+        'keep the reference weights in CPU memory between uses (FSDP2 CPU offload when sharded; in one plain '
+        'process on a GPU the model moves in and out per step; nothing to move on a CPU run)',
     'actor_rollout_ref.ref.fsdp_config.optimizer_offload':
         'accepted for portability: the reference has no optimizer',
     'actor_rollout_ref.ref.fsdp_config.fsdp_size':
@@ -553,7 +570,9 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.rollout.ignore_eos':
         'keep generating past EOS up to `response_length`',
     'actor_rollout_ref.rollout.calculate_log_probs':
-        "the engine also returns each sampled token's log-prob under the distribution it was drawn from (`rollout_log_probs`), and `logp_old` is computed in its own pass (otherwise skipped when one mini-batch and one epoch make it `sg(logp)`)",
+        "the engine also returns each sampled token's log-prob under the distribution it was drawn from "
+        '(`rollout_log_probs`), and `logp_old` is computed in its own pass (otherwise skipped when one '
+        'mini-batch and one epoch make it `sg(logp)`)',
     'actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu':
         'responses per old-log-prob forward',
     'actor_rollout_ref.rollout.log_prob_use_dynamic_bsz':
@@ -659,14 +678,14 @@ DESCRIPTIONS: dict[str, str] = {
     'critic.loss_agg_mode':
         "null = the actor's",
     'reward_model.enable':
-        'a scalar reward model scores each response (on its last token); as in verl its score is the training '
-        'reward. Rule scoring (custom function or data_source scorer) still runs when every data source has a '
-        'scorer or a custom function is set, but only for metrics (`reward/acc/mean`, `reward/rule_score/mean`), '
-        'gdpo components and validation (rule-based; skipped when rule scoring is off). Logs '
-        '`reward/rm_score/mean`; DAPO overlong shaping is added to the model score',
+        'a scalar reward model scores each response (on its last token); as in verl its score is the training'
+        ' reward. Rule scoring (custom function or data_source scorer) still runs when every data source has '
+        'a scorer or a custom function is set, but only for metrics (`reward/acc/mean`, '
+        '`reward/rule_score/mean`), gdpo components and validation (rule-based; skipped when rule scoring is '
+        'off). Logs `reward/rm_score/mean`; DAPO overlong shaping is added to the model score',
     'reward_model.model.path':
-        'sequence classifier with one label (`AutoModelForSequenceClassification`, `num_labels=1`), local or hub id; '
-        'a causal LM is refused (generative judges are not supported yet)',
+        'sequence classifier with one label (`AutoModelForSequenceClassification`, `num_labels=1`), local or '
+        'hub id; a causal LM is refused (generative judges are not supported yet)',
     'reward_model.model.input_tokenizer':
         "tokenizer the policy's ids are decoded with before re-encoding in the reward model's chat template "
         "(null = the actor's)",
@@ -679,14 +698,14 @@ DESCRIPTIONS: dict[str, str] = {
     'reward_model.use_dynamic_bsz':
         'token-budget micro-batches for the reward model',
     'reward_model.forward_max_token_len_per_gpu':
-        "token budget of one reward-model micro-batch (with `use_dynamic_bsz`)",
+        'token budget of one reward-model micro-batch (with `use_dynamic_bsz`)',
     'reward_model.reward_manager':
         '`naive`, `batch`, `dapo` (all score per response; `prime` is rejected)',
     'reward_model.launch_reward_fn_async':
         'rejected when True (scoring already runs in worker processes)',
     'reward_model.num_workers':
-        'rule-scorer worker processes (0 = main process); hung or raising scorers are contained and counted. The '
-        'reward model (`enable=True`) runs in the training processes whatever this says',
+        'rule-scorer worker processes (0 = main process); hung or raising scorers are contained and counted. '
+        'The reward model (`enable=True`) runs in the training processes whatever this says',
     'reward_model.timeout_s':
         'per-response scorer limit in worker processes',
     'reward_model.sandbox_fusion.url':
@@ -708,7 +727,9 @@ DESCRIPTIONS: dict[str, str] = {
     'custom_reward_function.name':
         '`compute_score(data_source, solution_str, ground_truth, extra_info) -> float or dict(score=...)`',
     'algorithm.adv_estimator':
-        '`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax`, `gpg`, `opo`, `grpo_passk`, `optimal_token_baseline`, `gdpo`, `grpo_vectorized` / `rloo_vectorized` (= `grpo` / `rloo`), or registered',
+        '`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax`, `gpg`, `opo`,'
+        ' `grpo_passk`, `optimal_token_baseline`, `gdpo`, `grpo_vectorized` / `rloo_vectorized` (= `grpo` / '
+        '`rloo`), or registered',
     'algorithm.gamma':
         'discount and GAE lambda',
     'algorithm.lam':
@@ -756,15 +777,20 @@ DESCRIPTIONS: dict[str, str] = {
     'trainer.experiment_name':
         'name the run folder `checkpoints/{project_name}/{experiment_name}`',
     'trainer.logger':
-        'any of `console`, `jsonl`, `tensorboard`, `wandb`, `mlflow` (the last two need the `tracking` extra); the JSONL metrics file is always written',
+        'any of `console`, `jsonl`, `tensorboard`, `wandb`, `mlflow` (the last two need the `tracking` '
+        'extra); the JSONL metrics file is always written',
     'trainer.total_epochs':
         'passes over the training prompts',
     'trainer.total_training_steps':
         'stop after this many steps (overrides epochs)',
     'trainer.nnodes':
-        "processes of the job; `posttrain train` starts the `n_gpus_per_node` processes of one node itself (on a CPU machine: gloo processes); with `nnodes > 1` start it under torchrun on each node (docs/scaling.md). Under torchrun left at 1 / 1 they take torchrun's layout",
+        'processes of the job; `posttrain train` starts the `n_gpus_per_node` processes of one node itself '
+        '(on a CPU machine: gloo processes); with `nnodes > 1` start it under torchrun on each node '
+        "(docs/scaling.md). Under torchrun left at 1 / 1 they take torchrun's layout",
     'trainer.n_gpus_per_node':
-        "processes of the job; `posttrain train` starts the `n_gpus_per_node` processes of one node itself (on a CPU machine: gloo processes); with `nnodes > 1` start it under torchrun on each node (docs/scaling.md). Under torchrun left at 1 / 1 they take torchrun's layout",
+        'processes of the job; `posttrain train` starts the `n_gpus_per_node` processes of one node itself '
+        '(on a CPU machine: gloo processes); with `nnodes > 1` start it under torchrun on each node '
+        "(docs/scaling.md). Under torchrun left at 1 / 1 they take torchrun's layout",
     'trainer.device':
         '`auto` (cuda if available), `cpu`, `cuda`',
     'trainer.seed':
@@ -776,11 +802,13 @@ DESCRIPTIONS: dict[str, str] = {
     'trainer.val_before_train':
         'validate before the first step',
     'trainer.val_only':
-        'validate the starting weights (or the checkpoint a run resumes from) and stop; needs `data.val_files`',
+        'validate the starting weights (or the checkpoint a run resumes from) and stop; needs '
+        '`data.val_files`',
     'trainer.critic_warmup':
         'steps that update only the critic',
     'trainer.balance_batch':
-        'with several processes, give each rank whole prompt groups with near-equal token counts (else consecutive groups)',
+        'with several processes, give each rank whole prompt groups with near-equal token counts (else '
+        'consecutive groups)',
     'trainer.default_local_dir':
         'run folder; null = `checkpoints/{project_name}/{experiment_name}`',
     'trainer.resume_mode':

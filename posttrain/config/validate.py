@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 
 from .loader import ConfigError, Problems
 from .schema import Config

@@ -5,7 +5,7 @@ What it does differently from transformers' `generate` (each measured in docs/pe
   step for all `n` samples (prefix_attention.py);
 - generated keys and values go into preallocated buffers (no concatenation of the whole cache per token);
 - finished rows are dropped from the batch once a quarter of it has finished;
-- sampling is one Gumbel-max draw over filtered logits (sampling.py); decoding runs on weights already in the
+- sampling is one inverse-CDF draw per row over filtered logits (sampling.py); decoding runs on weights already in the
   compute dtype (weights.py).
 
 Any model runs: the first call checks, on a few tokens, that this loop gives the logits of the model's own
