@@ -94,6 +94,13 @@ def cmd_sft(args) -> int:
     return 0
 
 
+def cmd_sandbox_server(args) -> int:
+    from .reward.sandbox_server import serve
+
+    serve(args.host, args.port, max_workers=args.max_workers, allow_unsandboxed=args.allow_unsandboxed)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="Reinforcement-learning post-training for LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,12 +137,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="actor", choices=["actor", "critic"])
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("prepare", help="turn GSM8K / MATH original files into the RL data layout")
-    p.add_argument("dataset", choices=["gsm8k", "math"])
+    p = sub.add_parser("prepare", help="turn GSM8K / MATH original files (or the bundled code problems) into the RL "
+                                       "data layout")
+    p.add_argument("dataset", choices=["gsm8k", "math", "code"])
     p.add_argument("--input", default=None, help="original file or folder (default: the shared data folder)")
     p.add_argument("--output-dir", default=None, help="where to write train/test files (default: data/<dataset>)")
     p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "both"])
     p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("sandbox-server", help="serve the code sandbox over SandboxFusion's HTTP API (POST /run_code)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--max-workers", type=int, default=max(1, os.cpu_count() or 1),
+                   help="programs run at the same time (further requests wait)")
+    p.add_argument("--allow-unsandboxed", action="store_true",
+                   help="UNSAFE: run programs without isolation where bubblewrap cannot start")
+    p.set_defaults(func=cmd_sandbox_server)
     return parser
 
 
@@ -143,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
 
     from .parallel.launch import WorkerFailed
+    from .reward.sandbox import SandboxUnavailable
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -155,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except SandboxUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -709,11 +709,17 @@ DESCRIPTIONS: dict[str, str] = {
     'reward_model.timeout_s':
         'per-response scorer limit in worker processes',
     'reward_model.sandbox_fusion.url':
-        'remote sandboxes: a url is rejected',
+        'a SandboxFusion-compatible server (`posttrain sandbox-server`, or SandboxFusion) that runs code rewards; '
+        'unset: the local bubblewrap sandbox',
     'reward_model.sandbox_fusion.max_concurrent':
-        'remote sandboxes: a url is rejected',
+        'requests in flight to the server from one scoring process',
     'reward_model.sandbox_fusion.memory_limit_mb':
-        'remote sandboxes: a url is rejected',
+        'memory (address space) limit of each program run for code rewards, on the server or locally',
+    'reward_model.code_sandbox.run_timeout':
+        'wall-time limit of one program run for code rewards, seconds (CPU time: the same, rounded up)',
+    'reward_model.code_sandbox.allow_unsandboxed':
+        'UNSAFE: where no bubblewrap sandbox can start, run model-written code without isolation instead of '
+        'refusing',
     'reward_model.overlong_buffer.enable':
         'DAPO overlong shaping (ALGORITHMS.md)',
     'reward_model.overlong_buffer.len':

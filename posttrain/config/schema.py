@@ -226,6 +226,12 @@ class SandboxFusionConfig:
 
 
 @dataclass
+class CodeSandboxConfig:
+    run_timeout: float = 5.0
+    allow_unsandboxed: bool = False
+
+
+@dataclass
 class OverlongBufferConfig:
     enable: bool = False
     len: int = 0
@@ -246,6 +252,7 @@ class RewardModelConfig:
     num_workers: int = 0  # scorer worker processes; 0 = score in the main process
     timeout_s: float = 10.0  # per-response scorer time limit (worker processes only)
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
+    code_sandbox: CodeSandboxConfig = field(default_factory=CodeSandboxConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 

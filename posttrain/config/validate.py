@@ -171,7 +171,12 @@ def _validate(cfg: Config) -> None:
     _choice(rm.reward_manager, ("naive", "batch", "dapo"), "reward_model.reward_manager")
     _unsupported(not rm.launch_reward_fn_async, "reward_model.launch_reward_fn_async=True is not supported; scoring runs "
                                           "in worker processes already (reward_model.num_workers)")
-    _unsupported(rm.sandbox_fusion.url is None, "reward_model.sandbox_fusion.url: remote code sandboxes are not supported")
+    if rm.sandbox_fusion.url is not None:
+        _check(str(rm.sandbox_fusion.url).startswith(("http://", "https://")),
+               "reward_model.sandbox_fusion.url must be an http(s) address, e.g. http://host:8080/run_code")
+    _check(rm.sandbox_fusion.max_concurrent > 0, "reward_model.sandbox_fusion.max_concurrent must be positive")
+    _check(rm.sandbox_fusion.memory_limit_mb > 0, "reward_model.sandbox_fusion.memory_limit_mb must be positive")
+    _check(rm.code_sandbox.run_timeout > 0, "reward_model.code_sandbox.run_timeout must be positive (seconds)")
     if rm.overlong_buffer.enable:
         _check(0 < rm.overlong_buffer.len <= d.max_response_length,
                "reward_model.overlong_buffer.len must lie in (0, data.max_response_length]")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from . import code as _code
 from . import gsm8k as _gsm8k
 from . import math as _math
 
@@ -130,3 +131,4 @@ register_scorer("openai/gsm8k", "gsm8k", "synthetic/arithmetic",
                 extract_answer=lambda text: _gsm8k.extract_answer(text, "strict"))(_gsm8k_strict)
 register_scorer("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500", "math", "math500",
                 extract_answer=_math.extract_answer)(_math_verify)
+register_scorer(*_code.DATA_SOURCES)(_code.score_code)  # runs the response against the row's tests, sandboxed

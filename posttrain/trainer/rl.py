@@ -16,6 +16,7 @@ from ..data.batch import Batch
 from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_batches
 from ..models.load import load_tokenizer
 from ..parallel import Parallel, shutdown
+from ..reward import code as code_reward
 from ..reward.manager import RewardManager
 from ..reward.model import ModelRewardManager
 from ..reward.registry import extract_answer_for
@@ -80,12 +81,14 @@ class RLTrainer:
         self.roles = roles.trained
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+        code_reward.configure_from_config(cfg)  # before any scorer process starts: they read it
         self.rule_reward = RewardManager.from_config(cfg, self.tokenizer)  # validation is rule-based (as in verl)
         self.reward = (ModelRewardManager(self.rule_reward, roles.reward_model.score) if roles.reward_model is not None
                        else self.rule_reward)
         for data in (self.train_data, self.val_data):
             if data is not None:
                 self.reward.check_data_sources(it.data_source for it in data.items)
+                code_reward.check_ready(it.data_source for it in data.items)  # no sandbox: refuse before training
         if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not self._rule_scoring:
             raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
                               "a data source without a scorer turns them off; use metric=score (the reward model's) or "

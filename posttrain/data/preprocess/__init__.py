@@ -1,7 +1,9 @@
-"""Turn the original GSM8K / MATH files into train/test files in the RL data layout (DESIGN.md, "Data layout").
+"""Turn the original GSM8K / MATH files (and the bundled code problems) into train/test files in the RL data layout
+(DESIGN.md, "Data layout").
 
 Training reads one uniform row format whatever the benchmark; this is the one place that knows each benchmark's
-original fields. Nothing is downloaded: input is the data kept beside the project (`shared/data`) or a path you give.
+original fields. Nothing is downloaded: input is the data kept beside the project (`shared/data`), the code problems
+shipped in the package (`posttrain/data/code`), or a path you give.
 """
 
 from __future__ import annotations
@@ -79,17 +81,28 @@ def _write(rows: list[dict], out_dir: Path, split: str, fmt: str) -> Path:
 
 def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: str | Path | None = None,
             fmt: str = "parquet") -> dict[str, tuple[Path | None, int]]:
-    """Convert dataset `name` ("gsm8k" or "math") and write `<split>.parquet` (fmt="jsonl": `.jsonl`; "both": both).
+    """Convert dataset `name` ("gsm8k", "math", or "code": the bundled code problems) and write `<split>.parquet` (fmt="jsonl": `.jsonl`; "both": both).
 
     Input defaults to the shared data folder; output defaults to `data/<name>` under the CWD. Returns
     {split: (path written, rows)}. A split whose original file does not exist is listed as (None, 0) so the absence
     is visible: MATH-500 is a test set only, so "math" yields test rows and `train: (None, 0)`. With fmt="both" the
     path is the parquet file; the jsonl file lies beside it.
     """
-    if name not in DATASET_DIRS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted(DATASET_DIRS)}")
+    if name not in DATASET_DIRS and name != "code":
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted([*DATASET_DIRS, 'code'])}")
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {list(FORMATS)}")
+    if name == "code":
+        from .code import BUNDLED, convert as convert_code
+
+        source = Path(input_dir_or_file).expanduser() if input_dir_or_file is not None else BUNDLED
+        if not source.is_file():
+            raise FileNotFoundError(f"input not found: {source} (the code problems are one jsonl file)")
+        out_dir = Path(output_dir) if output_dir is not None else Path("data") / name
+        converted = {split: convert_code(source, split) for split in SPLITS}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return {split: (_write(converted[split], out_dir, split, fmt), len(converted[split])) if converted[split]
+                else (None, 0) for split in SPLITS}
     if input_dir_or_file is None:
         shared = find_shared_data()
         if shared is None:
