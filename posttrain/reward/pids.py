@@ -152,3 +152,22 @@ def descendants(root_pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def wait_gone(pid_list: list[int], timeout_s: float = 5.0) -> None:
+    """Wait until none of these processes is alive (zombies waiting for their reaper count as gone)."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(pid_list)
+    while pending and time.monotonic() < deadline:
+        still = []
+        for pid in pending:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    stat = f.read()
+                if stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X"):
+                    still.append(pid)
+            except OSError:
+                pass
+        pending = still
+        if pending:
+            time.sleep(0.01)

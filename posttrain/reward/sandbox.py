@@ -280,10 +280,17 @@ def _supervise(argv, cwd, stdin_file, limits: Limits, cgroup, *, sandboxed: bool
 def _kill(proc: subprocess.Popen, cgroup) -> None:
     """SIGKILL the launcher's process group; bwrap's --die-with-parent and the pid namespace take the rest down,
     and the unsandboxed path kills the whole session it started."""
+    tree = pids.descendants(proc.pid) if cgroup is None and proc.poll() is None else []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for pid in tree:  # no cgroup to empty: kill what the tree held and wait until the kernel has taken it down
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    pids.wait_gone(tree)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
