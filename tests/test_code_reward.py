@@ -1,0 +1,168 @@
+"""The code scorer (test layouts, code extraction, languages), the SandboxFusion-compatible server and client,
+`posttrain prepare code`, and a GRPO run on the tiny model scored by sandboxed code rewards."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pyarrow.parquet as pq
+import pytest
+
+from posttrain.data.preprocess import prepare
+from posttrain.reward import sandbox
+from posttrain.reward.code import CodeSettings, compute_score, extract_code, parse_tests
+from posttrain.reward.registry import default_compute_score
+from posttrain.reward.sandbox_client import SandboxServerError, run_remote
+from posttrain.reward.sandbox_server import SandboxServer
+
+needs_sandbox = pytest.mark.skipif(not sandbox.sandbox_status()[0], reason="no bubblewrap sandbox on this machine")
+FAST = CodeSettings(run_timeout=3.0, memory_limit_mb=512)
+
+
+def test_extracts_the_last_python_block_or_the_whole_text():
+    text = "First try:\n```python\nx = 1\n```\nBetter:\n```python\nx = 2\n```\nand prose ```bash\nls\n```"
+    assert extract_code(text) == "x = 2\n"
+    assert extract_code("```py\nprint(1)\n```") == "print(1)\n"
+    assert extract_code("print(3)") == "print(3)"
+
+
+def test_ground_truth_layouts():
+    assert parse_tests('{"inputs": ["1\\n"], "outputs": ["2\\n"]}').kind == "stdio"
+    assert parse_tests({"fn_name": "f", "inputs": [[1]], "outputs": [2]}).kind == "call"
+    assert parse_tests('{"test_list": ["assert f(1) == 2"], "test_setup_code": "import math"}').setup == "import math"
+    assert parse_tests('["assert f(1) == 2", "assert f(2) == 3"]').count == 2
+    assert parse_tests("assert f(1) == 2\nassert f(2) == 3").count == 2  # bare assert lines
+    assert parse_tests({"test": "def check(candidate): pass", "entry_point": "f"}).kind == "check"
+    with pytest.raises(ValueError, match="ground truth not understood"):
+        parse_tests('{"inputs": ["1"], "outputs": []}')
+
+
+@needs_sandbox
+def test_scores_are_all_pass_with_the_pass_rate_beside():
+    gt = {"inputs": ["1 2\n", "3 4\n", "5 5\n"], "outputs": ["3\n", "7\n", "10\n"]}
+    right = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    assert compute_score(right, json.dumps(gt), None, FAST) == {"score": 1.0, "acc": 1.0, "pass_rate": 1.0}
+    # right on the first two only: all-pass score 0, pass rate 2/3 (stdin tests stop at the first failure)
+    partial = "```python\na, b = map(int, input().split())\nprint(a + b if a + b < 10 else 0)\n```"
+    assert compute_score(partial, gt, None, FAST) == {"score": 0.0, "acc": 0.0, "pass_rate": pytest.approx(2 / 3)}
+    calls = {"fn_name": "pair", "inputs": [[1], [2]], "outputs": [[1, 1], [2, 2]]}  # tuples compare as lists
+    assert compute_score("def pair(x):\n    return (x, x)", calls, None, FAST)["score"] == 1.0
+    asserts = ["assert sq(2) == 4", "assert sq(3) == 9", "assert sq(4) == 15"]
+    assert compute_score("def sq(x):\n    return x * x", asserts, None, FAST)["pass_rate"] == pytest.approx(2 / 3)
+    # a program that ends the process before the tests run, or prints a fake report, does not pass
+    for cheat in ("import os\nos._exit(0)", "print('0123456789abcdef 3')\nraise SystemExit(0)"):
+        assert compute_score(cheat, asserts, None, FAST) == {"score": 0.0, "acc": 0.0, "pass_rate": 0.0}
+
+
+def test_unknown_languages_are_rejected():
+    with pytest.raises(ValueError, match="unknown language 'cobol'"):
+        compute_score("x", '["assert True"]', {"language": "cobol"}, FAST)
+    with pytest.raises(ValueError, match="unknown language"):
+        sandbox.run_program("x", language="rust")
+
+
+@needs_sandbox
+def test_bundled_problems_prepare_and_their_references_pass(tmp_path):
+    summary = prepare("code", None, tmp_path)
+    assert summary == {"train": (tmp_path / "train.parquet", 25), "test": (tmp_path / "test.parquet", 8)}
+    rows = pq.read_table(tmp_path / "test.parquet").to_pylist()
+    assert list(rows[0]) == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
+    assert {r["ability"] for r in rows} == {"code"} and rows[0]["reward_model"]["style"] == "rule"
+    assert "```python" in rows[0]["prompt"][0]["content"]
+    kinds = set()
+    for r in rows:
+        kinds.add(parse_tests(r["reward_model"]["ground_truth"]).kind)
+        reference = "```python\n" + r["extra_info"]["solution"] + "```"
+        assert default_compute_score(r["data_source"], reference, r["reward_model"]["ground_truth"],
+                                     r["extra_info"])["score"] == 1.0, r["extra_info"]["task_id"]
+    assert kinds == {"stdio", "call", "assert", "check"}
+
+
+@pytest.fixture
+def server():
+    srv = SandboxServer(("127.0.0.1", 0), max_workers=2)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+@needs_sandbox
+def test_client_server_round_trip(server):
+    result = run_remote(server, "import sys\nprint(sys.stdin.read()[::-1])", stdin="abc")
+    assert result.ok and result.stdout == "cba\n" and result.execution_time > 0
+    slow = run_remote(server + "/run_code", "while True: pass", run_timeout=1.0)
+    assert slow.status == "TimeLimitExceeded" and slow.return_code is None
+    failed = run_remote(server, "raise SystemExit(3)")
+    assert failed.status == "Finished" and failed.return_code == 3
+    body = json.dumps({"code": "print(1)", "language": "python", "run_timeout": 5, "memory_limit_MB": 256,
+                       "stdin": ""}).encode()
+    with urllib.request.urlopen(urllib.request.Request(server + "/run_code", data=body)) as r:
+        answer = json.loads(r.read())
+    assert answer["status"] == "Success" and answer["run_result"] == {
+        "status": "Finished", "execution_time": answer["run_result"]["execution_time"], "return_code": 0,
+        "stdout": "1\n", "stderr": ""}
+    with pytest.raises(SandboxServerError, match="400.*unknown language"):
+        run_remote(server, "x", language="brainfuck")
+    remote = CodeSettings(url=server, run_timeout=3.0)
+    gt = '{"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}'
+    assert compute_score("def add(a, b):\n    return a + b", gt, None, remote)["score"] == 1.0
+    assert compute_score("def add(a, b):\n    return a - b", gt, None, remote)["score"] == 0.0
+
+
+def test_unreachable_server_raises():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(SandboxServerError, match="unreachable"):
+        run_remote(f"http://127.0.0.1:{port}", "print(1)")
+
+
+@needs_sandbox
+def test_sandbox_server_command(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "sandbox-server", "--host", "127.0.0.1",
+                             "--port", str(port), "--max-workers", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(200):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/ping", timeout=1) as r:
+                    assert json.loads(r.read())["status"] == "ok"
+                break
+            except OSError:
+                time.sleep(0.1)
+        assert run_remote(f"http://127.0.0.1:{port}/run_code", "print(2 + 2)").stdout == "4\n"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@needs_sandbox
+def test_grpo_on_code_runs_with_sandboxed_rewards(tmp_path, tiny_model_dir):
+    from posttrain.config import load_config
+    from posttrain.trainer.rl import RLTrainer
+
+    prepare("code", None, tmp_path / "code")
+    cfg = load_config(None, [
+        "algorithm.adv_estimator=grpo", f"data.train_files={tmp_path / 'code' / 'train.parquet'}",
+        "data.train_batch_size=4", "data.max_prompt_length=512", "data.max_response_length=8",
+        "data.filter_overlong_prompts=True", f"actor_rollout_ref.model.path={tiny_model_dir}",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False", "reward_model.num_workers=2",
+        "reward_model.code_sandbox.run_timeout=3", "reward_model.sandbox_fusion.memory_limit_mb=512",
+        "trainer.total_training_steps=2", "trainer.logger=['jsonl']", "trainer.val_before_train=False",
+        f"trainer.default_local_dir={tmp_path / 'run'}"])
+    trainer = RLTrainer(cfg)
+    trainer.fit()
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:  # every response went through the sandbox: scored, none raised or timed out
+        assert "reward/pass_rate/mean" in m
+        assert m.get("reward/errors", 0) == 0 and m.get("reward/timeouts", 0) == 0
