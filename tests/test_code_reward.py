@@ -7,7 +7,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
+import uuid
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -53,6 +56,9 @@ def test_scores_are_all_pass_with_the_pass_rate_beside():
     assert compute_score("def pair(x):\n    return (x, x)", calls, None, FAST)["score"] == 1.0
     asserts = ["assert sq(2) == 4", "assert sq(3) == 9", "assert sq(4) == 15"]
     assert compute_score("def sq(x):\n    return x * x", asserts, None, FAST)["pass_rate"] == pytest.approx(2 / 3)
+    # a main block is not run when the tests call functions (the solution is imported, as familiar harnesses do)
+    main_block = "def sq(x):\n    return x * x\nif __name__ == '__main__':\n    print(sq(int(input())))"
+    assert compute_score(main_block, asserts[:2], None, FAST)["score"] == 1.0
     # a program that ends the process before the tests run, or prints a fake report, does not pass
     for cheat in ("import os\nos._exit(0)", "print('0123456789abcdef 3')\nraise SystemExit(0)"):
         assert compute_score(cheat, asserts, None, FAST) == {"score": 0.0, "acc": 0.0, "pass_rate": 0.0}
@@ -109,6 +115,10 @@ def test_client_server_round_trip(server):
         "stdout": "1\n", "stderr": ""}
     with pytest.raises(SandboxServerError, match="400.*unknown language"):
         run_remote(server, "x", language="brainfuck")
+    files = json.dumps({"code": "print(1)", "files": {"a.txt": "eA=="}}).encode()
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(urllib.request.Request(server + "/run_code", data=files))
+    assert err.value.code == 400 and "'files'" in json.loads(err.value.read())["message"]
     remote = CodeSettings(url=server, run_timeout=3.0)
     gt = '{"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}'
     assert compute_score("def add(a, b):\n    return a + b", gt, None, remote)["score"] == 1.0
@@ -144,25 +154,75 @@ def test_sandbox_server_command(tmp_path):
         proc.wait(timeout=10)
 
 
+HOSTILE_REWARD = """
+import itertools, os
+
+from posttrain.reward.code import compute_score as run_tests
+from posttrain.reward.registry import default_compute_score
+
+HOSTILE = [
+    "import os\\nwhile True:\\n    try:\\n        os.fork()\\n    except OSError:\\n        pass",
+    "x = []\\nwhile True:\\n    x.append(bytearray(1 << 26))",
+    "while True:\\n    pass",
+    "import time\\ntime.sleep(60)",
+    "import socket\\nsocket.create_connection(('1.1.1.1', 80), timeout=1)",
+    "open('/etc/posttrain-pwned', 'w')",
+    "import os\\nprint(os.environ, open(os.path.expanduser('~/.bashrc')).read())",
+    "while True:\\n    print('x' * 100000)",
+    "import os, signal\\nos.kill(os.getppid(), signal.SIGKILL)\\nos.kill(-1, signal.SIGKILL)",
+    "import subprocess, sys\\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', 'MARKER'], "
+    "start_new_session=True)",
+]
+_calls = itertools.count()
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    \"\"\"Every other response is the model's own (scored by the code scorer); the rest are hostile programs.\"\"\"
+    n = next(_calls)
+    if n % 2 == 0:
+        return default_compute_score(data_source, solution_str, ground_truth, extra_info)
+    program = HOSTILE[(n // 2 + os.getpid()) % len(HOSTILE)]
+    return run_tests("```python\\n" + program + "\\n```", ground_truth, extra_info)
+"""
+
+
 @needs_sandbox
 def test_grpo_on_code_runs_with_sandboxed_rewards(tmp_path, tiny_model_dir):
+    """A few GRPO steps on the code problems, scored in the sandbox from scorer processes, half of the responses
+    swapped for hostile programs: training goes on, every response is scored (none raised or timed out), and
+    nothing they started is left running."""
     from posttrain.config import load_config
     from posttrain.trainer.rl import RLTrainer
 
     prepare("code", None, tmp_path / "code")
+    marker = uuid.uuid4().hex
+    reward_file = tmp_path / "hostile_reward.py"
+    reward_file.write_text(HOSTILE_REWARD.replace("MARKER", marker))
     cfg = load_config(None, [
         "algorithm.adv_estimator=grpo", f"data.train_files={tmp_path / 'code' / 'train.parquet'}",
         "data.train_batch_size=4", "data.max_prompt_length=512", "data.max_response_length=8",
         "data.filter_overlong_prompts=True", f"actor_rollout_ref.model.path={tiny_model_dir}",
         "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False", "reward_model.num_workers=2",
-        "reward_model.code_sandbox.run_timeout=3", "reward_model.sandbox_fusion.memory_limit_mb=512",
+        "reward_model.code_sandbox.run_timeout=1", "reward_model.sandbox_fusion.memory_limit_mb=256",
+        f"custom_reward_function.path={reward_file}",
         "trainer.total_training_steps=2", "trainer.logger=['jsonl']", "trainer.val_before_train=False",
         f"trainer.default_local_dir={tmp_path / 'run'}"])
     trainer = RLTrainer(cfg)
     trainer.fit()
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
-    for m in metrics:  # every response went through the sandbox: scored, none raised or timed out
+    for m in metrics:
         assert "reward/pass_rate/mean" in m
         assert m.get("reward/errors", 0) == 0 and m.get("reward/timeouts", 0) == 0
+        assert m["critic/score/max"] == 0.0  # hostile programs earn nothing (nor does the untrained model)
+    assert not Path("/etc/posttrain-pwned").exists()
+    procs = [p for p in Path("/proc").iterdir() if p.name.isdigit()]
+    leftovers = []
+    for p in procs:
+        try:
+            if marker.encode() in (p / "cmdline").read_bytes():
+                leftovers.append(p.name)
+        except OSError:
+            pass
+    assert not leftovers

@@ -133,6 +133,8 @@ def test_user_files_and_environment_are_unreadable(run_dir):
                "print(found[0] if found else 'nothing')")
     gt = '{"inputs": [""], "outputs": ["s3cret-run-value"]}'  # reading the secret would earn the reward
     assert run_program(program).stdout.strip() == "nothing"
+    # daemons' unix sockets under /run are out of reach too (a network namespace does not cover them)
+    assert run_program("import os\nprint(os.listdir('/run'), os.listdir('/var/run'))").stdout == "[] []\n"
     assert score(program, gt)["score"] == 0.0
 
 

@@ -189,7 +189,8 @@ def _harness_program(code: str, tests: Tests, secret: str) -> str:
         cases, name = [], tests.entry_point
     call = (f"__posttrain_tests(__import__('json').loads({json.dumps(json.dumps(cases))}), {tests.kind!r}, "
             f"{name!r}, {secret!r}, {tests.setup!r}, {tests.check!r})")
-    return f"{code}\n\n{_HARNESS}\n{call}\n"
+    # Imported rather than run, as the familiar harnesses do: an `if __name__ == "__main__":` block stays quiet.
+    return f"__name__ = 'solution'\n{code}\n\n__name__ = '__main__'\n{_HARNESS}\n{call}\n"
 
 
 def _passed_from_report(result: RunResult, secret: str) -> int:

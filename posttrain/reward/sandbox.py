@@ -135,8 +135,9 @@ def _host_env() -> dict:
 
 
 def _hidden_dirs() -> list[str]:
-    """Folders replaced by an empty tmpfs: home folders and the run folder (the current directory)."""
-    found = {os.path.expanduser("~"), "/root", "/home", os.getcwd()}
+    """Folders replaced by an empty tmpfs: home folders, the run folder (the current directory), and /run (where
+    daemons keep their unix sockets, which a separate network namespace does not cut off)."""
+    found = {os.path.expanduser("~"), "/root", "/home", os.getcwd(), "/run", "/var/run"}
     out = []
     for d in found:
         real = os.path.realpath(d)
@@ -155,8 +156,9 @@ def _interpreter_dirs(hidden: list[str]) -> list[str]:
 
 def _bwrap_args(code_dir: Path, limits: Limits) -> list[str]:
     hidden = _hidden_dirs()
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            "--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
+    size = str(limits.tmp_mb << 20)
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--size", size, "--tmpfs", "/tmp",
+            "--size", size, "--tmpfs", "/dev/shm"]
     for d in hidden:
         args += ["--tmpfs", d]
     for d in _interpreter_dirs(hidden):

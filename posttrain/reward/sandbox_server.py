@@ -80,6 +80,11 @@ class _Handler(BaseHTTPRequestHandler):
             limits = Limits(wall_s=min(max(timeout, 0.1), self.server.max_timeout),
                             memory_mb=memory if memory > 0 else self.server.default_memory_mb)
             stdin = req.get("stdin") or ""
+            if not isinstance(stdin, str):
+                raise TypeError("'stdin' must be a string")
+            if req.get("files") or req.get("fetch_files"):
+                raise ValueError("'files' and 'fetch_files' are not supported by this server: put what the program "
+                                 "needs in its code or stdin")
         except (ValueError, TypeError, KeyError) as e:
             return self._send(400, _error(f"bad request: {e}"))
         try:
