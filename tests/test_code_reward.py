@@ -2,6 +2,7 @@
 `posttrain prepare code`, and a GRPO run on the tiny model scored by sandboxed code rewards."""
 
 import json
+import multiprocessing
 import socket
 import subprocess
 import sys
@@ -17,8 +18,10 @@ import pytest
 
 from posttrain.data.preprocess import prepare
 from posttrain.reward import sandbox
-from posttrain.reward.code import CodeSettings, compute_score, extract_code, parse_tests
+from posttrain.config import ConfigError
+from posttrain.reward.code import CodeSettings, check_ready, compute_score, extract_code, parse_tests
 from posttrain.reward.registry import default_compute_score
+from posttrain.reward.sandbox import Limits, SandboxUnavailable, run_program
 from posttrain.reward.sandbox_client import SandboxServerError, run_remote
 from posttrain.reward.sandbox_server import SandboxServer
 
@@ -226,3 +229,43 @@ def test_grpo_on_code_runs_with_sandboxed_rewards(tmp_path, tiny_model_dir):
         except OSError:
             pass
     assert not leftovers
+
+
+def test_refusal_without_a_sandbox_and_the_unsafe_opt_in(monkeypatch):
+    monkeypatch.setattr(sandbox, "_probe_result", (None, "bwrap cannot create a user namespace"))
+    with pytest.raises(SandboxUnavailable) as err:
+        run_program("print(1)")
+    message = str(err.value)
+    assert "bwrap cannot create a user namespace" in message and sandbox.OPT_IN_KEY + "=True" in message
+    with pytest.raises(SandboxUnavailable):
+        check_ready(["posttrain/code"], CodeSettings())
+    check_ready(["openai/gsm8k"], CodeSettings())  # no code rows: nothing to refuse
+    check_ready(["posttrain/code"], CodeSettings(url="http://127.0.0.1:9/run_code"))  # runs remotely
+    monkeypatch.setattr(sandbox, "_warned", False)
+    with pytest.warns(UserWarning, match="WITHOUT a sandbox"):
+        result = run_program("print(6 * 7)", allow_unsandboxed=True, limits=Limits(wall_s=5.0))
+    assert result.ok and result.stdout == "42\n" and not result.sandboxed
+    loop = "```python\nwhile True:\n    pass\n```"
+    assert compute_score(loop, '["assert True"]', None, CodeSettings(run_timeout=1.0, allow_unsandboxed=True)) == \
+        {"score": 0.0, "acc": 0.0, "pass_rate": 0.0}
+
+
+def test_settings_come_from_the_config_and_reach_spawned_scorers(tmp_path, monkeypatch):
+    from posttrain.config import load_config
+    from posttrain.reward import code
+
+    monkeypatch.setenv(code._ENV, "")  # restored (unset) afterwards, as is the module's copy
+    monkeypatch.setattr(code, "_settings", None)
+
+    sf = "reward_model.sandbox_fusion"
+    cfg = load_config(None, [f"{sf}.url=http://h:1/run_code", f"{sf}.max_concurrent=3", f"{sf}.memory_limit_mb=300",
+                             "reward_model.code_sandbox.run_timeout=2.5", f"trainer.default_local_dir={tmp_path / 'run'}"])
+    settings = code.configure_from_config(cfg)
+    assert settings == CodeSettings(url="http://h:1/run_code", max_concurrent=3, memory_limit_mb=300, run_timeout=2.5,
+                                    allow_unsandboxed=False, hide=(str(tmp_path / "run"),))
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh interpreter reads them from the environment
+        assert pool.apply(code.current_settings) == settings
+    for bad, message in (("reward_model.code_sandbox.run_timeout=0", "run_timeout must be positive"),
+                         ("reward_model.sandbox_fusion.url=ftp://x", "must be an http")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [bad])

@@ -1,17 +1,19 @@
 """Hostile programs scored as code rewards: each is contained and scored 0, nothing outside the sandbox changes and
-no process it started survives. Also the refusal where no sandbox can start, and the unsafe opt-in."""
+no process it started survives. (The refusal where no sandbox can start: test_code_reward.py.)"""
 
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
 from posttrain.reward import pids, sandbox
-from posttrain.reward.code import CodeSettings, check_ready, compute_score
-from posttrain.reward.sandbox import Limits, SandboxUnavailable, run_program
+from posttrain.reward.code import CodeSettings, compute_score
+from posttrain.reward.sandbox import Limits, run_program
 
 pytestmark = pytest.mark.skipif(not sandbox.sandbox_status()[0], reason="no bubblewrap sandbox on this machine")
 
@@ -138,6 +140,22 @@ def test_user_files_and_environment_are_unreadable(run_dir):
     assert score(program, gt)["score"] == 0.0
 
 
+@pytest.mark.skipif(not os.path.isdir("/var/tmp"), reason="no /var/tmp")
+def test_a_named_run_folder_is_hidden_wherever_it_lies():
+    folder = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="posttrain-run-folder-"))
+    try:
+        (folder / "secret.txt").write_text("s3cret")
+        program = f"import os\nprint(os.listdir({str(folder)!r}))"
+        assert run_program(program).stdout == "['secret.txt']\n"  # elsewhere the file system is readable
+        assert run_program(program, hide=(str(folder),)).stdout == "[]\n"
+        settings = CodeSettings(run_timeout=2.0, hide=(str(folder),))
+        gt = '{"inputs": [""], "outputs": ["s3cret"]}'
+        assert score(f"print(open({str(folder / 'secret.txt')!r}).read())", gt, settings)["score"] == 0.0
+        assert score("print('s3cret')", gt, settings)["score"] == 1.0
+    finally:
+        shutil.rmtree(folder)
+
+
 def test_giant_output_is_cut():
     program = "while True:\n    print('x' * 100000)"
     result = run_program(program, limits=Limits(wall_s=5.0, max_output_bytes=1 << 20))
@@ -163,21 +181,3 @@ def test_background_processes_do_not_outlive_the_run():
                "def add(a, b):\n    return a + b")
     assert score(program)["score"] == 1.0  # a right answer still counts; what it left running does not survive
     assert not alive_with(marker) and not leftover_cgroups()
-
-
-def test_refusal_without_a_sandbox_and_the_unsafe_opt_in(monkeypatch):
-    monkeypatch.setattr(sandbox, "_probe_result", (None, "bwrap cannot create a user namespace"))
-    with pytest.raises(SandboxUnavailable) as err:
-        run_program("print(1)")
-    message = str(err.value)
-    assert "bwrap cannot create a user namespace" in message and sandbox.OPT_IN_KEY + "=True" in message
-    with pytest.raises(SandboxUnavailable):
-        check_ready(["posttrain/code"], CodeSettings())
-    check_ready(["openai/gsm8k"], CodeSettings())  # no code rows: nothing to refuse
-    check_ready(["posttrain/code"], CodeSettings(url="http://127.0.0.1:9/run_code"))  # runs remotely
-    with pytest.warns(UserWarning, match="WITHOUT a sandbox"):
-        monkeypatch.setattr(sandbox, "_warned", False)
-        result = run_program("print(6 * 7)", allow_unsandboxed=True, limits=Limits(wall_s=5.0))
-    assert result.ok and result.stdout == "42\n" and not result.sandboxed
-    assert score("while True:\n    pass", settings=CodeSettings(run_timeout=1.0, allow_unsandboxed=True)) == \
-        {"score": 0.0, "acc": 0.0, "pass_rate": 0.0}

@@ -41,6 +41,7 @@ class CodeSettings:
     memory_limit_mb: int = 1024
     run_timeout: float = 5.0
     allow_unsandboxed: bool = False
+    hide: tuple = ()  # folders programs must not see besides the home folders and the current one: the run folder
 
 
 _settings: CodeSettings | None = None
@@ -55,9 +56,11 @@ def configure(settings: CodeSettings) -> None:
 
 def configure_from_config(cfg) -> CodeSettings:
     """The settings from a run's config (`reward_model.sandbox_fusion.*`, `reward_model.code_sandbox.*`)."""
-    sf, cs = cfg.reward_model.sandbox_fusion, cfg.reward_model.code_sandbox
+    sf, cs, tr = cfg.reward_model.sandbox_fusion, cfg.reward_model.code_sandbox, cfg.trainer
+    run_dir = tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}"  # as the trainer's
     settings = CodeSettings(url=sf.url, max_concurrent=sf.max_concurrent, memory_limit_mb=sf.memory_limit_mb,
-                            run_timeout=cs.run_timeout, allow_unsandboxed=cs.allow_unsandboxed)
+                            run_timeout=cs.run_timeout, allow_unsandboxed=cs.allow_unsandboxed,
+                            hide=(os.path.abspath(run_dir),))
     configure(settings)
     return settings
 
@@ -66,7 +69,10 @@ def current_settings() -> CodeSettings:
     if _settings is not None:
         return _settings
     raw = os.environ.get(_ENV)
-    return CodeSettings(**json.loads(raw)) if raw else CodeSettings()
+    if not raw:
+        return CodeSettings()
+    fields = json.loads(raw)
+    return CodeSettings(**{**fields, "hide": tuple(fields.get("hide") or ())})
 
 
 def check_ready(data_sources, settings: CodeSettings | None = None) -> None:
@@ -209,7 +215,8 @@ def execute(code: str, language: str, stdin: str, settings: CodeSettings) -> Run
         return run_remote(settings.url, code, language, stdin, run_timeout=settings.run_timeout,
                           memory_limit_mb=settings.memory_limit_mb, max_concurrent=settings.max_concurrent)
     limits = Limits(wall_s=settings.run_timeout, memory_mb=settings.memory_limit_mb)
-    return run_program(code, language, stdin, limits, allow_unsandboxed=settings.allow_unsandboxed)
+    return run_program(code, language, stdin, limits, allow_unsandboxed=settings.allow_unsandboxed,
+                       hide=tuple(settings.hide))
 
 
 def compute_score(solution_str: str, ground_truth, extra_info: dict | None = None,

@@ -134,28 +134,42 @@ def _host_env() -> dict:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
 
-def _hidden_dirs() -> list[str]:
-    """Folders replaced by an empty tmpfs: home folders, the run folder (the current directory), and /run (where
-    daemons keep their unix sockets, which a separate network namespace does not cut off)."""
-    found = {os.path.expanduser("~"), "/root", "/home", os.getcwd(), "/run", "/var/run"}
-    out = []
+def _hidden_dirs(extra: tuple[str, ...] = ()) -> list[str]:
+    """Folders replaced by an empty tmpfs: home folders, the run folder (the current directory, and `extra`), and
+    /run (where daemons keep their unix sockets, which a separate network namespace does not cut off). Folders under
+    /tmp need nothing: the sandbox has its own /tmp."""
+    try:
+        cwd = [os.getcwd()]
+    except OSError:  # the current directory was deleted
+        cwd = []
+    found = {os.path.expanduser("~"), "/root", "/home", "/run", "/var/run", *cwd, *extra}
+    out = set()
     for d in found:
         real = os.path.realpath(d)
-        if real not in _SYSTEM_DIRS and os.path.isdir(real):
-            out.append(real)
-    return sorted(set(out), key=lambda p: (p.count("/"), p))
+        if real not in _SYSTEM_DIRS and os.path.isdir(real) and not _inside(real, "/tmp"):
+            out.add(real)
+    return _outermost(out)
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _outermost(paths) -> list[str]:
+    """The paths that lie inside no other of them (mounting over the outer one covers the inner ones)."""
+    paths = sorted(set(paths))
+    return [p for p in paths if not any(q != p and _inside(p, q) for q in paths)]
 
 
 def _interpreter_dirs(hidden: list[str]) -> list[str]:
     """Interpreter folders that lie inside a hidden folder and are bound back read-only, so the program can run."""
     prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable))}
     prefixes.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
-    return sorted(p for p in prefixes
-                  if os.path.isdir(p) and any(p == h or p.startswith(h + "/") for h in hidden))
+    return _outermost(p for p in prefixes if os.path.isdir(p) and any(_inside(p, h) for h in hidden))
 
 
-def _bwrap_args(code_dir: Path, limits: Limits) -> list[str]:
-    hidden = _hidden_dirs()
+def _bwrap_args(code_dir: Path, limits: Limits, hide: tuple[str, ...] = ()) -> list[str]:
+    hidden = _hidden_dirs(hide)
     size = str(limits.tmp_mb << 20)
     args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--size", size, "--tmpfs", "/tmp",
             "--size", size, "--tmpfs", "/dev/shm"]
@@ -182,8 +196,9 @@ def _with_rlimits(command: list[str], limits: Limits) -> list[str]:
 # ---------------------------------------------------------------- running
 
 def run_program(code: str, language: str = "python", stdin: str = "", limits: Limits | None = None, *,
-                allow_unsandboxed: bool = False) -> RunResult:
-    """Run `code` once with `stdin` and return its outcome; every process it started is dead when this returns."""
+                allow_unsandboxed: bool = False, hide: tuple[str, ...] = ()) -> RunResult:
+    """Run `code` once with `stdin` and return its outcome; every process it started is dead when this returns.
+    `hide`: more folders the program must not see (the home folders and the current directory always are)."""
     limits = limits or Limits()
     suffix = LANGUAGES.get(language.lower()) if isinstance(language, str) else None
     if suffix is None:
@@ -199,7 +214,7 @@ def run_program(code: str, language: str = "python", stdin: str = "", limits: Li
         os.chmod(code_dir, 0o755)
         if usable:
             command = _with_rlimits(interpreter_command(language, f"{_CODE_DIR}/main{suffix}"), limits)
-            argv, cwd = [_probe_result[0], *_bwrap_args(code_dir, limits), "--", *command], None
+            argv, cwd = [_probe_result[0], *_bwrap_args(code_dir, limits, tuple(hide)), "--", *command], None
         else:
             _warn_unsandboxed(why)
             work = Path(tmp) / "work"

@@ -106,8 +106,9 @@ def serve(host: str = "127.0.0.1", port: int = 8080, *, max_workers: int = 4, al
         raise SandboxUnavailable(_refusal(why).replace("reward_model.code_sandbox.allow_unsandboxed=True",
                                                        "--allow-unsandboxed"))
     server = SandboxServer((host, port), max_workers=max_workers, allow_unsandboxed=allow_unsandboxed)
-    print(f"sandbox server on http://{host}:{server.server_address[1]}/run_code ({why if usable else 'UNSANDBOXED: ' + why}; "
-          f"{max_workers} programs at a time)", file=sys.stderr, flush=True)
+    mode = why if usable else "UNSANDBOXED: " + why
+    print(f"sandbox server on http://{host}:{server.server_address[1]}/run_code ({mode}; {max_workers} programs at a "
+          "time)", file=sys.stderr, flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

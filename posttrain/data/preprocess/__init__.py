@@ -81,7 +81,8 @@ def _write(rows: list[dict], out_dir: Path, split: str, fmt: str) -> Path:
 
 def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: str | Path | None = None,
             fmt: str = "parquet") -> dict[str, tuple[Path | None, int]]:
-    """Convert dataset `name` ("gsm8k", "math", or "code": the bundled code problems) and write `<split>.parquet` (fmt="jsonl": `.jsonl`; "both": both).
+    """Convert dataset `name` ("gsm8k", "math", or "code": the bundled code problems) and write `<split>.parquet`
+    (fmt="jsonl": `.jsonl`; "both": both).
 
     Input defaults to the shared data folder; output defaults to `data/<name>` under the CWD. Returns
     {split: (path written, rows)}. A split whose original file does not exist is listed as (None, 0) so the absence
