@@ -259,7 +259,8 @@ def test_settings_come_from_the_config_and_reach_spawned_scorers(tmp_path, monke
 
     sf = "reward_model.sandbox_fusion"
     cfg = load_config(None, [f"{sf}.url=http://h:1/run_code", f"{sf}.max_concurrent=3", f"{sf}.memory_limit_mb=300",
-                             "reward_model.code_sandbox.run_timeout=2.5", f"trainer.default_local_dir={tmp_path / 'run'}"])
+                             "reward_model.code_sandbox.run_timeout=2.5",
+                             f"trainer.default_local_dir={tmp_path / 'run'}"])
     settings = code.configure_from_config(cfg)
     assert settings == CodeSettings(url="http://h:1/run_code", max_concurrent=3, memory_limit_mb=300, run_timeout=2.5,
                                     allow_unsandboxed=False, hide=(str(tmp_path / "run"),))
