@@ -34,6 +34,7 @@ def test_extracts_the_last_python_block_or_the_whole_text():
     assert extract_code(text) == "x = 2\n"
     assert extract_code("```py\nprint(1)\n```") == "print(1)\n"
     assert extract_code("print(3)") == "print(3)"
+    assert extract_code("```python\nx = 1\n```\n```Python\nx = 2  # cut off here") == "x = 2  # cut off here"
 
 
 def test_ground_truth_layouts():

@@ -9,7 +9,7 @@ Ground truth (a JSON string or a dict) in one of the layouts code-RL datasets us
   * a checker (HumanEval):     {"test": "def check(candidate): ...", "entry_point": "add"}
 The language is the row's `extra_info["language"]` (or a "language" key of the ground truth); Python is the default
 and the only language run so far, any other is rejected. The program is the last ```python block of the response
-(``` py / python3 too), or the whole response when it has none.
+(```py and ```python3 too; an unclosed last block runs to the end), or the whole response when it has none.
 
 Score: 1.0 when every test passes, else 0.0 (all-pass, like verl's prime code scorer with continuous=False); the
 returned dict also carries `pass_rate`, the fraction of tests passed. Stdin tests run one program each and stop at the
@@ -29,7 +29,7 @@ from .sandbox import Limits, RunResult, run_program
 
 DATA_SOURCES = ("posttrain/code", "code", "codecontests", "apps", "codeforces", "taco", "mbpp", "humaneval")
 _ENV = "POSTTRAIN_CODE_SANDBOX"  # carries the settings into scorer processes started by spawn/forkserver
-_BLOCK = re.compile(r"```(?:python3?|py)[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+_FENCE = re.compile(r"```(?:python3?|py)[ \t]*\n", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,14 @@ def check_ready(data_sources, settings: CodeSettings | None = None) -> None:
 
 
 def extract_code(text: str) -> str:
-    """The last ```python block of a response, or the whole response when it has none."""
-    blocks = _BLOCK.findall(text)
-    return blocks[-1] if blocks else text
+    """The last ```python block of a response (up to its closing fence, or to the end when the response was cut
+    off inside it), or the whole response when it has none."""
+    opening = None
+    for opening in _FENCE.finditer(text):
+        pass
+    if opening is None:
+        return text
+    return text[opening.end():].split("```", 1)[0]
 
 
 @dataclass

@@ -229,8 +229,12 @@ def run_program(code: str, language: str = "python", stdin: str = "", limits: Li
                 argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.procs), *argv]
             except OSError:
                 cgroup = None
-        with open(code_dir / "stdin", "rb") as stdin_file:
-            return _supervise(argv, cwd, stdin_file, limits, cgroup, sandboxed=usable)
+        try:
+            with open(code_dir / "stdin", "rb") as stdin_file:
+                return _supervise(argv, cwd, stdin_file, limits, cgroup, sandboxed=usable)
+        finally:
+            if cgroup is not None:  # already done unless starting the run failed
+                cgroup.kill_all_and_remove()
 
 
 _warned = False
