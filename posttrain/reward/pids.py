@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -50,14 +51,28 @@ def _probe() -> Path | None:
             trial.mkdir(exist_ok=True)
         except OSError:
             continue
-        usable = (trial / "pids.max").is_file() and os.access(trial / "cgroup.procs", os.W_OK)
-        try:
-            trial.rmdir()
-        except OSError:
-            pass
+        usable = (trial / "pids.max").is_file() and _can_join(trial)
+        for _ in range(100):  # the trial process may take a moment to leave
+            try:
+                trial.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.01)
         if usable:
             return parent
     return None
+
+
+def _can_join(cgroup: Path) -> bool:
+    """Whether a process can move itself into the cgroup (cgroup v2 refuses it in some layouts)."""
+    try:
+        done = subprocess.run(["/bin/sh", "-c", 'echo $$ > "$0"', str(cgroup / "cgroup.procs")], capture_output=True,
+                              timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def _sweep(parent: Path) -> None:
