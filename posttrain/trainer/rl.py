@@ -88,7 +88,8 @@ class RLTrainer:
         for data in (self.train_data, self.val_data):
             if data is not None:
                 self.reward.check_data_sources(it.data_source for it in data.items)
-                code_reward.check_ready(it.data_source for it in data.items)  # no sandbox: refuse before training
+                if not cfg.custom_reward_function.path:  # code rows, no sandbox: refuse before training
+                    code_reward.check_ready(it.data_source for it in data.items)
         if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not self._rule_scoring:
             raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
                               "a data source without a scorer turns them off; use metric=score (the reward model's) or "
