@@ -271,3 +271,20 @@ def test_settings_come_from_the_config_and_reach_spawned_scorers(tmp_path, monke
                          ("reward_model.sandbox_fusion.url=ftp://x", "must be an http")):
         with pytest.raises(ConfigError, match=message):
             load_config(None, [bad])
+
+
+def test_training_on_code_refuses_before_its_first_step_without_a_sandbox(tmp_path, tiny_model_dir, monkeypatch):
+    from posttrain.config import load_config
+    from posttrain.trainer.rl import RLTrainer
+
+    monkeypatch.setenv("POSTTRAIN_CODE_SANDBOX", "")
+    monkeypatch.setattr(sandbox, "_probe_result", (None, "bwrap: setting up uid map: Permission denied"))
+    prepare("code", None, tmp_path / "code")
+    base = ["algorithm.adv_estimator=grpo", f"data.train_files={tmp_path / 'code' / 'test.parquet'}",
+            "data.train_batch_size=2", "data.max_prompt_length=512", "data.max_response_length=4",
+            "data.filter_overlong_prompts=True", f"actor_rollout_ref.model.path={tiny_model_dir}",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "trainer.total_training_steps=1", "trainer.logger=['jsonl']", f"trainer.default_local_dir={tmp_path / 'run'}"]
+    with pytest.raises(SandboxUnavailable, match=r"Permission denied.*allow_unsandboxed=True"):
+        RLTrainer(load_config(None, base))
+    RLTrainer(load_config(None, base + ["reward_model.code_sandbox.allow_unsandboxed=True"]))  # the opt-in starts
