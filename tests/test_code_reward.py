@@ -284,7 +284,8 @@ def test_training_on_code_refuses_before_its_first_step_without_a_sandbox(tmp_pa
             "data.train_batch_size=2", "data.max_prompt_length=512", "data.max_response_length=4",
             "data.filter_overlong_prompts=True", f"actor_rollout_ref.model.path={tiny_model_dir}",
             "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "trainer.total_training_steps=1", "trainer.logger=['jsonl']", f"trainer.default_local_dir={tmp_path / 'run'}"]
+            "trainer.total_training_steps=1", "trainer.logger=['jsonl']",
+            f"trainer.default_local_dir={tmp_path / 'run'}"]
     with pytest.raises(SandboxUnavailable, match=r"Permission denied.*allow_unsandboxed=True"):
         RLTrainer(load_config(None, base))
     RLTrainer(load_config(None, base + ["reward_model.code_sandbox.allow_unsandboxed=True"]))  # the opt-in starts
