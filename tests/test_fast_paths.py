@@ -20,6 +20,7 @@ from posttrain.models.shared_prompt import ATTENTION_NAME, prompt_groups
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.engine import DecodeEngine
 from posttrain.rollout.hf import HFRollout
+from posttrain.rollout.prefix_attention import FIRST_CAPACITY
 from posttrain.rollout.sampling import next_tokens
 from posttrain.rollout.weights import inference_weights
 
@@ -44,7 +45,8 @@ TEXTS = ["1+2=", "33+44=", "5+57=", "What is 12 plus 9?", "7+7=", "80+1="]
 
 def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(tiny_model_dir, tiny_tokenizer):
     """Greedy decoding: token for token what `generate` gives, with rows finishing at different steps (so the
-    engine drops finished rows mid-way), prompts of different lengths, several prompts per call and n > 1."""
+    engine drops finished rows mid-way), prompts of different lengths, several prompts per call and n > 1, and
+    more new tokens than the first cache capacity (so its buffers grow mid-way)."""
     lm = load_causal_lm(str(tiny_model_dir))
     torch.manual_seed(0)
     with torch.no_grad():  # larger random weights: greedy text that depends on the prompt (not one repeated token)
@@ -54,11 +56,12 @@ def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(t
     model = PolicyModel(lm)
     batch = batch_of(tiny_tokenizer, TEXTS)
     plain = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
-    free = plain.generate(batch, SamplingParams(n=1, do_sample=False, max_new_tokens=12, ignore_eos=True))
+    free = plain.generate(batch, SamplingParams(n=1, do_sample=False, max_new_tokens=40, ignore_eos=True))
     stop = set(free["responses"][:3, 2].tolist())  # end tokens: rows then finish at different steps, or never
     fast = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32, micro_batch_size=4)
     plain.eos_ids = fast.eos_ids = stop
-    greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=12)
+    greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=40)
+    assert greedy.max_new_tokens > FIRST_CAPACITY
     a, b = plain.generate(batch, greedy), fast.generate(batch, greedy)
     assert fast.shared_prefix_ok
     lengths = a["response_mask"].sum(-1)

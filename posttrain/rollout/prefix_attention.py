@@ -18,6 +18,7 @@ import torch
 from transformers import AttentionInterface
 
 ATTENTION_NAME = "posttrain_shared_prefix"
+FIRST_CAPACITY = 16  # suffix positions at first; the buffers grow by a quarter when full
 
 
 class SharedPrefixCache:
@@ -27,7 +28,7 @@ class SharedPrefixCache:
     float32 is 0 on prompt tokens and -inf on left padding. Suffix: per layer (rows, kv_heads, capacity,
     head_dim), zero-filled, one position written per step; attention runs over the whole buffer with
     `bias` masking the unwritten positions (slicing it would make every product copy its operand), and the
-    capacity (64 at first) grows by a quarter when full. `rows`: each current row's index among the prompts x
+    capacity (16 at first) grows by a quarter when full. `rows`: each current row's index among the prompts x
     group rows, None while no row has been dropped (`keep`)."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], prefix_mask: torch.Tensor, group: int,
@@ -36,7 +37,7 @@ class SharedPrefixCache:
         bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=prefix_mask.device)
         self.prefix_bias = bias.masked_fill(prefix_mask == 0, float("-inf")).repeat_interleave(group, 0)[:, None, None]
         self.rows: torch.Tensor | None = None
-        self.length, self.capacity = 0, min(max_new, 64)
+        self.length, self.capacity = 0, min(max_new, FIRST_CAPACITY)
         self.keys: list[torch.Tensor | None] = [None] * len(keys)
         self.values: list[torch.Tensor | None] = [None] * len(keys)
         self._step_bias()
