@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
 
     from .parallel.launch import WorkerFailed
+    from .reward.checks import RewardError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -154,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except WorkerFailed as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except RewardError as e:
+        print(f"reward error: {e}", file=sys.stderr)
         return 1
 
 

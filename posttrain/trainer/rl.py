@@ -16,6 +16,7 @@ from ..data.batch import Batch
 from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_batches
 from ..models.load import load_tokenizer
 from ..parallel import Parallel, shutdown
+from ..reward.checks import check_error_rate
 from ..reward.manager import RewardManager
 from ..reward.model import ModelRewardManager
 from ..reward.registry import extract_answer_for
@@ -137,7 +138,9 @@ class RLTrainer:
         with _timer(timing, "reward"):
             batch["token_level_scores"], extras = self.reward(batch)
         batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
-        return concat_rollouts(self.par.gather(batch), self.rollout.pad_id)
+        out = concat_rollouts(self.par.gather(batch), self.rollout.pad_id)
+        check_error_rate(out.meta["reward:errors"], out.meta["reward:timeouts"], self.cfg.reward_model.max_error_rate)
+        return out
 
     def _rollout(self, timing: dict) -> tuple[Batch, dict]:
         """One training batch of scored rollouts. With DAPO dynamic sampling, groups whose metric does not vary
