@@ -171,7 +171,7 @@ def test_manager_choices_in_the_config(tmp_path):
             load_config(None, base + bad.split())
     with pytest.raises(ValueError, match="prime reward manager scores in worker processes"):
         RewardManager(FakeTokenizer(), manager="prime", num_workers=0)
-    assert 1 <= auto_workers() <= 4
+    assert 2 <= auto_workers() <= 8
 
 
 def test_a_scorer_that_cannot_reach_a_worker_fails_before_scoring():

@@ -707,7 +707,7 @@ DESCRIPTIONS: dict[str, str] = {
     'reward_model.launch_reward_fn_async':
         'rejected when True (scoring already runs in worker processes)',
     'reward_model.num_workers':
-        'rule-scorer worker processes per training process (null = half the CPU cores per process, 1 to 4; '
+        'rule-scorer worker processes per training process (null = the CPU cores per process, 2 to 8; '
         '0 = the training process scores, with no time limit, so a hanging scorer hangs the run). A hung, '
         'raising or crashing scorer scores 0 and is counted (`reward/timeouts`, `reward/errors`); its worker is '
         'replaced. The reward model (`enable=True`) runs in the training processes whatever this says',

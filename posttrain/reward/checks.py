@@ -61,7 +61,7 @@ def unpack(value) -> tuple[float, dict[str, float], str | None]:
 def check_error_rate(errors: list[float], timeouts: list[float], max_rate: float) -> None:
     """Raise RewardError when more than `max_rate` of the responses failed to score (raised, hung, crashed or
     returned something that is not a finite number). Called on the whole step's batch, the same on every rank."""
-    total = len(errors)
+    total = max(len(errors), len(timeouts))
     failed = sum(errors) + sum(timeouts)
     if total and failed / total > max_rate:
         raise RewardError(

@@ -29,11 +29,12 @@ INVALID = "invalid"
 
 
 def auto_workers() -> int:
-    """Scorer workers when `reward_model.num_workers` is null: half the CPU cores this rank may use (the cores are
-    shared by the ranks of a node), between 1 and 4. One on a 2-core machine; 4 on a GPU node with cores to spare."""
+    """Scorer workers when `reward_model.num_workers` is null: the CPU cores this rank may use (the trainer waits
+    while they score; the ranks of a node share its cores), at least 2 so that one hung scorer never holds up all
+    scoring, at most 8. Two on a 2-core machine; 8 per rank on a GPU node with 8 ranks and 64 or more cores."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    return max(1, min(4, cpus // (2 * ranks_here)))
+    return max(2, min(8, cpus // ranks_here))
 
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, penalty_factor: float) -> float:

@@ -139,7 +139,8 @@ class RLTrainer:
             batch["token_level_scores"], extras = self.reward(batch)
         batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
         out = concat_rollouts(self.par.gather(batch), self.rollout.pad_id)
-        check_error_rate(out.meta["reward:errors"], out.meta["reward:timeouts"], self.cfg.reward_model.max_error_rate)
+        check_error_rate(out.meta.get("reward:errors", []), out.meta.get("reward:timeouts", []),
+                         self.cfg.reward_model.max_error_rate)
         return out
 
     def _rollout(self, timing: dict) -> tuple[Batch, dict]:
