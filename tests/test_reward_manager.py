@@ -276,3 +276,13 @@ def test_a_run_whose_rewards_all_fail_stops_with_one_line(tiny_model_dir, tmp_pa
     assert code == 1
     assert "reward error: 20 of 20 responses in this step failed to score" in err and "Traceback" not in err
     assert not (tmp_path / "run" / "metrics.jsonl").exists() or not (tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+def test_a_reward_model_score_that_is_not_finite_is_contained():
+    from posttrain.reward.model import ModelRewardManager
+
+    rule = RewardManager(FakeTokenizer(), compute_score=faulty_scorers.by_extra)
+    manager = ModelRewardManager(rule, lambda batch: torch.tensor([math.nan, 0.5, math.inf]))
+    with pytest.warns(RuntimeWarning, match="reward model gave 2 non-finite scores"):
+        scores, extras = manager(rows("len", "len", "len"))
+    assert scores.sum(-1).tolist() == [0.0, 0.5, 0.0] and extras["errors"] == [1.0, 0.0, 1.0]
