@@ -145,7 +145,7 @@ class RewardManager:
         data_source, text, truth, _ = row
         what = {TIMEOUT: f"took longer than reward_model.timeout_s={self.timeout_s:g}"}.get(status, detail)
         warnings.warn(f"the reward function {_WHAT[status]} (scored 0, counted in reward/"
-                      f"{'timeouts' if status == TIMEOUT else 'errors'}, training goes on; logged once): {what}\n"
+                      f"{'timeouts' if status == TIMEOUT else 'errors'}; logged once): {what}\n"
                       f"  sample: data_source={data_source!r} ground_truth={truth!r} response={text[:300]!r}",
                       RuntimeWarning, stacklevel=3)
 
