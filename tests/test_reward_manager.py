@@ -158,6 +158,13 @@ def test_batch_manager_calls_once_with_lists_and_contains_a_wrong_length():
             rm.close()
 
 
+def test_batch_manager_takes_an_array_and_checks_each_value():
+    rm = RewardManager(FakeTokenizer(), compute_score=lambda **kw: np.array([1.0, np.nan]), manager="batch")
+    with pytest.warns(RuntimeWarning, match="nan"):
+        scores, extras = rm(make_batch([[0], [0]], [[1], [1]]))
+    assert scores.sum(-1).tolist() == [1.0, 0.0] and extras["errors"] == [0.0, 1.0]
+
+
 def test_manager_choices_in_the_config(tmp_path):
     base = ["algorithm.adv_estimator=gae"]
     assert load_config(None, base + ["reward_model.reward_manager=prime"]).reward_model.reward_manager == "prime"

@@ -167,10 +167,11 @@ class RewardManager:
             [(status, value)] = self._pool.map([job], self.timeout_s * len(rows))
         if status != OK:
             return [(status, value)] * len(rows)
-        if not isinstance(value, (list, tuple)) or len(value) != len(rows):
-            size = f"{len(value)} values" if isinstance(value, (list, tuple)) else f"a {type(value).__name__}"
+        sized = hasattr(value, "__len__") and not isinstance(value, (str, bytes, dict))  # list, tuple, array
+        if not sized or len(value) != len(rows):
+            size = f"{len(value)} values" if sized else f"a {type(value).__name__}"
             return [(INVALID, f"the batch reward function returned {size} for {len(rows)} responses")] * len(rows)
-        return [(OK, v) for v in value]
+        return [(OK, v) for v in list(value)]
 
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""
