@@ -173,6 +173,11 @@ class RewardManager:
             return [(INVALID, f"the batch reward function returned {size} for {len(rows)} responses")] * len(rows)
         return [(OK, v) for v in list(value)]
 
+    def start(self) -> None:
+        """Start the worker processes now rather than at the first call (they start up in the background)."""
+        if self._pool is not None:
+            self._pool.start()
+
     def close(self) -> None:
         """Stop the worker processes (a later call starts new ones)."""
         if self._pool is not None:

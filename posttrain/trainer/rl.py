@@ -315,6 +315,7 @@ class RLTrainer:
                            name=tr.experiment_name, resumed_step=self.global_step) if self.par.is_main else NullTracker())
         last_val: dict[str, float] = {}
         try:
+            self.rule_reward.start()  # scorer workers start up while the first batch generates
             if tr.val_only:  # evaluate the starting point (a resumed checkpoint too) and stop: nothing trains
                 last_val = self.validate()
                 tracker.log(last_val, self.global_step)
