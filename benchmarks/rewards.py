@@ -100,7 +100,7 @@ def measure(rows: list[tuple], workers: int, repeats: int, custom) -> tuple[floa
         rates, right = [], 0.0
         for _ in range(repeats):
             start = time.perf_counter()
-            scores, extras = rm(as_batch(rows))
+            _, extras = rm(as_batch(rows))
             rates.append(len(rows) / (time.perf_counter() - start))
             right = sum(extras["acc"]) / len(rows)
             if sum(extras["errors"]) + sum(extras["timeouts"]):

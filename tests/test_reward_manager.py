@@ -4,7 +4,6 @@ training run with a faulty reward function under the default settings."""
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
