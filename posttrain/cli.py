@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .parallel.launch import WorkerFailed
     from .reward.sandbox import SandboxUnavailable
+    from .reward.checks import RewardError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -176,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     except SandboxUnavailable as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RewardError as e:
+        print(f"reward error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

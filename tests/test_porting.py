@@ -32,7 +32,6 @@ NOT_LOADING = {
     "grpo_trainer/run_qwen2_5_vl-7b_lora.sh": "exclude_modules",
     "grpo_trainer/run_qwen3_vl-30b-megatron.sh": "tp_size=2 must divide the 1 processes",
     "ppo_trainer/run_deepseek7b_llm_pfppo.sh": "PF-PPO",
-    "ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": "reward_model.reward_manager='prime'",
 }
 
 

@@ -700,14 +700,23 @@ DESCRIPTIONS: dict[str, str] = {
     'reward_model.forward_max_token_len_per_gpu':
         'token budget of one reward-model micro-batch (with `use_dynamic_bsz`)',
     'reward_model.reward_manager':
-        '`naive`, `batch`, `dapo` (all score per response; `prime` is rejected)',
+        '`naive` / `dapo`: the scorer is called per response (`dapo` is the same call; the overlong shaping is '
+        '`overlong_buffer.*`); `batch`: called once per step with lists (`data_sources`, `solution_strs`, '
+        '`ground_truths`, `extra_infos` keywords), returns a list of scores, time limit `timeout_s` per row; '
+        '`prime`: per response, always in worker processes (needs `num_workers` >= 1 or null)',
     'reward_model.launch_reward_fn_async':
         'rejected when True (scoring already runs in worker processes)',
     'reward_model.num_workers':
-        'rule-scorer worker processes (0 = main process); hung or raising scorers are contained and counted. '
-        'The reward model (`enable=True`) runs in the training processes whatever this says',
+        'rule-scorer worker processes per training process (null = the CPU cores per process, 2 to 8; '
+        '0 = the training process scores, with no time limit, so a hanging scorer hangs the run). A hung, '
+        'raising or crashing scorer scores 0 and is counted (`reward/timeouts`, `reward/errors`); its worker is '
+        'replaced. The reward model (`enable=True`) runs in the training processes whatever this says',
     'reward_model.timeout_s':
-        'per-response scorer limit in worker processes',
+        'per-response scorer time limit in worker processes (seconds)',
+    'reward_model.max_error_rate':
+        'stop the run when more than this share of a step\'s responses failed to score (raised, timed out, '
+        'crashed, or returned NaN/inf/None/a string/a dict without `score`: each scored 0 and counted); '
+        '1 never stops',
     'reward_model.sandbox_fusion.url':
         'a SandboxFusion-compatible server (`posttrain sandbox-server`, or SandboxFusion) that runs code rewards; '
         'unset: the local bubblewrap sandbox',

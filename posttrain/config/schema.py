@@ -249,8 +249,9 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int = 32768
     reward_manager: str = "naive"
     launch_reward_fn_async: bool = False
-    num_workers: int = 0  # scorer worker processes; 0 = score in the main process
+    num_workers: Optional[int] = None  # scorer worker processes; null = from the CPU cores; 0 = in the main process
     timeout_s: float = 10.0  # per-response scorer time limit (worker processes only)
+    max_error_rate: float = 0.5  # stop when more of a step's responses than this fail to score
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
     code_sandbox: CodeSandboxConfig = field(default_factory=CodeSandboxConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)

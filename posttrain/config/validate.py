@@ -168,7 +168,14 @@ def _validate(cfg: Config) -> None:
                "reward_model.micro_batch_size_per_gpu must be positive (or null: one pass over the rank's rows)")
         _check(rm.max_length is None or rm.max_length > 0, "reward_model.max_length must be positive (or null)")
         _check(rm.forward_max_token_len_per_gpu > 0, "reward_model.forward_max_token_len_per_gpu must be positive")
-    _choice(rm.reward_manager, ("naive", "batch", "dapo"), "reward_model.reward_manager")
+    _choice(rm.reward_manager, ("naive", "batch", "prime", "dapo"), "reward_model.reward_manager")
+    _check(rm.num_workers is None or rm.num_workers >= 0,
+           "reward_model.num_workers must be >= 0 (0 = score in the training process; null = from the CPU cores)")
+    _check(rm.reward_manager != "prime" or rm.num_workers != 0,
+           "reward_model.reward_manager=prime scores in worker processes: set reward_model.num_workers >= 1 or null "
+           "(or use reward_manager=naive to score in the training process)")
+    _check(rm.timeout_s > 0, "reward_model.timeout_s must be positive (seconds per response)")
+    _check(0 <= rm.max_error_rate <= 1, "reward_model.max_error_rate must lie in [0, 1] (1 never stops the run)")
     _unsupported(not rm.launch_reward_fn_async, "reward_model.launch_reward_fn_async=True is not supported; scoring runs "
                                           "in worker processes already (reward_model.num_workers)")
     if rm.sandbox_fusion.url is not None:

@@ -1,24 +1,40 @@
-"""Batch scoring: decode responses, call the scorer per response, contain scorers that raise or hang.
+"""Batch scoring: decode responses, score them by the reward manager's convention, contain every failure.
 
-Scorers run in the main thread (math-verify's timeouts use signal.alarm, which only works there) or, with
-`reward_model.num_workers > 0`, in worker processes with a per-response time limit; a hung worker is replaced.
-A scorer that raises or times out scores 0 and is counted (`reward/errors`, `reward/timeouts`); training goes on.
+`naive` and `dapo` call the scorer once per response, `batch` once for all of a rank's responses (lists in, a list
+out), `prime` per response always in worker processes. With `reward_model.num_workers` >= 1 (the default picks a
+count from the CPU cores) scorers run in a pool of worker processes (pool.py) with a per-response time limit; with 0
+they run in the training process's main thread with no limit. A scorer that raises, hangs, crashes its worker or
+returns something that is not a finite number (checks.py) scores 0 and is counted (`reward/errors`,
+`reward/timeouts`); the first failure of each kind is logged with its sample, and training goes on. Each rank scores
+its own rows with its own pool.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import os
 import traceback
 import warnings
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
 import torch
 
 from ..data.batch import Batch
-from .registry import _unknown, default_compute_score, known_data_sources, load_custom_reward_function
+from .checks import unpack
+from .pool import CRASH, ERROR, OK, TIMEOUT, ScorerPool
+from .registry import (BatchCall, FileFunction, RegisteredScorers, _unknown, default_compute_score,
+                       known_data_sources)
+
+MANAGERS = ("naive", "batch", "prime", "dapo")
+INVALID = "invalid"
+
+
+def auto_workers() -> int:
+    """Scorer workers when `reward_model.num_workers` is null: the CPU cores this rank may use (the trainer waits
+    while they score; the ranks of a node share its cores), at least 2 so that one hung scorer never holds up all
+    scoring, at most 8. Two on a 2-core machine; 8 per rank on a GPU node with 8 ranks and 64 or more cores."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(2, min(8, cpus // ranks_here))
 
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, penalty_factor: float) -> float:
@@ -29,31 +45,49 @@ def overlong_penalty(length: int, max_len: int, buffer_len: int, penalty_factor:
     return max(-(length - expected) / buffer_len * penalty_factor, -penalty_factor)
 
 
-def _call(fn, args):
+def _call_here(fn, args):
     try:
-        return ("ok", fn(*args))
+        return (OK, fn(*args))
     except Exception:  # the scorer is user code: anything it raises is contained
-        return ("error", traceback.format_exc(limit=3))
+        return (ERROR, traceback.format_exc(limit=4))
+
+
+_WHAT = {ERROR: "raised", CRASH: "crashed its worker process", TIMEOUT: "timed out",
+         INVALID: "returned something that is not a reward"}
 
 
 class RewardManager:
-    def __init__(self, tokenizer, *, compute_score: Callable | None = None, num_workers: int = 0,
-                 timeout_s: float = 10.0, overlong: tuple[int, int, float] | None = None, log_overlong: bool = False):
+    """`(batch) -> (token_level_scores, extras)`: rule scores of a rank's responses; `close()` stops its workers."""
+
+    def __init__(self, tokenizer, *, compute_score: Callable | None = None, manager: str = "naive",
+                 num_workers: int = 0, timeout_s: float = 10.0, overlong: tuple[int, int, float] | None = None,
+                 log_overlong: bool = False):
+        if manager not in MANAGERS:
+            raise ValueError(f"reward manager must be one of {MANAGERS}, got {manager!r}")
+        if manager == "prime" and num_workers < 1:
+            raise ValueError("the prime reward manager scores in worker processes: num_workers must be >= 1")
         self.tokenizer = tokenizer
+        self.custom = compute_score  # None: the registered scorers, by data_source
         self.compute_score = compute_score or default_compute_score
-        self.num_workers, self.timeout_s, self.overlong, self.log_overlong = num_workers, timeout_s, overlong, log_overlong
-        self._pool: ProcessPoolExecutor | None = None
-        self.warned = 0
+        self.manager, self.num_workers, self.timeout_s = manager, num_workers, timeout_s
+        self.overlong, self.log_overlong = overlong, log_overlong
+        self._pool: ScorerPool | None = None  # workers start at the first call and stay for the next ones
+        if num_workers > 0:  # built now so that a scorer that cannot go to a worker fails before training
+            self._pool = ScorerPool(BatchCall(compute_score) if manager == "batch"
+                                    else compute_score or RegisteredScorers(), num_workers)
+        self.logged: set[str] = set()  # failure kinds already logged
 
     @classmethod
     def from_config(cls, cfg, tokenizer) -> "RewardManager":
+        rm = cfg.reward_model
         fn = None
         if cfg.custom_reward_function.path:
-            fn = load_custom_reward_function(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
-        ob = cfg.reward_model.overlong_buffer
+            fn = FileFunction(cfg.custom_reward_function.path, cfg.custom_reward_function.name)
+        ob = rm.overlong_buffer
         overlong = (cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None
-        return cls(tokenizer, compute_score=fn, num_workers=cfg.reward_model.num_workers,
-                   timeout_s=cfg.reward_model.timeout_s, overlong=overlong, log_overlong=ob.log)
+        workers = auto_workers() if rm.num_workers is None else rm.num_workers
+        return cls(tokenizer, compute_score=fn, manager=rm.reward_manager, num_workers=workers,
+                   timeout_s=rm.timeout_s, overlong=overlong, log_overlong=ob.log)
 
     def check_data_sources(self, sources) -> None:
         """Fail before training when a data_source has no scorer (a custom function handles every source)."""
@@ -68,30 +102,26 @@ class RewardManager:
         responses, mask = batch["responses"], batch["response_mask"]
         texts = self.tokenizer.batch_decode([r[m.bool()].tolist() for r, m in zip(responses, mask)],
                                             skip_special_tokens=True)
-        jobs = [(ds, text, gt, extra) for ds, text, gt, extra in
-                zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], batch.meta["extra_info"])]
-        results = self._run_all(jobs)
-        scores = torch.zeros(len(jobs))
+        rows = list(zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], batch.meta["extra_info"]))
+        outcomes = self._score_batch(rows) if self.manager == "batch" else self._score_rows(rows)
+        scores = torch.zeros(len(rows))
         own_acc: dict[int, float] = {}  # rows whose scorer reported its own `acc` (partial credit is not success)
-        extras: dict[str, list] = {"errors": [], "timeouts": []}
-        for i, (status, value) in enumerate(results):
-            extras["errors"].append(float(status == "error"))
-            extras["timeouts"].append(float(status == "timeout"))
-            if status == "error" and self.warned < 3:
-                self.warned += 1
-                warnings.warn(f"reward function raised (scored 0, training goes on):\n{value}")
-            if status != "ok":
+        extras: dict[str, list] = {"errors": [0.0] * len(rows), "timeouts": [0.0] * len(rows)}
+        for i, (status, value) in enumerate(outcomes):
+            if status == OK:
+                score, more, problem = unpack(value)
+                if problem is not None:
+                    status, value = INVALID, problem
+            if status != OK:
+                extras["timeouts" if status == TIMEOUT else "errors"][i] = 1.0
+                self._log_once(status, value, rows[i])
                 continue
-            if isinstance(value, dict):
-                if "score" not in value:
-                    raise ValueError(f"a reward function returned a dict without 'score': {value}")
-                for key, v in value.items():
-                    if key == "acc" and isinstance(v, (int, float, bool)):
-                        own_acc[i] = float(v)
-                    elif key != "score" and isinstance(v, (int, float, bool)):
-                        extras.setdefault(key, [0.0] * len(jobs))[i] = float(v)
-                value = value["score"]
-            scores[i] = float(value)
+            for key, v in more.items():
+                if key == "acc":
+                    own_acc[i] = v
+                else:
+                    extras.setdefault(key, [0.0] * len(rows))[i] = v
+            scores[i] = score
         extras["acc"] = [own_acc.get(i, float(s > 0)) for i, s in enumerate(scores.tolist())]
         extras["score"] = scores.tolist()  # the task's own score; shaping below changes only the training reward
         if self.overlong:
@@ -104,48 +134,51 @@ class RewardManager:
         extras["response_text"] = texts
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
         last = (mask.sum(-1) - 1).clamp(min=0)
-        token_scores[torch.arange(len(jobs)), last] = scores * (mask.sum(-1) > 0)
+        token_scores[torch.arange(len(rows)), last] = scores * (mask.sum(-1) > 0)
         return token_scores, extras
+
+    def _log_once(self, status: str, detail, row) -> None:
+        """The first failure of each kind, with its sample; later ones are only counted."""
+        if status in self.logged:
+            return
+        self.logged.add(status)
+        data_source, text, truth, _ = row
+        what = {TIMEOUT: f"took longer than reward_model.timeout_s={self.timeout_s:g}"}.get(status, detail)
+        warnings.warn(f"the reward function {_WHAT[status]} (scored 0, counted in reward/"
+                      f"{'timeouts' if status == TIMEOUT else 'errors'}; logged once): {what}\n"
+                      f"  sample: data_source={data_source!r} ground_truth={truth!r} response={text[:300]!r}",
+                      RuntimeWarning, stacklevel=3)
 
     # ---------------------------------------------------------------- execution
 
-    def _run_all(self, jobs):
+    def _score_rows(self, rows):
         if self.num_workers <= 0:
-            return [_call(self.compute_score, job) for job in jobs]
-        results = [None] * len(jobs)
-        pending = list(range(len(jobs)))
-        while pending:
-            pool = self._get_pool()
-            futures = {i: pool.submit(_call, self.compute_score, jobs[i]) for i in pending}
-            pending = []
-            broken = False
-            for i, fut in futures.items():
-                if broken:
-                    pending.append(i)
-                    continue
-                try:
-                    results[i] = fut.result(timeout=self.timeout_s)
-                except FutureTimeout:
-                    results[i] = ("timeout", None)
-                    broken = True  # the worker is stuck: replace the pool, re-run what had not finished
-                    self._kill_pool()
-                except BrokenProcessPool:
-                    results[i] = ("error", "scorer worker died")
-                    broken = True
-                    self._kill_pool()
-        return results
+            return [_call_here(self.compute_score, row) for row in rows]
+        return self._pool.map(rows, self.timeout_s)
 
-    def _get_pool(self) -> ProcessPoolExecutor:
-        if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.num_workers, mp_context=mp.get_context("fork"))
-        return self._pool
+    def _score_batch(self, rows):
+        """One call for all rows (limit: timeout_s per row); a wrong-length answer fails every row."""
+        if not rows:
+            return []
+        job = tuple(map(list, zip(*rows)))
+        if self.num_workers <= 0:
+            status, value = _call_here(BatchCall(self.custom), job)
+        else:
+            [(status, value)] = self._pool.map([job], self.timeout_s * len(rows))
+        if status != OK:
+            return [(status, value)] * len(rows)
+        sized = hasattr(value, "__len__") and not isinstance(value, (str, bytes, dict))  # list, tuple, array
+        if not sized or len(value) != len(rows):
+            size = f"{len(value)} values" if sized else f"a {type(value).__name__}"
+            return [(INVALID, f"the batch reward function returned {size} for {len(rows)} responses")] * len(rows)
+        return [(OK, v) for v in list(value)]
 
-    def _kill_pool(self) -> None:
+    def start(self) -> None:
+        """Start the worker processes now rather than at the first call (they start up in the background)."""
         if self._pool is not None:
-            for proc in list(getattr(self._pool, "_processes", {}).values()):
-                proc.kill()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+            self._pool.start()
 
     def close(self) -> None:
-        self._kill_pool()
+        """Stop the worker processes (a later call starts new ones)."""
+        if self._pool is not None:
+            self._pool.close()

@@ -10,6 +10,7 @@ shaping, when on, is added to the reward model's score.
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
@@ -26,6 +27,7 @@ class ModelRewardManager:
     def __init__(self, rule: RewardManager, score_fn: Callable[[Batch], torch.Tensor]):
         self.rule, self.score_fn = rule, score_fn
         self.rule_scoring = True  # until a data source without a scorer is seen (check_data_sources)
+        self.logged: set[str] = set()
 
     def check_data_sources(self, sources) -> None:
         """Rows need no rule scorer here: a data source without one turns rule scoring off (the reward model
@@ -45,6 +47,16 @@ class ModelRewardManager:
         else:
             extras["response_text"] = self.rule.tokenizer.batch_decode(
                 [r[m.bool()].tolist() for r, m in zip(batch["responses"], mask)], skip_special_tokens=True)
+        extras.setdefault("errors", [0.0] * len(rm))
+        extras.setdefault("timeouts", [0.0] * len(rm))
+        bad = ~torch.isfinite(rm)
+        if bad.any():  # a NaN/inf model score is contained like a rule scorer's: 0, counted, logged once
+            if "rm_nonfinite" not in self.logged:
+                self.logged.add("rm_nonfinite")
+                warnings.warn(f"the reward model gave {int(bad.sum())} non-finite scores in a batch of {len(rm)} "
+                              "(scored 0, counted in reward/errors; logged once)", RuntimeWarning, stacklevel=2)
+            rm = torch.where(bad, torch.zeros_like(rm), rm)
+            extras["errors"] = [e + float(b) for e, b in zip(extras["errors"], bad.tolist())]
         extras["rm_score"] = rm.tolist()
         extras["score"] = rm.tolist()  # the training reward before shaping (rollout dumps, filter_groups' `score`)
         scores = rm

@@ -119,6 +119,72 @@ def load_custom_reward_function(path: str | Path, name: str = "compute_score") -
     return fn
 
 
+class FileFunction:
+    """`custom_reward_function.path/name` as a callable that pickles as (path, name): a scorer worker process
+    imports the file itself (the importing process's module is not importable by name there)."""
+
+    def __init__(self, path: str | Path, name: str = "compute_score"):
+        self.path, self.name = str(Path(path).expanduser().resolve()), name
+        self._fn = load_custom_reward_function(self.path, name)  # fails here, before training, when it is wrong
+
+    def __call__(self, *args, **kwargs):
+        if self._fn is None:
+            self._fn = load_custom_reward_function(self.path, self.name)
+        return self._fn(*args, **kwargs)
+
+    def __getstate__(self):
+        return {"path": self.path, "name": self.name}
+
+    def __setstate__(self, state):
+        self.path, self.name, self._fn = state["path"], state["name"], None
+
+    def __repr__(self) -> str:
+        return f"{self.path}:{self.name}"
+
+
+class RegisteredScorers:
+    """`default_compute_score` over a copy of the scorer table, for worker processes: they get the scorers
+    registered in this process (by `@register_scorer` in the user's code too), each pickled by reference."""
+
+    def __init__(self):
+        self.table = dict(_SCORERS)
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None):
+        try:
+            fn = self.table[data_source]
+        except (KeyError, TypeError):
+            raise _unknown(data_source) from None
+        return fn(solution_str, ground_truth, extra_info)
+
+    def __getstate__(self):
+        import pickle
+
+        for source, fn in self.table.items():
+            try:
+                pickle.dumps(fn)
+            except Exception as e:
+                raise TypeError(f"the scorer registered for data_source {source!r} ({fn!r}) cannot be sent to scorer "
+                                f"worker processes ({e}); register a module-level function") from None
+        return {"table": self.table}
+
+    def __repr__(self) -> str:
+        return f"<the scorers registered for {sorted(self.table)}>"
+
+
+class BatchCall:
+    """The `batch` reward manager's calling convention: one call for all rows, keyword lists in, a list out.
+    Without a custom function, the registered scorers grade the rows one by one inside that call."""
+
+    def __init__(self, fn: Callable | None):
+        self.fn, self.rows = fn, (RegisteredScorers() if fn is None else None)
+
+    def __call__(self, data_sources, solution_strs, ground_truths, extra_infos):
+        if self.fn is None:
+            return [self.rows(*row) for row in zip(data_sources, solution_strs, ground_truths, extra_infos)]
+        return self.fn(data_sources=data_sources, solution_strs=solution_strs, ground_truths=ground_truths,
+                       extra_infos=extra_infos)
+
+
 def _gsm8k_strict(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     return _gsm8k.compute_score(solution_str, ground_truth, method="strict")
 

@@ -17,6 +17,7 @@ from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_
 from ..models.load import load_tokenizer
 from ..parallel import Parallel, shutdown
 from ..reward import code as code_reward
+from ..reward.checks import check_error_rate
 from ..reward.manager import RewardManager
 from ..reward.model import ModelRewardManager
 from ..reward.registry import extract_answer_for
@@ -141,7 +142,10 @@ class RLTrainer:
         with _timer(timing, "reward"):
             batch["token_level_scores"], extras = self.reward(batch)
         batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
-        return concat_rollouts(self.par.gather(batch), self.rollout.pad_id)
+        out = concat_rollouts(self.par.gather(batch), self.rollout.pad_id)
+        check_error_rate(out.meta.get("reward:errors", []), out.meta.get("reward:timeouts", []),
+                         self.cfg.reward_model.max_error_rate)
+        return out
 
     def _rollout(self, timing: dict) -> tuple[Batch, dict]:
         """One training batch of scored rollouts. With DAPO dynamic sampling, groups whose metric does not vary
@@ -315,6 +319,7 @@ class RLTrainer:
                            name=tr.experiment_name, resumed_step=self.global_step) if self.par.is_main else NullTracker())
         last_val: dict[str, float] = {}
         try:
+            self.rule_reward.start()  # scorer workers start up while the first batch generates
             if tr.val_only:  # evaluate the starting point (a resumed checkpoint too) and stop: nothing trains
                 last_val = self.validate()
                 tracker.log(last_val, self.global_step)

@@ -1,0 +1,143 @@
+"""Rule-scoring throughput (responses per second) with the scorer pool at 0 (in the training process), 1 and 2 workers,
+side by side.
+
+    python benchmarks/rewards.py [--suites gsm8k math] [--workers 0 1 2] [--samples 400] [--repeats 3]
+
+Responses are real solution texts from ../shared/data (GSM8K worked solutions ending in `#### N`, MATH-500 solutions
+ending in a `\\boxed{}` answer), every other one given a wrong final answer so that both outcomes are scored. Each
+row runs the reward manager exactly as training does (decode, score, check the values), with a stand-in tokenizer
+whose decoding costs nothing. `start-up s` is the first call of a fresh manager on 8 responses (worker processes
+start, modules import); `samples/s` is the median over `--repeats` calls on `--samples` responses after that.
+Another scorer joins with `@suite("name")` on a function returning (data_source, response, ground_truth,
+extra_info) rows (and a registered scorer for that data_source, or `--custom file.py:function`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+SUITES: dict[str, Callable[[int], list[tuple]]] = {}
+
+
+def suite(name: str):
+    """Register a function `rows(n) -> [(data_source, response, ground_truth, extra_info)]` under `name`."""
+    def decorator(fn):
+        SUITES[name] = fn
+        return fn
+    return decorator
+
+
+def _jsonl(path: Path, n: int) -> list[dict]:
+    with path.open() as f:
+        return [json.loads(line) for _, line in zip(range(n), f)]
+
+
+@suite("gsm8k")
+def gsm8k_rows(n: int) -> list[tuple]:
+    out = []
+    for i, row in enumerate(_jsonl(DATA / "gsm8k" / "test.jsonl", n)):
+        solution, answer = row["answer"].rsplit("####", 1)
+        answer = answer.strip().replace(",", "")
+        given = answer if i % 2 == 0 else str(int(float(answer)) + 1)
+        out.append(("openai/gsm8k", f"{solution}#### {given}", answer, {"index": i}))
+    return out
+
+
+@suite("math")
+def math_rows(n: int) -> list[tuple]:
+    sys.path.insert(0, str(ROOT))
+    from posttrain.reward.math import extract_boxed
+
+    out = []
+    for i, row in enumerate(_jsonl(DATA / "math500" / "test.jsonl", n)):
+        solution = row["solution"]
+        if i % 2:  # a wrong final answer: the boxed content replaced
+            boxed = extract_boxed(solution) or ""
+            solution = solution.replace(f"{{{boxed}}}", "{" + boxed + "+1}") if boxed else solution
+        out.append(("HuggingFaceH4/MATH-500", solution, row["answer"], {"index": i}))
+    return out
+
+
+class TextTokenizer:
+    """Token id i decodes to the i-th text: decoding costs nothing, so the numbers are the scoring's."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def batch_decode(self, seqs, skip_special_tokens=True):
+        return [self.texts[s[0]] for s in seqs]
+
+
+def as_batch(rows: list[tuple]):
+    import torch
+
+    from posttrain.data.batch import Batch
+
+    n = len(rows)
+    return Batch({"responses": torch.arange(n).unsqueeze(1), "response_mask": torch.ones(n, 1, dtype=torch.long)},
+                 {"data_source": [r[0] for r in rows], "ground_truth": [r[2] for r in rows],
+                  "extra_info": [r[3] for r in rows]})
+
+
+def measure(rows: list[tuple], workers: int, repeats: int, custom) -> tuple[float, float, float]:
+    """(start-up seconds, median samples/s, share of responses that scored > 0)."""
+    from posttrain.reward.manager import RewardManager
+
+    rm = RewardManager(TextTokenizer([r[1] for r in rows]), compute_score=custom, num_workers=workers,
+                       manager="naive", timeout_s=60.0)
+    try:
+        start = time.perf_counter()
+        rm(as_batch(rows[:8]))
+        startup = time.perf_counter() - start
+        rates, right = [], 0.0
+        for _ in range(repeats):
+            start = time.perf_counter()
+            _, extras = rm(as_batch(rows))
+            rates.append(len(rows) / (time.perf_counter() - start))
+            right = sum(extras["acc"]) / len(rows)
+            if sum(extras["errors"]) + sum(extras["timeouts"]):
+                raise SystemExit(f"{sum(extras['errors'])} errors, {sum(extras['timeouts'])} timeouts while scoring")
+        return startup, statistics.median(rates), right
+    finally:
+        rm.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suites", nargs="+", default=["gsm8k", "math"], help=f"of {sorted(SUITES)}")
+    p.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--samples", type=int, default=400)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--custom", help="file.py:function scoring every row instead of the registered scorers")
+    args = p.parse_args()
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from posttrain.reward.registry import FileFunction
+
+    torch.set_num_threads(1)
+    custom = None
+    if args.custom:
+        path, _, name = args.custom.rpartition(":")
+        custom = FileFunction(path, name)
+    unknown = [s for s in args.suites if s not in SUITES]
+    if unknown:
+        raise SystemExit(f"unknown suites {unknown}; known: {sorted(SUITES)}")
+    print(f"{'suite':<8} {'workers':>7} {'start-up s':>10} {'samples/s':>10} {'right':>6}")
+    for name in args.suites:
+        rows = SUITES[name](args.samples)
+        for workers in args.workers:
+            startup, rate, right = measure(rows, workers, args.repeats, custom)
+            print(f"{name:<8} {workers:>7} {startup:>10.2f} {rate:>10.0f} {right:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
