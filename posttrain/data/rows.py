@@ -75,13 +75,13 @@ class RowNotes:
         self.first.setdefault(kind, where)
 
     def messages(self) -> list[str]:
-        return [f"{n} row{'s' if n > 1 else ''} {_NOTE_TEXT[k]} (first: {self.first[k]})"
+        return [f"{n} row{' has' if n == 1 else 's have'} {_NOTE_TEXT[k]} (first: {self.first[k]})"
                 for k, n in self.counts.items()]
 
 
 _NOTE_TEXT = {
-    "null_truth": "have a null or empty ground_truth: the rule scorers give their responses 0",
-    "float_truth": "have a whole-number float ground_truth such as 85.0: read as the integer (85), which the rule "
+    "null_truth": "a null or empty ground_truth: the rule scorers give their responses 0",
+    "float_truth": "a whole-number float ground_truth such as 85.0: read as the integer (85), which the rule "
                    "scorers compare as '85'",
 }
 
