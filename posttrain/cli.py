@@ -163,16 +163,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    except (DataError, UnknownDataSourceError) as e:
-        print(f"data error: {e}", file=sys.stderr)
+    except (DataError, UnknownDataSourceError) as e:  # every rank reads the same rows: rank 0 says it
+        _say(f"data error: {e}")
         return 2
     except FileNotFoundError as e:  # export / prepare: a path given on the command line
         print(f"error: {e.strerror + ': ' + str(e.filename) if e.filename else e}", file=sys.stderr)
         return 2
-    except NonFiniteError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except NonFiniteError as e:  # decided on the global gradient norm: the same on every rank
+        _say(f"error: {e}")
         return 1
     except WorkerFailed as e:
+        if e.exitcode == 2:  # a worker rejected an input and said which above
+            print(f"stopped: rank {e.rank} rejected an input (its message is above); every rank was stopped",
+                  file=sys.stderr)
+            return 2
         print(f"error: {e}", file=sys.stderr)
         return 1
 
