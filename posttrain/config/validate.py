@@ -158,6 +158,11 @@ def _validate(cfg: Config) -> None:
     # ---- data
     _choice(d.truncation, ("error", "left", "right", "middle"), "data.truncation")
     _check(d.max_prompt_length > 0 and d.max_response_length > 0, "data.max_prompt_length and max_response_length must be positive")
+    _check(d.val_batch_size is None or d.val_batch_size > 0, f"data.val_batch_size={d.val_batch_size} must be positive "
+                                                             "(or null: all validation prompts at once)")
+    for key in ("train_max_samples", "val_max_samples"):
+        value = getattr(d, key)
+        _check(value == -1 or value >= 1, f"data.{key}={value} must be >= 1 (or -1: every row)")
 
     # ---- reward
     rm = cfg.reward_model
