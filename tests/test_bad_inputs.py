@@ -200,7 +200,8 @@ CLI_CASES = [
      "data.filter_overlong_prompts dropped all 8 rows"),
     ("prompt_too_long", lambda f: train_args(f, "data.max_prompt_length=3"),
      "tokens > data.max_prompt_length=3; raise the limit"),
-    ("fewer_rows_than_batch", lambda f: train_args(f, "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16"),
+    ("fewer_rows_than_batch", lambda f: train_args(f, "data.train_batch_size=16",
+                                                   "actor_rollout_ref.actor.ppo_mini_batch_size=16"),
      "data.train_batch_size=16 is larger than the training set (8 prompts)"),
     ("no_chat_template", lambda f: train_args(f, f"actor_rollout_ref.model.path={f['no_template_model']}"),
      "has no chat template; give a tokenizer that has one (chat_template.jinja in its folder), or set "
@@ -337,3 +338,26 @@ def test_cli_subprocess_exit_code_2(files, case):
     done = subprocess.run([sys.executable, "-m", "posttrain", *argv], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
     assert fragment in done.stderr and "Traceback" not in done.stderr
+
+
+def test_reward_file_check_accepts_working_files(tmp_path):
+    """The check parses without running: what it cannot see (assigned or imported names, a class, a sibling module,
+    an import inside try) is left to the loader rather than refused."""
+    from posttrain.config.reward_file import reward_file_problem
+
+    (tmp_path / "helpers.py").write_text("def score(*a):\n    return 1.0\n")
+    cases = {
+        "sibling.py": "import sys, os\nsys.path.insert(0, os.path.dirname(__file__))\nimport helpers\n"
+                      "compute_score = helpers.score\n",
+        "optional.py": "try:\n    import not_a_module_anywhere_xyz\nexcept ImportError:\n    pass\n"
+                       "def compute_score(*args):\n    return 0.0\n",
+        "callable_class.py": "class compute_score:\n    def __call__(self, a, b, c, d):\n        return 0.0\n",
+        "defaults.py": "def compute_score(data_source, solution_str, ground_truth=None, extra_info=None, k=3, **kw):\n"
+                       "    return 0.0\n",
+        "positional_only.py": "def compute_score(a, b, c, d, /):\n    return 0.0\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        assert reward_file_problem(str(tmp_path / name), "compute_score") is None, name
+    (tmp_path / "five.py").write_text("def compute_score(a, b, c, d, e):\n    return 0.0\n")
+    assert "cannot be called as" in reward_file_problem(str(tmp_path / "five.py"), "compute_score")

@@ -76,7 +76,8 @@ def with_nan(batch, key):
 
 
 def make_actor(tiny_model_dir, limit):
-    cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
+    cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=1e-2",
+                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
     model = PolicyModel(load_causal_lm(str(tiny_model_dir), device=CPU))
     return Actor(Worker(model, Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.actor, temperature=1.0,
                  max_response_length=5, total_steps=10, max_nonfinite_in_a_row=limit)

@@ -33,7 +33,8 @@ def reward_file_problem(path: str, name: str) -> str | None:
         where = f"line {e.lineno}" + (f", column {e.offset}" if e.offset else "")
         text = f": {e.text.strip()}" if e.text and e.text.strip() else ""
         return f"{key}: {file} has a syntax error at {where} ({e.msg}){text}"
-    missing = _missing_imports(tree)
+    missing = [m for m in _missing_imports(tree)  # a module beside the file may be put on sys.path by the file
+               if not ((file.parent / f"{m}.py").is_file() or (file.parent / m).is_dir())]
     if missing:
         return (f"{key}: {file} imports {', '.join(repr(m) for m in missing)}, which is not installed "
                 f"(pip install it, or remove the import)")
@@ -91,7 +92,7 @@ def _top_level(tree: ast.Module) -> dict[str, ast.AST]:
 
 
 def _missing_imports(tree: ast.Module) -> list[str]:
-    """Top-level packages imported unconditionally (outside try/if) that cannot be found."""
+    """Top-level packages imported unconditionally (outside try/if) that cannot be found on sys.path."""
     wanted = []
     for node in tree.body:
         if isinstance(node, ast.Import):

@@ -83,7 +83,8 @@ def check_chat_template(tokenizer, missing: str, option: str) -> None:
                         "joined by newlines (base models)")
 
 
-def encode_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None = None, where: str = "a prompt") -> list[int]:
+def encode_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
+                  where: str = "a prompt") -> list[int]:
     """Token ids of the chat template applied to `messages` (with the generation prompt); without a template, the
     contents joined by newlines (check_chat_template decides whether that is allowed)."""
     if getattr(tokenizer, "chat_template", None):
