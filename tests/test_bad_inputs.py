@@ -60,6 +60,8 @@ def files(tmp_path_factory, tiny_model_dir):
     f["empty"].write_text("\n")
     f["yaml_syntax"] = d / "syntax.yaml"
     f["yaml_syntax"].write_text("data:\n  train_batch_size: [8\ntrainer:\n  seed: 1\n")
+    f["yaml_tab"] = d / "tab.yaml"
+    f["yaml_tab"].write_text("data:\n\ttrain_batch_size: 8\n")
     f["yaml_latin1"] = d / "latin1.yaml"
     f["yaml_latin1"].write_bytes(b"trainer:\n  experiment_name: caf\xe9\n")
     f["yaml_list"] = d / "list.yaml"
@@ -114,7 +116,10 @@ CLI_CASES = [
     ("model_path_is_a_file", lambda f: train_args(f, f"actor_rollout_ref.model.path={f['data']}"),
      "is a file; give a model directory"),
     ("config_file_missing", lambda f: ["train", "--config", "/nope/run.yaml"], "config file '/nope/run.yaml' not found"),
-    ("yaml_syntax_error", lambda f: ["train", "--config", str(f["yaml_syntax"])], "is not valid YAML at line"),
+    ("yaml_syntax_error", lambda f: ["train", "--config", str(f["yaml_syntax"])],
+     "is not valid YAML at line 3, column 8: expected ',' or ']', but got ':' (while parsing a flow sequence at line 2)"),
+    ("yaml_tab_indent", lambda f: ["train", "--config", str(f["yaml_tab"])],
+     "is not valid YAML at line 2, column 1: found character '\\t' that cannot start any token"),
     ("yaml_not_utf8", lambda f: ["train", "--config", str(f["yaml_latin1"])], "is not UTF-8 text: byte 31 (line 2)"),
     ("yaml_not_a_mapping", lambda f: ["train", "--config", str(f["yaml_list"])], "must hold a mapping"),
     ("unknown_key_typo", lambda f: train_args(f, "trainer.total_epoch=2"), "Did you mean 'trainer.total_epochs'?"),

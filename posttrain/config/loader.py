@@ -312,6 +312,9 @@ def read_yaml(path: Path) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         what = getattr(e, "problem", None) or str(e)
+        context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and start is not None:
+            what += f" ({context} at line {start.line + 1})"
         raise ConfigError(f"config file '{path}' is not valid YAML{where}: {what}") from None
 
 
