@@ -54,6 +54,8 @@ def files(tmp_path_factory, tiny_model_dir):
         "1+2=", "caf\\u00e9").encode().replace(b"\\u00e9", b"\xe9") + b"\n")
     f["bad_json"] = d / "bad_json.jsonl"
     f["bad_json"].write_text(f["data"].read_text() + "{not json\n")
+    f["bad_parquet"] = d / "bad.parquet"
+    f["bad_parquet"].write_text("not parquet")
     f["csv"] = d / "rows.csv"
     f["csv"].write_text("prompt,answer\n1+2=,3\n")
     f["empty"] = d / "empty.jsonl"
@@ -148,6 +150,7 @@ CLI_CASES = [
      "data.missing_chat_template='guess' is not one of ['error', 'join']"),
     ("max_nonfinite_negative", lambda f: train_args(f, "trainer.max_nonfinite_updates_in_a_row=-1"),
      "trainer.max_nonfinite_updates_in_a_row must be >= 0"),
+    ("parquet_unreadable", lambda f: train_args(f, data=f["bad_parquet"]), "bad.parquet: not a readable parquet file"),
     # ---- custom reward function file
     ("reward_file_missing", lambda f: train_args(f, "custom_reward_function.path=/nope/reward.py"),
      "custom_reward_function.path: '/nope/reward.py' does not exist"),
@@ -238,6 +241,15 @@ def test_unknown_data_source(files, capsys):
     assert main(train_args(files, data=files["unknown_source"])) == 2
     err = capsys.readouterr().err
     assert "no reward function for data_source 'my/own_task'" in err and "Traceback" not in err
+
+
+def test_cuda_asked_for_without_cuda(files, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(train_args(files, "trainer.device=cuda")) == 2
+    err = capsys.readouterr().err
+    assert "config error: trainer.device=cuda but no CUDA device is available" in err and "Traceback" not in err
 
 
 def test_logger_package_missing(files, capsys, monkeypatch):
