@@ -90,7 +90,9 @@ def cmd_sft(args) -> int:
     run_sft(SFTArgs(model_path=args.model, train_files=args.train_files, val_files=args.val_files,
                     output_dir=args.output_dir, prompt_key=args.prompt_key, response_key=args.response_key,
                     epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
-                    eval_every=args.eval_every, patience=args.patience, seed=args.seed))
+                    eval_every=args.eval_every, patience=args.patience, seed=args.seed,
+                    missing_chat_template=args.missing_chat_template,
+                    max_nonfinite_updates_in_a_row=args.max_nonfinite_updates_in_a_row))
     return 0
 
 
@@ -123,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=40)
     p.add_argument("--patience", type=int, default=0, help="stop after this many evaluations without improvement")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--missing-chat-template", default="error", choices=["error", "join"],
+                   help="a tokenizer without a chat template: stop, or join the message contents by newlines")
+    p.add_argument("--max-nonfinite-updates-in-a-row", type=int, default=5,
+                   help="updates with a NaN/inf loss or gradient are skipped; stop after this many in a row (0 = never)")
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("demo", help="offline demo: tiny model, SFT warm start, GRPO, held-out accuracy and a plot")
@@ -157,11 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command. A bad input (config, data, files, reward function) prints one message and returns 2; a
+    run stopped by non-finite losses or gradients returns 1 with the quantity named; anything else is a bug and
+    keeps its traceback."""
     from .config import ConfigError
-
+    from .data.rows import DataError
     from .parallel.launch import WorkerFailed
     from .reward.sandbox import SandboxUnavailable
     from .reward.checks import RewardError
+    from .reward.registry import UnknownDataSourceError
+    from .roles.nonfinite import NonFiniteError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -171,14 +182,27 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except (DataError, UnknownDataSourceError) as e:  # every rank reads the same rows: rank 0 says it
+        _say(f"data error: {e}")
+        return 2
+    except FileNotFoundError as e:  # export / prepare: a path given on the command line
+        print(f"error: {e.strerror + ': ' + str(e.filename) if e.filename else e}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:  # decided on the global gradient norm: the same on every rank
+        _say(f"error: {e}")
+        return 1
     except WorkerFailed as e:
+        if e.exitcode == 2:  # a worker rejected an input and said which above
+            print(f"stopped: rank {e.rank} rejected an input (its message is above); every rank was stopped",
+                  file=sys.stderr)
+            return 2
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except SandboxUnavailable as e:
-        print(f"error: {e}", file=sys.stderr)
+    except SandboxUnavailable as e:  # every rank checks the same rows
+        _say(f"error: {e}")
         return 2
-    except RewardError as e:
-        print(f"reward error: {e}", file=sys.stderr)
+    except RewardError as e:  # decided on the gathered batch: the same on every rank
+        _say(f"reward error: {e}")
         return 1
 
 

@@ -393,6 +393,9 @@ DESCRIPTIONS: dict[str, str] = {
         'use only the first N usable training rows (-1 = all)',
     'data.val_max_samples':
         'use only the first N usable validation rows (-1 = all)',
+    'data.missing_chat_template':
+        'a tokenizer without a chat template: `error` (stop before training) or `join` (the message contents joined '
+        'by newlines, for base models)',
     'actor_rollout_ref.hybrid_engine':
         'actor and rollout share weights (the only mode; False is rejected)',
     'actor_rollout_ref.model.path':
@@ -797,7 +800,7 @@ DESCRIPTIONS: dict[str, str] = {
     'trainer.total_epochs':
         'passes over the training prompts',
     'trainer.total_training_steps':
-        'stop after this many steps (overrides epochs)',
+        'stop after this many steps (overrides epochs; >= 1, or null for trainer.total_epochs)',
     'trainer.nnodes':
         'processes of the job; `posttrain train` starts the `n_gpus_per_node` processes of one node itself '
         '(on a CPU machine: gloo processes); with `nnodes > 1` start it under torchrun on each node '
@@ -819,6 +822,9 @@ DESCRIPTIONS: dict[str, str] = {
     'trainer.val_only':
         'validate the starting weights (or the checkpoint a run resumes from) and stop; needs '
         '`data.val_files`',
+    'trainer.max_nonfinite_updates_in_a_row':
+        'an optimizer update whose loss or gradient norm is NaN/inf is skipped and counted; the run stops after '
+        'this many skipped updates in a row, naming the quantity that went non-finite first (0 = never stop)',
     'trainer.critic_warmup':
         'steps that update only the critic',
     'trainer.balance_batch':

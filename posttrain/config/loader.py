@@ -297,6 +297,27 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key.lstrip("+"), parse_value(text)
 
 
+def read_yaml(path: Path) -> Any:
+    """A YAML file's content; a ConfigError naming the file and the place for bad UTF-8 or bad YAML."""
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"config file '{path}' is not UTF-8 text: byte {e.start} (line {line}) is "
+                          f"{raw[e.start:e.start + 1]!r}; save the file as UTF-8") from None
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e)
+        context, start = getattr(e, "context", None), getattr(e, "context_mark", None)
+        if context and start is not None:
+            what += f" ({context} at line {start.line + 1})"
+        raise ConfigError(f"config file '{path}' is not valid YAML{where}: {what}") from None
+
+
 FAMILIAR_CONFIGS = {"ppo_trainer": [], "ppo_megatron_trainer": ["actor_rollout_ref.actor.strategy=megatron",
                                                                 "critic.strategy=megatron"]}
 
@@ -323,10 +344,7 @@ def load_config(config_file: str | None = None, overrides: list[str] | tuple = (
     load = _Loading()
     if config_file:
         path = resolve_config_file(config_file)
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file '{path}' is not valid YAML: {e}") from None
+        data = read_yaml(path)
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
         if "defaults" in data:

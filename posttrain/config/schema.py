@@ -32,6 +32,7 @@ class DataConfig:
     apply_chat_template_kwargs: dict = field(default_factory=dict)
     train_max_samples: int = -1
     val_max_samples: int = -1
+    missing_chat_template: str = "error"
 
 
 # ------------------------------------------------------------------ actor / rollout / ref
@@ -331,6 +332,7 @@ class TrainerConfig:
     log_val_generations: int = 0
     rollout_data_dir: Optional[str] = None
     validation_data_dir: Optional[str] = None
+    max_nonfinite_updates_in_a_row: int = 5
 
 
 @dataclass

@@ -158,6 +158,11 @@ def _validate(cfg: Config) -> None:
     # ---- data
     _choice(d.truncation, ("error", "left", "right", "middle"), "data.truncation")
     _check(d.max_prompt_length > 0 and d.max_response_length > 0, "data.max_prompt_length and max_response_length must be positive")
+    _check(d.val_batch_size is None or d.val_batch_size > 0, f"data.val_batch_size={d.val_batch_size} must be positive "
+                                                             "(or null: all validation prompts at once)")
+    for key in ("train_max_samples", "val_max_samples"):
+        value = getattr(d, key)
+        _check(value == -1 or value >= 1, f"data.{key}={value} must be >= 1 (or -1: every row)")
 
     # ---- reward
     rm = cfg.reward_model
@@ -200,6 +205,12 @@ def _validate(cfg: Config) -> None:
     _check(not tr.val_only or bool(d.val_files), "trainer.val_only=True validates and stops, so it needs "
                                                  "data.val_files")
     _check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
+    _check(tr.total_training_steps is None or tr.total_training_steps >= 1,
+           f"trainer.total_training_steps={tr.total_training_steps} must be >= 1 (or null: trainer.total_epochs "
+           "passes over the data)")
+    _check(tr.max_nonfinite_updates_in_a_row >= 0, "trainer.max_nonfinite_updates_in_a_row must be >= 0 "
+                                                   "(0 = never stop, skip every non-finite update)")
+    _choice(d.missing_chat_template, ("error", "join"), "data.missing_chat_template")
     _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
 
 
@@ -291,7 +302,10 @@ def _check_sources(cfg: Config) -> None:
             _check(Path(str(path)).is_file(), f"data.{key}: '{path}' does not exist (or is not a file)", group)
     reward_file = cfg.custom_reward_function.path
     if reward_file:
-        _check(Path(reward_file).is_file(), f"custom_reward_function.path: '{reward_file}' does not exist", group)
+        from .reward_file import reward_file_problem
+
+        problem = reward_file_problem(reward_file, cfg.custom_reward_function.name)
+        _check(problem is None, problem or "", group)
     from ..models.hub import model_source_problem
 
     arr = cfg.actor_rollout_ref
@@ -306,9 +320,12 @@ def _check_sources(cfg: Config) -> None:
             _check(problem is None, problem or "", group)
     loggers = cfg.trainer.logger
     for name in [loggers] if isinstance(loggers, str) else loggers:
-        if name in ("wandb", "mlflow"):
+        if name in ("wandb", "mlflow", "tensorboard"):
             _check(importlib.util.find_spec(name) is not None, f"trainer.logger names {name}, which is not "
-                   "installed: pip install 'posttrain[tracking]' (or remove it from trainer.logger)", group)
+                   f"installed: pip install {_LOGGER_PACKAGES[name]} (or remove it from trainer.logger)", group)
+
+
+_LOGGER_PACKAGES = {"wandb": "'posttrain[tracking]'", "mlflow": "'posttrain[tracking]'", "tensorboard": "tensorboard"}
 
 
 def _layout_note(cfg: Config) -> str | None:

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-
-class DataError(ValueError):
-    """A bad data file or row; the message names file, row and column."""
+from .rows import (DataError, RowNotes, data_source_of, extra_info_of, ground_truth_of, missing_column,
+                   prompt_messages)
 
 
 def _as_list(files) -> list[str]:
@@ -31,8 +30,15 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: file not found")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    offset = 0
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}: line {lineno} is not UTF-8: byte {offset + e.start} of the file is "
+                                f"{raw[e.start:e.start + 1]!r}; save the file as UTF-8") from None
+            offset += len(raw)
             if not line.strip():
                 continue
             try:
@@ -62,19 +68,32 @@ def read_rows(path: str | Path) -> list[dict]:
     raise DataError(f"{path}: unsupported file type '{path.suffix}' (use .parquet or .jsonl)")
 
 
-def prompt_messages(value: Any, where: str) -> list[dict]:
-    """A prompt cell as chat messages: a list of {role, content} or a plain string (one user turn)."""
-    if isinstance(value, str):
-        return [{"role": "user", "content": value}]
-    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) and "content" in m for m in value):
-        return [{"role": m.get("role", "user"), "content": m["content"]} for m in value]
-    raise DataError(f"{where}: expected a list of chat messages [{{'role','content'}}] or a string, got {value!r:.80}")
+MISSING_CHAT_TEMPLATE = ("error", "join")
 
 
-def encode_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
+def check_chat_template(tokenizer, missing: str, option: str) -> None:
+    """A tokenizer without a chat template is an error unless the fallback (contents joined by newlines) is asked
+    for: a chat model fed untemplated text trains on a format it will never see."""
+    if missing not in MISSING_CHAT_TEMPLATE:
+        raise DataError(f"{option}={missing!r} is not one of {list(MISSING_CHAT_TEMPLATE)}")
+    if missing == "error" and not getattr(tokenizer, "chat_template", None):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise DataError(f"the tokenizer '{name}' has no chat template; give a tokenizer that has one "
+                        f"(chat_template.jinja in its folder), or set {option}=join to feed the message contents "
+                        "joined by newlines (base models)")
+
+
+def encode_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
+                  where: str = "a prompt") -> list[int]:
+    """Token ids of the chat template applied to `messages` (with the generation prompt); without a template, the
+    contents joined by newlines (check_chat_template decides whether that is allowed)."""
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            **(template_kwargs or {}))
+        try:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                **(template_kwargs or {}))
+        except Exception as e:  # jinja errors of a template that rejects this conversation (e.g. a system turn)
+            raise DataError(f"{where}: the tokenizer's chat template failed on this row "
+                            f"({type(e).__name__}: {e})") from None
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return list(ids)
     return tokenizer("\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
@@ -108,42 +127,57 @@ class RLDataset:
 
     def __init__(self, files, tokenizer, *, prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=512,
                  filter_overlong_prompts=False, truncation="error", return_raw_chat=False, image_key="images",
-                 max_samples=-1, apply_chat_template_kwargs=None):
+                 max_samples=-1, apply_chat_template_kwargs=None, missing_chat_template="error"):
         self.items: list[PromptItem] = []
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
         self.num_filtered = 0
+        self.row_notes = RowNotes()
         paths = _as_list(files)
         if not paths:
             raise DataError("no data files given (data.train_files / data.val_files)")
+        check_chat_template(tokenizer, missing_chat_template, "data.missing_chat_template")
+        shortest, seen = None, 0
         for path in paths:
             for i, row in enumerate(read_rows(path)):
                 if 0 <= max_samples <= len(self.items):
                     break
                 where = f"{path}: row {i}"
+                seen += 1
                 item = self._item(row, where, tokenizer, prompt_key, reward_fn_key, image_key, return_raw_chat)
                 if len(item.prompt_ids) > max_prompt_length and filter_overlong_prompts:
                     self.num_filtered += 1
+                    shortest = min(shortest or len(item.prompt_ids), len(item.prompt_ids))
                     continue
                 item.prompt_ids = truncate(item.prompt_ids, max_prompt_length, truncation, where)
                 self.items.append(item)
+        self.notes = self.row_notes.messages()
+        if filter_overlong_prompts:
+            self.notes.insert(0, f"data.filter_overlong_prompts dropped {self.num_filtered} of {seen} rows of "
+                                 f"{paths} (prompts longer than data.max_prompt_length={max_prompt_length} tokens)")
+        if not self.items and self.num_filtered:
+            raise DataError(f"data.filter_overlong_prompts dropped all {seen} rows of {paths}: every prompt is longer "
+                            f"than data.max_prompt_length={max_prompt_length} tokens (the shortest has {shortest}); "
+                            "raise data.max_prompt_length")
         if not self.items:
-            raise DataError(f"{paths}: no usable rows ({self.num_filtered} filtered as longer than max_prompt_length)")
+            raise DataError(f"{paths}: no rows (the files are empty)")
 
     def _item(self, row, where, tokenizer, prompt_key, reward_fn_key, image_key, return_raw_chat) -> PromptItem:
-        for column in (prompt_key, reward_fn_key):
+        for column, option in ((prompt_key, "data.prompt_key"), (reward_fn_key, "data.reward_fn_key")):
             if column not in row:
-                raise DataError(f"{where}: missing column '{column}' (columns: {sorted(row)})")
+                raise missing_column(where, column, row, option)
         if row.get(image_key):
             raise DataError(f"{where}: column '{image_key}' holds images; posttrain trains text-only models")
         reward = row.get("reward_model")
         if not isinstance(reward, dict) or "ground_truth" not in reward:
             raise DataError(f"{where}: column 'reward_model' must be a struct with 'ground_truth', got {reward!r:.80}")
         messages = prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'")
-        extra_info = dict(row.get("extra_info") or {})
+        extra_info = extra_info_of(row.get("extra_info"), where)
+        data_source = data_source_of(row[reward_fn_key], where, reward_fn_key)
+        truth = ground_truth_of(reward["ground_truth"], where, self.row_notes)
         if return_raw_chat:  # scorers see the conversation, e.g. to grade with their own template
             extra_info["raw_prompt"] = messages
-        return PromptItem(prompt_ids=encode_prompt(tokenizer, messages, self.template_kwargs), data_source=str(row[reward_fn_key]),
-                          ground_truth=reward["ground_truth"], extra_info=extra_info,
+        return PromptItem(prompt_ids=encode_prompt(tokenizer, messages, self.template_kwargs, where),
+                          data_source=data_source, ground_truth=truth, extra_info=extra_info,
                           raw_prompt=messages)  # kept for the reward model's own chat template
 
     def __len__(self) -> int:
@@ -189,18 +223,20 @@ class SFTDataset:
     """
 
     def __init__(self, files, tokenizer, *, prompt_key="prompt", response_key="response", max_length=1024,
-                 truncation="error"):
+                 truncation="error", missing_chat_template="error"):
         self.examples: list[tuple[list[int], list[int]]] = []
         eos = tokenizer.eos_token_id
+        check_chat_template(tokenizer, missing_chat_template, "--missing-chat-template")
         for path in _as_list(files):
             for i, row in enumerate(read_rows(path)):
                 where = f"{path}: row {i}"
-                for column in (prompt_key, response_key):
+                for column, option in ((prompt_key, "--prompt-key"), (response_key, "--response-key")):
                     if column not in row:
-                        raise DataError(f"{where}: missing column '{column}' (columns: {sorted(row)})")
+                        raise missing_column(where, column, row, option)
                 if not isinstance(row[response_key], str):
                     raise DataError(f"{where}, column '{response_key}': expected a string, got {row[response_key]!r:.80}")
-                prompt = encode_prompt(tokenizer, prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'"))
+                prompt = encode_prompt(tokenizer, prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'"),
+                                       where=where)
                 response = tokenizer(row[response_key], add_special_tokens=False)["input_ids"] + [eos]
                 if len(prompt) + len(response) > max_length:
                     if truncation == "error":

@@ -17,7 +17,10 @@ hf_logging.disable_progress_bar()  # per-file load/save bars drown the training 
 def pick_device(name: str = "auto") -> torch.device:
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            raise RuntimeError("trainer.device=cuda but no CUDA device is available")
+            from ..config import ConfigError
+
+            raise ConfigError("trainer.device=cuda but no CUDA device is available (torch.cuda.is_available() is "
+                              "False); use trainer.device=auto or cpu")
         return torch.device("cuda")
     return torch.device("cpu")
 

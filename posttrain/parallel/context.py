@@ -141,7 +141,8 @@ def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1
     world = env_world_size()
     use_cuda = device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
     if device_name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("trainer.device=cuda but no CUDA device is available")
+        raise ConfigError("trainer.device=cuda but no CUDA device is available (torch.cuda.is_available() is "
+                          "False); use trainer.device=auto or cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if world == 1 and not need_sharding and tp == 1:

@@ -18,11 +18,12 @@ from ..parallel import gathered_for_generation, set_gradient_sync
 from ..models.load import eval_mode
 from ..models.logprobs import SUM_PI_SQUARED
 from .common import Worker, group_rows, make_optimizer
+from .nonfinite import NonFiniteGuard
 
 
 class Actor:
     def __init__(self, worker: Worker, cfg, *, temperature: float, max_response_length: int, total_steps: int,
-                 seed: int = 0, offload_optimizer: bool = False):
+                 seed: int = 0, offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5):
         self.worker, self.model, self.cfg = worker, worker.model, cfg
         self.temperature = temperature
         self.norm_const = cfg.loss_scale_factor or max_response_length
@@ -32,6 +33,7 @@ class Actor:
         self.generator = torch.Generator().manual_seed(seed)
         self.skipped_steps = 0
         self.offload_optimizer = offload_optimizer
+        self.nonfinite = NonFiniteGuard("actor", max_nonfinite_in_a_row)
 
     def generation(self):
         """Around a generate call: the sharded policy gathered once (see parallel.gathered_for_generation)."""
@@ -90,32 +92,43 @@ class Actor:
         micros = worker.micro_batches(mine, cfg.ppo_micro_batch_size_per_gpu,
                                       max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
         self.optimizer.zero_grad(set_to_none=True)
+        loss_not_finite = False
         for i, mb in enumerate(micros):
             set_gradient_sync(self.model, i == len(micros) - 1)
             mask = mb["response_mask"].float().to(worker.device)
             logp, ent = worker.logprobs(mb, temperature=self.temperature, with_entropy=True)
             old = mb["old_log_probs"].to(worker.device) if "old_log_probs" in mb else logp.detach()
             weights = mb["rollout_is_weights"].to(worker.device) if "rollout_is_weights" in mb else None
-            pg_loss, metrics = self.policy_loss(logp, old, mb["advantages"].to(worker.device), mask,
+            advantages = mb["advantages"].to(worker.device)
+            pg_loss, metrics = self.policy_loss(logp, old, advantages, mask,
                                                 settings=self.loss_settings, norm=norm, rollout_is_weights=weights)
             loss = pg_loss
             entropy = agg_loss(ent.detach() if not need_entropy else ent, mask, cfg.loss_agg_mode, norm)
+            # in the order they are computed, for naming the first non-finite one
+            watched = [("advantages", advantages), ("old_log_probs", old), ("rollout_is_weights", weights),
+                       ("log_probs", logp)] + ([("entropy", ent)] if need_entropy else []) + [("pg_loss", pg_loss)]
             if need_entropy:
                 loss = loss - cfg.entropy_coeff * entropy
             if cfg.use_kl_loss:
-                kl = agg_loss(kl_penalty(logp, mb["ref_log_probs"].to(worker.device), cfg.kl_loss_type), mask,
-                              cfg.loss_agg_mode, norm)
+                ref = mb["ref_log_probs"].to(worker.device)
+                kl = agg_loss(kl_penalty(logp, ref, cfg.kl_loss_type), mask, cfg.loss_agg_mode, norm)
                 loss = loss + cfg.kl_loss_coef * kl
                 totals["actor/kl_loss"] += kl.item()
+                watched[-1:-1] = [("ref_log_probs", ref)]
+                watched.append(("kl_loss", kl))
+            watched = [(name, value) for name, value in watched if value is not None]
+            loss_not_finite |= self.nonfinite.loss_not_finite(loss, watched, mask)
             loss.backward()
             share = float(mask.sum()) / max(norm.tokens, 1.0)  # token share: metrics averaged per token
             totals["actor/pg_loss"] += pg_loss.item()
             totals["actor/entropy"] += entropy.item()
             for k, v in metrics.items():
                 totals[k] += float(v) * share
-        grad_norm, stepped = worker.clip_and_step(self.optimizer, cfg.grad_clip, self.offload_optimizer)
+        grad_norm, stepped = worker.clip_and_step(self.optimizer, cfg.grad_clip, self.offload_optimizer,
+                                                  loss_not_finite=loss_not_finite)
         if not stepped:
             self.skipped_steps += 1
+        self.nonfinite.after_update(stepped, grad_norm)
         for k, v in worker.sum_metrics(totals).items():
             sums[k].append(v)
         if norm.tokens == 0:  # nothing to learn from; the loss is 0 by construction, say so

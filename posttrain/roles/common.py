@@ -136,11 +136,12 @@ class Worker:
         ent = torch.nn.functional.pad(ent.float(), (0, pad)) if ent is not None else None
         return logp, ent
 
-    def clip_and_step(self, optimizer, grad_clip: float, offload_optimizer: bool = False) -> tuple[float, bool]:
-        """Clip to `grad_clip` by the global norm; step only when that norm is finite (else the gradients are
-        dropped and the step counts as skipped)."""
+    def clip_and_step(self, optimizer, grad_clip: float, offload_optimizer: bool = False, *,
+                      loss_not_finite: bool = False) -> tuple[float, bool]:
+        """Clip to `grad_clip` by the global norm; step only when that norm is finite and no rank's loss was
+        `loss_not_finite` (else the gradients are dropped and the step counts as skipped, on every rank alike)."""
         norm = float(clip_grad_norm(self.model.parameters(), grad_clip))
-        if not math.isfinite(norm):
+        if not math.isfinite(norm) or self.par.max(int(loss_not_finite)):
             optimizer.zero_grad(set_to_none=True)
             return norm, False
         if offload_optimizer:

@@ -13,11 +13,12 @@ from ..data.batch import Batch
 from ..parallel import set_gradient_sync
 from ..models.load import eval_mode
 from .common import Worker, group_rows, make_optimizer, shared_prompts, trimmed
+from .nonfinite import NonFiniteGuard
 
 
 class Critic:
     def __init__(self, worker: Worker, cfg, actor_cfg, *, max_response_length: int, total_steps: int, seed: int = 0,
-                 offload_optimizer: bool = False):
+                 offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5):
         self.worker, self.model, self.cfg = worker, worker.model, cfg
         self.mini = cfg.ppo_mini_batch_size or actor_cfg.ppo_mini_batch_size
         self.micro = cfg.ppo_micro_batch_size_per_gpu or actor_cfg.ppo_micro_batch_size_per_gpu
@@ -27,6 +28,7 @@ class Critic:
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg.optim, total_steps)
         self.generator = torch.Generator().manual_seed(seed + 1)
         self.offload_optimizer = offload_optimizer
+        self.nonfinite = NonFiniteGuard("critic", max_nonfinite_in_a_row)
 
     def counters(self) -> dict:
         return {"generator": self.generator.get_state(), "scheduler": self.scheduler.state_dict()}
@@ -76,16 +78,21 @@ class Critic:
         micros = worker.micro_batches(mine, self.micro, max_tokens=self._max_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         totals = defaultdict(float)
+        loss_not_finite = False
         for i, mb in enumerate(micros):
             set_gradient_sync(self.model, i == len(micros) - 1)
             mask = mb["response_mask"].float().to(worker.device)
-            loss, metrics = value_loss(self._values(mb), mb["values"].to(worker.device),
-                                       mb["returns"].to(worker.device), mask, cliprange_value=self.cfg.cliprange_value,
+            old, returns, values = mb["values"].to(worker.device), mb["returns"].to(worker.device), self._values(mb)
+            loss, metrics = value_loss(values, old, returns, mask, cliprange_value=self.cfg.cliprange_value,
                                        loss_agg_mode=self.agg_mode, norm=norm, const=self.norm_const)
+            loss_not_finite |= self.nonfinite.loss_not_finite(
+                loss, [("returns", returns), ("old values", old), ("values", values), ("vf_loss", loss)], mask)
             loss.backward()
             totals["critic/vf_loss"] += loss.item()
             totals["critic/vf_clipfrac"] += float(metrics["critic/vf_clipfrac"]) * float(mask.sum()) / max(norm.tokens, 1.0)
-        grad_norm, _ = worker.clip_and_step(self.optimizer, self.cfg.grad_clip, self.offload_optimizer)
+        grad_norm, stepped = worker.clip_and_step(self.optimizer, self.cfg.grad_clip, self.offload_optimizer,
+                                                  loss_not_finite=loss_not_finite)
+        self.nonfinite.after_update(stepped, grad_norm)
         for k, v in worker.sum_metrics(totals).items():
             sums[k].append(v)
         sums["critic/grad_norm"].append(grad_norm)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -66,11 +67,15 @@ class RLTrainer:
                            max_prompt_length=cfg.data.max_prompt_length,
                            filter_overlong_prompts=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation,
                            return_raw_chat=cfg.data.return_raw_chat, image_key=cfg.data.image_key,
-                           apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs)
+                           apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
+                           missing_chat_template=cfg.data.missing_chat_template)
         self.train_data = RLDataset(cfg.data.train_files, self.tokenizer, max_samples=cfg.data.train_max_samples,
                                     **data_kwargs)
         self.val_data = (RLDataset(cfg.data.val_files, self.tokenizer, max_samples=cfg.data.val_max_samples,
                                    **data_kwargs) if cfg.data.val_files else None)
+        for data in (self.train_data, self.val_data):
+            for note in data.notes if data is not None and self.par.is_main else ():
+                print(f"note: {note}", file=sys.stderr)
         if len(self.train_data) < cfg.data.train_batch_size:
             raise ConfigError(f"data.train_batch_size={cfg.data.train_batch_size} is larger than the training set "
                               f"({len(self.train_data)} prompts)")

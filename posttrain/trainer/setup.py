@@ -92,7 +92,8 @@ class Roles:
         a = arr.actor
         actor_worker = policy(a.fsdp_config, trainable=True, with_lora=lora)
         self.actor = Actor(actor_worker, a, temperature=temperature, max_response_length=cfg.data.max_response_length,
-                           total_steps=total_steps, seed=tr.seed, offload_optimizer=_moves_adam(a.fsdp_config))
+                           total_steps=total_steps, seed=tr.seed, offload_optimizer=_moves_adam(a.fsdp_config),
+                           max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             ref_worker = actor_worker if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
@@ -113,7 +114,8 @@ class Roles:
             value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
             self.critic = Critic(Worker(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
-                                 seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config))
+                                 seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config),
+                                 max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
         self.reward_model = (RewardModel.from_config(cfg, par, tokenizer, balance_batch=tr.balance_batch)
                              if cfg.reward_model.enable else None)
         r = arr.rollout

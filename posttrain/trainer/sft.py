@@ -13,6 +13,7 @@ import torch
 
 from ..data.dataset import SFTDataset
 from ..models.load import autocast, compute_dtype, load_causal_lm, load_tokenizer, pick_device
+from ..roles.nonfinite import NonFiniteGuard
 from .checkpoint import _write_text_atomic
 
 
@@ -36,6 +37,41 @@ class SFTArgs:
     device: str = "auto"
     dtype: str = "auto"
     quiet: bool = False
+    missing_chat_template: str = "error"  # a tokenizer without one: "error", or "join" the contents by newlines
+    max_nonfinite_updates_in_a_row: int = 5  # skipped (NaN/inf loss or gradient) updates before stopping; 0 = never
+
+
+def check_sft_args(args: SFTArgs) -> None:
+    """Every bad setting at once, as a ConfigError naming the command-line flag, before anything loads."""
+    from ..config.loader import ConfigError
+
+    def positive(value, flag, *, zero_ok=False, whole=True):
+        kinds = int if whole else (int, float)
+        ok = (isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value)
+              and (value >= 0 if zero_ok else value > 0))
+        what = ("a whole number " if whole else "") + (">= 0" if zero_ok else "> 0")
+        return None if ok else f"{flag}={value!r} must be {what}"
+
+    problems = [positive(args.batch_size, "--batch-size"), positive(args.epochs, "--epochs", whole=False),
+                positive(args.lr, "--lr", zero_ok=True, whole=False), positive(args.max_length, "--max-length"),
+                positive(args.eval_every, "--eval-every"), positive(args.patience, "--patience", zero_ok=True),
+                positive(args.weight_decay, "weight_decay", zero_ok=True, whole=False),
+                positive(args.max_nonfinite_updates_in_a_row, "--max-nonfinite-updates-in-a-row", zero_ok=True)]
+    if not 0 <= args.warmup_ratio < 1:
+        problems.append(f"warmup_ratio={args.warmup_ratio} must lie in [0, 1)")
+    if args.missing_chat_template not in ("error", "join"):
+        problems.append(f"--missing-chat-template={args.missing_chat_template!r} is not one of ['error', 'join']")
+    if not args.train_files:
+        problems.append("--train-files names no file")
+    for flag, files in (("--train-files", args.train_files), ("--val-files", args.val_files or [])):
+        for f in [files] if isinstance(files, (str, Path)) else files:
+            if not Path(f).is_file():
+                problems.append(f"{flag}: '{f}' does not exist (or is not a file)")
+    problems = [p for p in problems if p]
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems; nothing was started:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def _loss(model, ids, attn, loss_mask, device, dtype) -> tuple[torch.Tensor, int]:
@@ -62,15 +98,17 @@ def dev_loss(model, data: SFTDataset, pad_id, device, dtype, batch_size) -> floa
 
 def run_sft(args: SFTArgs) -> dict:
     """Train, evaluate the dev loss every `eval_every` steps, save the best (or last) model to output_dir."""
+    check_sft_args(args)
     torch.manual_seed(args.seed)
     device, out = pick_device(args.device), Path(args.output_dir)
     dtype = compute_dtype(args.dtype, device)
     tok = load_tokenizer(args.model_path, key="--model")
+    data_kwargs = dict(prompt_key=args.prompt_key, response_key=args.response_key, max_length=args.max_length,
+                       missing_chat_template=args.missing_chat_template)
+    train = SFTDataset(args.train_files, tok, **data_kwargs)  # bad rows are found before the model loads
+    dev = SFTDataset(args.val_files, tok, **data_kwargs) if args.val_files else None
     model = load_causal_lm(args.model_path, device=device, key="--model")
-    train = SFTDataset(args.train_files, tok, prompt_key=args.prompt_key, response_key=args.response_key,
-                       max_length=args.max_length)
-    dev = SFTDataset(args.val_files, tok, prompt_key=args.prompt_key, response_key=args.response_key,
-                     max_length=args.max_length) if args.val_files else None
+    guard = NonFiniteGuard("sft", args.max_nonfinite_updates_in_a_row)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = max(1, int(args.epochs * steps_per_epoch))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -91,9 +129,13 @@ def run_sft(args: SFTArgs) -> dict:
         s, n = _loss(model, ids, attn, lm, device, dtype)
         loss = s / max(n, 1)
         opt.zero_grad(set_to_none=True)
+        loss_not_finite = guard.loss_not_finite(loss, [("loss", loss)])
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+        stepped = not loss_not_finite and math.isfinite(grad_norm)
+        if stepped:
+            opt.step()
+        guard.after_update(stepped, grad_norm)  # raises after too many skipped updates in a row
         sched.step()
         if step % args.eval_every == 0 or step == total:
             record = {"step": step, "train_loss": loss.item(), "time_s": round(time.time() - t0, 1)}

@@ -7,6 +7,8 @@ import json
 import time
 from pathlib import Path
 
+from ..config import ConfigError
+
 CONSOLE_KEYS = ("critic/score/mean", "val-core", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
                 "response_length/mean", "batch/zero_std_group_frac", "timing_s/step")
 
@@ -29,7 +31,11 @@ class Tracker:
                 if "wandb" in loggers:
                     import wandb
 
-                    self.wandb = wandb.init(project=project, name=name, config=config, dir=str(self.run_dir))
+                    try:
+                        self.wandb = wandb.init(project=project, name=name, config=config, dir=str(self.run_dir))
+                    except wandb.Error as e:  # e.g. no API key: a setup problem, not a crash
+                        raise ConfigError(f"trainer.logger=wandb: wandb could not start ({e}); log in with `wandb "
+                                          "login`, set WANDB_API_KEY, or WANDB_MODE=offline") from None
                 if "mlflow" in loggers:
                     import mlflow
 
