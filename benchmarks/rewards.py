@@ -1,12 +1,13 @@
-"""Rule-scoring throughput (responses per second) with the scorer pool at 0 (in the training process), 1 and 2 workers,
-side by side.
+"""Reward throughput (responses scored per second) with the scorer pool at 0 (in the training process), 1 and 2
+workers, side by side.
 
-    python benchmarks/rewards.py [--suites gsm8k math] [--workers 0 1 2] [--samples 400] [--repeats 3]
+    python benchmarks/rewards.py [--suites gsm8k math code] [--workers 0 1 2] [--samples 400] [--repeats 3]
+                                 [--sandbox-url URL]
 
 Responses are real solution texts from ../shared/data (GSM8K worked solutions ending in `#### N`, MATH-500 solutions
-ending in a `\\boxed{}` answer), every other one given a wrong final answer so that both outcomes are scored. Each
-row runs the reward manager exactly as training does (decode, score, check the values), with a stand-in tokenizer
-whose decoding costs nothing. `start-up s` is the first call of a fresh manager on 8 responses (worker processes
+ending in a `\\boxed{}` answer) and the bundled code problems run in the sandbox (`code`), every other one given a
+wrong final answer so that both outcomes are scored. Each row runs the reward manager exactly as training does
+(decode, score, check the values), with a stand-in tokenizer whose decoding costs nothing. `start-up s` is the first call of a fresh manager on 8 responses (worker processes
 start, modules import); `samples/s` is the median over `--repeats` calls on `--samples` responses after that.
 Another scorer joins with `@suite("name")` on a function returning (data_source, response, ground_truth,
 extra_info) rows (and a registered scorer for that data_source, or `--custom file.py:function`).
@@ -66,6 +67,29 @@ def math_rows(n: int) -> list[tuple]:
     return out
 
 
+@suite("code")
+def code_rows(n: int) -> list[tuple]:
+    """The bundled code problems (`posttrain prepare code`): the reference solution, or every other time a program
+    that prints nothing; each scored in the bubblewrap sandbox (one run per stdin test, one for function/assert
+    tests), or on the server named by `--sandbox-url`."""
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    sys.path.insert(0, str(ROOT))
+    from posttrain.data.preprocess import prepare
+
+    with tempfile.TemporaryDirectory() as tmp:
+        prepare("code", None, tmp)
+        problems = pq.read_table(Path(tmp) / "train.parquet").to_pylist()
+    out = []
+    for i in range(n):
+        r = problems[i % len(problems)]
+        code = r["extra_info"]["solution"] if i % 2 == 0 else "pass\n"
+        out.append((r["data_source"], f"```python\n{code}```", r["reward_model"]["ground_truth"], r["extra_info"]))
+    return out
+
+
 class TextTokenizer:
     """Token id i decodes to the i-th text: decoding costs nothing, so the numbers are the scoring's."""
 
@@ -117,9 +141,14 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--custom", help="file.py:function scoring every row instead of the registered scorers")
+    p.add_argument("--sandbox-url", help="the code suite runs programs on this SandboxFusion-compatible server")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
+
+    from posttrain.reward.code import CodeSettings, configure
+
+    configure(CodeSettings(url=args.sandbox_url, run_timeout=10.0))  # before any worker starts: they read it
 
     from posttrain.reward.registry import FileFunction
 
