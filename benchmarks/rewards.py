@@ -9,7 +9,7 @@ ending in a `\\boxed{}` answer) and the bundled code problems run in the sandbox
 wrong final answer so that both outcomes are scored. Each row runs the reward manager exactly as training does
 (decode, score, check the values), with a stand-in tokenizer whose decoding costs nothing. `start-up s` is the first call of a fresh manager on 8 responses (worker processes
 start, modules import); `samples/s` is the median over `--repeats` calls on `--samples` responses after that.
-Another scorer joins with `@suite("name")` on a function returning (data_source, response, ground_truth,
+`--reward-model [DIR]` adds the scalar reward model's pass on the same rows. Another scorer joins with `@suite("name")` on a function returning (data_source, response, ground_truth,
 extra_info) rows (and a registered scorer for that data_source, or `--custom file.py:function`).
 """
 
@@ -48,7 +48,7 @@ def gsm8k_rows(n: int) -> list[tuple]:
         solution, answer = row["answer"].rsplit("####", 1)
         answer = answer.strip().replace(",", "")
         given = answer if i % 2 == 0 else str(int(float(answer)) + 1)
-        out.append(("openai/gsm8k", f"{solution}#### {given}", answer, {"index": i}))
+        out.append(("openai/gsm8k", f"{solution}#### {given}", answer, {"index": i, "question": row["question"]}))
     return out
 
 
@@ -63,7 +63,7 @@ def math_rows(n: int) -> list[tuple]:
         if i % 2:  # a wrong final answer: the boxed content replaced
             boxed = extract_boxed(solution) or ""
             solution = solution.replace(f"{{{boxed}}}", "{" + boxed + "+1}") if boxed else solution
-        out.append(("HuggingFaceH4/MATH-500", solution, row["answer"], {"index": i}))
+        out.append(("HuggingFaceH4/MATH-500", solution, row["answer"], {"index": i, "question": row["problem"]}))
     return out
 
 
@@ -134,6 +134,47 @@ def measure(rows: list[tuple], workers: int, repeats: int, custom) -> tuple[floa
         rm.close()
 
 
+def measure_reward_model(rows: list[tuple], path: str | None, repeats: int) -> tuple[float, float]:
+    """(load seconds, median samples/s) of the scalar reward model's pass (`reward_model.enable=True`, fp32, micro
+    batches of 16) on the suite's question + response exchanges, re-encoded in its chat template. Without `path`: a
+    random Qwen2 sequence classifier of the M shape of benchmarks/grpo_step.py (hidden 512, 8 layers, 24.7M)."""
+    import tempfile
+
+    import torch
+
+    from posttrain.config import load_config
+    from posttrain.data.batch import Batch
+    from posttrain.models.tiny import build_tiny_reward_model
+    from posttrain.parallel import Parallel
+    from posttrain.roles.reward_model import RewardModel
+
+    if path is None:
+        path = tempfile.mkdtemp(prefix="rm_")
+        build_tiny_reward_model(path, [r[1] for r in rows], vocab_size=2048, hidden_size=512, num_layers=8,
+                                num_heads=8, num_kv_heads=4, intermediate_size=1408, max_position_embeddings=1024)
+    start = time.perf_counter()
+    cfg = load_config(None, ["reward_model.enable=True", f"reward_model.model.path={path}",
+                             "reward_model.micro_batch_size_per_gpu=16", "actor_rollout_ref.rollout.dtype=fp32",
+                             "actor_rollout_ref.model.dtype=fp32", f"actor_rollout_ref.model.path={path}"])
+    rm = RewardModel.from_config(cfg, Parallel())
+    load = time.perf_counter() - start
+    tok = rm.input_tokenizer
+    ids = [tok(r[1], add_special_tokens=False)["input_ids"] for r in rows]
+    width = max(len(x) for x in ids)
+    responses = torch.full((len(ids), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for i, x in enumerate(ids):
+        responses[i, : len(x)], mask[i, : len(x)] = torch.tensor(x), 1
+    chats = [[{"role": "user", "content": str(r[3].get("question") or r[3].get("prompt") or "")}] for r in rows]
+    batch = Batch({"responses": responses, "response_mask": mask}, {"raw_prompt": chats})
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        rm.score(batch)
+        rates.append(len(rows) / (time.perf_counter() - start))
+    return load, statistics.median(rates)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suites", nargs="+", default=["gsm8k", "math"], help=f"of {sorted(SUITES)}")
@@ -142,6 +183,9 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--custom", help="file.py:function scoring every row instead of the registered scorers")
     p.add_argument("--sandbox-url", help="the code suite runs programs on this SandboxFusion-compatible server")
+    p.add_argument("--reward-model", nargs="?", const="", default=None, metavar="DIR",
+                   help="also time a scalar reward model's pass on each suite's rows (DIR, or without one a random "
+                        "classifier of 24.7M parameters); it runs in the training process, so `workers` is '-'")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
@@ -166,6 +210,9 @@ def main() -> None:
         for workers in args.workers:
             startup, rate, right = measure(rows, workers, args.repeats, custom)
             print(f"{name:<8} {workers:>7} {startup:>10.2f} {rate:>10.0f} {right:>6.2f}", flush=True)
+        if args.reward_model is not None:
+            load, rate = measure_reward_model(rows, args.reward_model or None, args.repeats)
+            print(f"{name + ' rm':<8} {'-':>7} {load:>10.2f} {rate:>10.0f} {'-':>6}", flush=True)
 
 
 if __name__ == "__main__":
