@@ -7,10 +7,11 @@ workers, side by side.
 Responses are real solution texts from ../shared/data (GSM8K worked solutions ending in `#### N`, MATH-500 solutions
 ending in a `\\boxed{}` answer) and the bundled code problems run in the sandbox (`code`), every other one given a
 wrong final answer so that both outcomes are scored. Each row runs the reward manager exactly as training does
-(decode, score, check the values), with a stand-in tokenizer whose decoding costs nothing. `start-up s` is the first call of a fresh manager on 8 responses (worker processes
-start, modules import); `samples/s` is the median over `--repeats` calls on `--samples` responses after that.
-`--reward-model [DIR]` adds the scalar reward model's pass on the same rows. Another scorer joins with `@suite("name")` on a function returning (data_source, response, ground_truth,
-extra_info) rows (and a registered scorer for that data_source, or `--custom file.py:function`).
+(decode, score, check the values), with a stand-in tokenizer whose decoding costs nothing. `start-up s` is the first
+call of a fresh manager on 8 responses (worker processes start, modules import); `samples/s` is the median over
+`--repeats` calls on `--samples` responses after that. `--reward-model [DIR]` adds the scalar reward model's pass on
+the same rows. Another scorer joins with `@suite("name")` on a function returning (data_source, response,
+ground_truth, extra_info) rows (and a registered scorer for that data_source, or `--custom file.py:function`).
 """
 
 from __future__ import annotations
