@@ -60,6 +60,27 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _run_stops() -> tuple:
+    """How a run can end short of its last step without a bug: preempted by a signal, a checkpoint that cannot be
+    written, read or trusted. Each prints one message instead of a traceback."""
+    from .parallel.safeload import UnsafeCheckpoint
+    from .trainer.checkpoint import CheckpointWriteError
+    from .trainer.preempt import Preempted
+    from .trainer.recovery import CheckpointError
+
+    return Preempted, CheckpointWriteError, CheckpointError, UnsafeCheckpoint
+
+
+def _stopped(e: BaseException) -> int:
+    from .trainer.preempt import Preempted
+
+    if isinstance(e, Preempted):
+        _say(str(e))
+        return e.exit_code
+    print(f"error: {e}", file=sys.stderr)
+    return 1
+
+
 def cmd_export(args) -> int:
     from .trainer.export import export_checkpoint
 
@@ -155,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except _run_stops() as e:  # evaluated only when something was raised
+        return _stopped(e)
 
 
 if __name__ == "__main__":

@@ -60,8 +60,12 @@ def launch_local(argv: list[str], nproc: int) -> int:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
                           start_method="spawn")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         elastic_launch(config, sys.executable)("-m", "posttrain.cli", *argv)
+    except SignalException as e:  # the launcher passed the signal on; rank 0 said how to resume
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, message, exitcode = root_cause(e.failures)
         raise WorkerFailed(rank, message, exitcode) from None
