@@ -52,6 +52,8 @@ class _MetadataUnpickler(pickle.Unpickler):
 def read_dcp_metadata(path: Path):
     """The Metadata of a Distributed Checkpoint folder, read with the restricted unpickler."""
     source = Path(path) / ".metadata"
+    if not source.is_file():
+        raise OSError(f"{source} is missing")
     data = source.read_bytes()
     try:
         return _MetadataUnpickler(io.BytesIO(data), source).load()

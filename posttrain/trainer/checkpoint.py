@@ -80,7 +80,8 @@ def _os_error(exc: BaseException) -> OSError | None:
         seen.add(id(e))
         if isinstance(e, OSError):
             return e
-        todo += [e.__cause__, e.__context__, *getattr(e, "failures", {}).values()]
+        wrapped = getattr(e, "failures", {}).values()  # DCP: rank -> (exception, traceback)
+        todo += [e.__cause__, e.__context__, *(w[0] if isinstance(w, tuple) else w for w in wrapped)]
     return None
 
 
@@ -122,10 +123,10 @@ def save_checkpoint(run_dir: Path, step: int, roles: dict, par: Parallel, *, tok
                 write_export_info(tmp / name / "hf", role.model, tokenizer)
                 writing = tmp / f"{name}_state.pt"
                 torch.save(role.counters(), writing)
+        write_window(tmp)
         if par.is_main and "extra" in contents:
             writing = tmp / "extra.pt"
             torch.save({"step": step, "rng": rng_state(), **(extra or {})}, writing)
-        write_window("written", tmp)
         par.barrier()
         if par.is_main:
             writing = final
@@ -139,9 +140,11 @@ def save_checkpoint(run_dir: Path, step: int, roles: dict, par: Parallel, *, tok
                 for name in roles:
                     writing = final / name / "huggingface"
                     export_checkpoint(final, final / name / "huggingface", role=name)
-    except Exception as e:
+    except BaseException as e:  # DCP reports a rank's failure as a BaseException
         if par.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
         raise _write_failed(e, writing, step, run_dir) from e
     if par.is_main and keep:
         prune(run_dir, step, keep)
@@ -149,15 +152,15 @@ def save_checkpoint(run_dir: Path, step: int, roles: dict, par: Parallel, *, tok
     return final
 
 
-def write_window(stage: str, path: Path) -> None:
-    """Crash tests widen the moment between writing a checkpoint and publishing it (POSTTRAIN_CKPT_PAUSE seconds)
-    and learn when it starts (a line on stderr), so that a kill can land inside a checkpoint write."""
+def write_window(path: Path) -> None:
+    """Crash tests widen the middle of a checkpoint write (weights written, extra.pt not yet, nothing published)
+    to POSTTRAIN_CKPT_PAUSE seconds and learn when it starts (a line on stderr), so that a kill lands inside it."""
     pause = float(os.environ.get("POSTTRAIN_CKPT_PAUSE", "0") or 0)
     if pause > 0:
         import sys
         import time
 
-        print(f"[checkpoint {stage}] {path}", file=sys.stderr, flush=True)
+        print(f"[checkpoint write under way] {path}", file=sys.stderr, flush=True)
         time.sleep(pause)
 
 
