@@ -314,11 +314,15 @@ class RLTrainer:
 
     def fit(self) -> dict[str, float]:
         tr = self.cfg.trainer
-        self._maybe_resume()
+        stop = StopOnSignal().__enter__()  # from here on a signal stops the run after a step, with a checkpoint
+        try:
+            self._maybe_resume()
+        except BaseException:
+            stop.__exit__()
+            raise
         tracker = (Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name,
                            name=tr.experiment_name, resumed_step=self.global_step) if self.par.is_main else NullTracker())
         last_val: dict[str, float] = {}
-        stop = StopOnSignal()
         try:
             if tr.val_only:  # evaluate the starting point (a resumed checkpoint too) and stop: nothing trains
                 last_val = self.validate()
@@ -327,24 +331,24 @@ class RLTrainer:
             if tr.val_before_train and self.val_data is not None and self.global_step == 0:
                 last_val = self.validate()
                 tracker.log(last_val, self.global_step)
-            with stop:
-                while self.global_step < self.total_steps:
-                    self.global_step += 1
-                    metrics = self.train_step()
-                    done = self.global_step == self.total_steps
-                    if self.val_data is not None and tr.test_freq > 0 and (self.global_step % tr.test_freq == 0 or done):
-                        last_val = self.validate()
-                        metrics |= last_val
-                    tracker.log(metrics, self.global_step)
-                    tracker.advance(self.global_step)
-                    saved = tr.save_freq > 0 and (self.global_step % tr.save_freq == 0 or done)
-                    if saved:
-                        path = self.save()
-                    signum = stop.agreed(self.par.distributed)
-                    if signum:  # preemption: the step is done; keep it and stop
-                        self.preempted = (signum, path if saved else self.save())
-                        break
+            while self.global_step < self.total_steps:
+                self.global_step += 1
+                metrics = self.train_step()
+                done = self.global_step == self.total_steps
+                if self.val_data is not None and tr.test_freq > 0 and (self.global_step % tr.test_freq == 0 or done):
+                    last_val = self.validate()
+                    metrics |= last_val
+                tracker.log(metrics, self.global_step)
+                tracker.advance(self.global_step)
+                saved = tr.save_freq > 0 and (self.global_step % tr.save_freq == 0 or done)
+                if saved:
+                    path = self.save()
+                signum = stop.agreed(self.par.distributed)
+                if signum:  # preemption: the step is done; keep it and stop
+                    self.preempted = (signum, path if saved else self.save())
+                    break
         finally:
+            stop.__exit__()
             tracker.close()
             self.reward.close()
         return last_val
