@@ -67,8 +67,9 @@ def _run_stops() -> tuple:
     from .trainer.checkpoint import CheckpointWriteError
     from .trainer.preempt import Preempted
     from .trainer.recovery import CheckpointError
+    from .trainer.tracking import MetricsWriteError
 
-    return Preempted, CheckpointWriteError, CheckpointError, UnsafeCheckpoint
+    return Preempted, CheckpointWriteError, CheckpointError, UnsafeCheckpoint, MetricsWriteError
 
 
 def _stopped(e: BaseException) -> int:

@@ -14,8 +14,9 @@ from ..config import ConfigError, to_dict
 from ..parallel.safeload import UnsafeCheckpoint
 from .checkpoint import LATEST, complete_checkpoints, load_checkpoint
 
-# keys a resumed run may change: how long it runs, what it logs and validates, where it keeps checkpoints, the
-# process layout (checkpoints reshard), and these recovery switches themselves
+# keys a resumed run may change: how long it runs, what it logs and validates (and with which sampling), where it
+# keeps checkpoints, the process layout (checkpoints reshard), and these recovery switches; a key ending in "." is a
+# whole section
 RUN_LENGTH_KEYS = (
     "trainer.total_training_steps", "trainer.total_epochs", "trainer.save_freq", "trainer.test_freq",
     "trainer.logger", "trainer.project_name", "trainer.experiment_name", "trainer.default_local_dir",
@@ -23,6 +24,7 @@ RUN_LENGTH_KEYS = (
     "trainer.log_val_generations", "trainer.rollout_data_dir", "trainer.validation_data_dir",
     "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "trainer.nnodes",
     "trainer.n_gpus_per_node", "trainer.device", "trainer.overwrite_run_dir", "trainer.resume_allow_config_change",
+    "data.val_files", "data.val_batch_size", "data.val_max_samples", "actor_rollout_ref.rollout.val_kwargs.",
 )
 
 
@@ -44,7 +46,7 @@ def config_changes(saved_yaml: str, cfg) -> dict[str, tuple]:
     """{key: (saved, now)} for every key that differs from the saved config, apart from RUN_LENGTH_KEYS."""
     saved, now = _flat(yaml.safe_load(saved_yaml) or {}), _flat(to_dict(cfg))
     return {k: (saved[k], now[k]) for k in sorted(saved.keys() & now.keys())
-            if saved[k] != now[k] and k not in RUN_LENGTH_KEYS}
+            if saved[k] != now[k] and not k.startswith(RUN_LENGTH_KEYS)}
 
 
 def has_run(run_dir: Path) -> bool:

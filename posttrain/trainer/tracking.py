@@ -12,6 +12,10 @@ CONSOLE_KEYS = ("critic/score/mean", "val-core", "actor/pg_loss", "actor/kl_loss
                 "response_length/mean", "batch/zero_std_group_frac", "timing_s/step")
 
 
+class MetricsWriteError(OSError):
+    """metrics.jsonl could not take a line (disk full, ...); the file is left ending with a whole line."""
+
+
 class Tracker:
     def __init__(self, loggers: list[str], run_dir: Path, total_steps: int, *, project: str = "", name: str = "",
                  config: dict | None = None, resumed_step: int = 0):
@@ -96,8 +100,9 @@ class Tracker:
                 self.jsonl.seek(end)
             except OSError:
                 pass
-            raise OSError(e.errno, f"{(e.strerror or str(e)).lower()} while writing {self.run_dir / 'metrics.jsonl'} "
-                                   "(the lines already written are intact)") from None
+            raise MetricsWriteError(e.errno, f"{(e.strerror or str(e)).lower()} while writing "
+                                             f"{self.run_dir / 'metrics.jsonl'} (the lines already written are "
+                                             "intact; the last checkpoint resumes the run)") from None
 
     def advance(self, step: int) -> None:
         if self._progress:
