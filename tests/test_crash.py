@@ -1,7 +1,8 @@
 """Kills and signals, as a cluster delivers them: the command line on a tiny task is killed with SIGKILL at seeded
 random moments — in the middle of a step and in the middle of a checkpoint write — and restarted until it finishes;
 its metrics must equal an uninterrupted run's exactly. SIGTERM stops a run after a saved step with a message saying
-how to resume, and the resumed run is bit-exact too. tools/kill_test.py runs the same with many more kills."""
+how to resume, and the resumed run is bit-exact too (in 2 processes as well). tools/kill_test.py runs the same with
+many more kills."""
 
 import json
 import os
@@ -95,13 +96,21 @@ def kill_at(proc, run, since, mid_checkpoint: bool, delay: float) -> bool:
     return False
 
 
-def kill_and_resume(argv, run, rng, kills):
-    """Kill the run `kills` times (every other one inside a checkpoint write), then let it finish."""
+def kill_and_resume(argv, run, rng, kills, sigterm_first=False):
+    """Kill the run `kills` times (every other one inside a checkpoint write), then let it finish. With
+    `sigterm_first`, the first stop is a SIGTERM to the launcher instead, which must save and exit 143."""
     landed = 0
     for i in range(kills):
         path = Path(run) / "metrics.jsonl"
         since = path.stat().st_mtime_ns if path.is_file() else None
         proc = start(argv, PAUSE)
+        if sigterm_first and i == 0:
+            assert loop_began(proc, run, since)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM after step" in err, err[-3000:]
+            assert err.count("SIGTERM: finishing this step") == 1  # said once, by rank 0
+            continue
         landed += kill_at(proc, run, since, mid_checkpoint=i % 2 == 1, delay=rng.uniform(0.05, 0.8))
         proc.stderr.close()
     proc = start(argv)
@@ -132,9 +141,10 @@ def straight_runs(task, tmp_path_factory):
 
 @pytest.mark.parametrize("variant", [SHUFFLED, TWO_PROCESSES], ids=["shuffled_mini_batches", "two_processes"])
 def test_sigkill_at_random_points_resumes_bit_exactly(task, straight_runs, tmp_path, variant):
-    """A reward that varies, so the policy gradient is not zero; one kill in a step, one in a checkpoint write."""
+    """A reward that varies, so the policy gradient is not zero; one kill in a step (in 2 processes a SIGTERM to
+    the launcher instead: every rank stops after the same step), one in a checkpoint write."""
     landed = kill_and_resume(args(task, tmp_path / "killed", STEPS, *variant), tmp_path / "killed",
-                             random.Random(len(variant)), 2)
+                             random.Random(len(variant)), 2, sigterm_first=variant == TWO_PROCESSES)
     assert landed == 1  # the kill aimed at a checkpoint write hit one
     assert training_numbers(tmp_path / "killed") == straight_runs(variant)
 

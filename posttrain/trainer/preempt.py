@@ -60,8 +60,9 @@ class StopOnSignal:
                   flush=True)
             os._exit(128 + signum)
         self.signum, self._at = signum, time.monotonic()
-        print(f"\n{name}: finishing this step, then saving a checkpoint and stopping (send it again to exit at once)",
-              file=sys.stderr, flush=True)
+        if os.environ.get("RANK", "0") == "0":  # every rank notes it; one says so
+            print(f"\n{name}: finishing this step, then saving a checkpoint and stopping (send it again to exit at "
+                  "once)", file=sys.stderr, flush=True)
 
     def agreed(self, distributed: bool) -> int:
         """The signal to stop on, 0 for none: the same on every rank (a collective when distributed)."""
