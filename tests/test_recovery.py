@@ -274,6 +274,12 @@ def test_starting_over_in_a_used_folder_needs_overwrite(run_copy, tiny_model_dir
     assert steps_logged(run) == [1, 2]
 
 
+def test_overwrite_goes_with_starting_over(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="overwrite_run_dir=True starts over, so it goes with trainer.resume_mode="
+                                          "disable"):
+        config(tiny_model_dir, tmp_path / "d.jsonl", tmp_path / "run", 1, "trainer.overwrite_run_dir=True")
+
+
 def test_resuming_with_a_changed_config_names_the_keys(run_copy, tiny_model_dir):
     run, data = run_copy
     with pytest.raises(ConfigError, match=r"differs from its config.yaml in actor_rollout_ref.actor.optim.lr: "
