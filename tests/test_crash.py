@@ -36,7 +36,8 @@ def args(task, run, steps, *extra):
     base, data, model = task
     return ["train", "algorithm.adv_estimator=grpo", "data.train_batch_size=4", "data.max_prompt_length=32",
             "data.max_response_length=6", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.optim.lr=1e-3",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
             f"actor_rollout_ref.model.path={model}", f"data.train_files={data}",
             f"custom_reward_function.path={base / 'reward.py'}", f"trainer.total_training_steps={steps}",
             f"trainer.default_local_dir={run}", "trainer.logger=['jsonl']", "trainer.val_before_train=False",

@@ -24,13 +24,18 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def config_args(tiny_model_dir, data, run, steps, *extra):
+    return ["algorithm.adv_estimator=grpo", "data.train_batch_size=4", "data.max_prompt_length=32",
+            "data.max_response_length=6", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
+            f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run}", "trainer.logger=['jsonl']",
+            "trainer.val_before_train=False", "trainer.save_freq=1", *extra]
+
+
 def config(tiny_model_dir, data, run, steps, *extra):
-    return load_config(None, [
-        "algorithm.adv_estimator=grpo", "data.train_batch_size=4", "data.max_prompt_length=32",
-        "data.max_response_length=6", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=False", f"actor_rollout_ref.model.path={tiny_model_dir}",
-        f"data.train_files={data}", f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run}",
-        "trainer.logger=['jsonl']", "trainer.val_before_train=False", "trainer.save_freq=1", *extra])
+    return load_config(None, config_args(tiny_model_dir, data, run, steps, *extra))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +108,8 @@ def test_disk_full_inside_the_sharded_weights_write(run_copy, tiny_model_dir, mo
     real = filesystem.FileSystem.create_stream.__wrapped__ if hasattr(
         filesystem.FileSystem.create_stream, "__wrapped__") else filesystem.FileSystem.create_stream
     monkeypatch.setattr(filesystem.FileSystem, "create_stream", full_disk)
-    with pytest.raises(CheckpointWriteError, match=r"no space left on device while writing .*\.tmp_global_step_4/actor"):
+    with pytest.raises(CheckpointWriteError,
+                       match=r"no space left on device while writing .*\.tmp_global_step_4/actor"):
         t.save()
     assert not (run / ".tmp_global_step_4").exists() and latest_checkpoint(run).name == "global_step_3"
 
@@ -241,23 +247,11 @@ def test_cli_reports_a_refused_checkpoint_in_one_line(run_copy, tiny_model_dir, 
 
     run, data = run_copy
     torch.save({"x": Payload(tmp_path / "ran")}, run / "global_step_3" / "extra.pt")
-    args = [f"{a}" for a in config_args(tiny_model_dir, data, run, 4)]
-    result = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", *args], capture_output=True, text=True,
-                            timeout=300)
+    argv = ["train", *config_args(tiny_model_dir, data, run, 4)]
+    result = subprocess.run([sys.executable, "-m", "posttrain.cli", *argv], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert f"error: {run / 'global_step_3' / 'extra.pt'} holds objects other than tensors" in result.stderr
     assert not (tmp_path / "ran").exists()
-
-
-def config_args(tiny_model_dir, data, run, steps):
-    cfg_keys = ["algorithm.adv_estimator=grpo", "data.train_batch_size=4", "data.max_prompt_length=32",
-                "data.max_response_length=6", "actor_rollout_ref.rollout.n=4",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-                f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
-                f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run}", "trainer.logger=['jsonl']",
-                "trainer.val_before_train=False", "trainer.save_freq=1"]
-    return cfg_keys
 
 
 # ------------------------------------------------------------------ run folder and config guards

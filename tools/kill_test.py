@@ -29,7 +29,7 @@ SCENARIOS = {
     "grpo": [],
     "shuffled": ["actor_rollout_ref.actor.shuffle=True", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
     "ppo": ["algorithm.adv_estimator=gae", "algorithm.kl_ctrl.type=adaptive", "algorithm.use_kl_in_reward=True",
-            "critic.shuffle=True", f"critic.model.path=MODEL", "critic.optim.lr=1e-3",
+            "critic.shuffle=True", "critic.model.path=MODEL", "critic.optim.lr=1e-3",
             "actor_rollout_ref.actor.shuffle=True", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
     "two_processes": ["trainer.n_gpus_per_node=2"],
 }
@@ -52,8 +52,10 @@ def prepare(workdir: Path) -> tuple[Path, Path, Path]:
 def argv(model, data, reward, run, steps, extra):
     return ["train", "algorithm.adv_estimator=grpo", "data.train_batch_size=4", "data.max_prompt_length=32",
             "data.max_response_length=6", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.optim.lr=1e-3",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-            f"actor_rollout_ref.model.path={model}", f"data.train_files={data}", f"custom_reward_function.path={reward}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            f"actor_rollout_ref.model.path={model}", f"data.train_files={data}",
+            f"custom_reward_function.path={reward}",
             f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={run}", "trainer.logger=['jsonl']",
             "trainer.val_before_train=False", "trainer.save_freq=1",
             *[e.replace("MODEL", str(model)) for e in extra]]

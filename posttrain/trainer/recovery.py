@@ -63,9 +63,9 @@ def check_run_dir(cfg, run_dir: Path) -> None:
     if tr.resume_mode == "disable":
         if has_run(run_dir) and not tr.overwrite_run_dir:
             found = [p.name for p in complete_checkpoints(run_dir)]
+            what = f"checkpoints {', '.join(found[:3])}{' ...' if len(found) > 3 else ''}" if found else "metrics.jsonl"
             raise ConfigError(
-                f"trainer.resume_mode=disable but {run_dir} already holds a run ("
-                + (f"checkpoints {', '.join(found[:3])}{' ...' if len(found) > 3 else ''}" if found else "metrics.jsonl")
+                f"trainer.resume_mode=disable but {run_dir} already holds a run ({what}"
                 + "); starting over would mix or delete its files. Use another trainer.default_local_dir, resume it "
                   "with trainer.resume_mode=auto, or set trainer.overwrite_run_dir=True to delete its checkpoints and "
                   "metrics and start over")

@@ -373,7 +373,8 @@ class RLTrainer:
         tr = self.cfg.trainer
         if tr.resume_mode == "disable":
             return
-        candidates = [Path(tr.resume_from_path)] if tr.resume_mode == "resume_path" else complete_checkpoints(self.run_dir)
+        candidates = ([Path(tr.resume_from_path)] if tr.resume_mode == "resume_path"
+                      else complete_checkpoints(self.run_dir))
         if not candidates:
             return
         ck = self.cfg.actor_rollout_ref.actor.checkpoint
