@@ -51,6 +51,8 @@ def cmd_train(args) -> int:
 
         print(to_yaml(cfg), end="")
         return 0
+    if launch.inside_launcher():
+        launch.die_with_launcher()
     if launch.requested_world(cfg) > 1 and not launch.inside_launcher():
         launch.check_launchable(cfg)
         return launch.launch_local(args.argv, cfg.trainer.n_gpus_per_node)

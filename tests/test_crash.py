@@ -71,12 +71,29 @@ def loop_began(proc, run, since):
     return False
 
 
-def kill(proc):
+def survivors(run) -> list[int]:
+    """Processes still running with `run` on their command line (a worker that outlived its killed launcher)."""
+    mark, found = f"trainer.default_local_dir={run}".encode(), []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if mark in cmdline.read_bytes().split(b"\0"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+def kill(proc, run):
+    """SIGKILL the process group of `proc`; its workers (each in a session of its own) must end with it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+    deadline = time.monotonic() + 10
+    while survivors(run) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not survivors(run), f"processes outlived the killed launcher: {survivors(run)}"
 
 
 def kill_at(proc, run, since, mid_checkpoint: bool, delay: float) -> bool:
@@ -88,12 +105,12 @@ def kill_at(proc, run, since, mid_checkpoint: bool, delay: float) -> bool:
             if line.startswith("[checkpoint write under way]"):
                 time.sleep(PAUSE / 3)
                 landed = proc.poll() is None
-                kill(proc)
+                kill(proc, run)
                 return landed
         return False
     if loop_began(proc, run, since):
         time.sleep(delay)
-    kill(proc)
+    kill(proc, run)
     return False
 
 

@@ -72,12 +72,29 @@ def numbers(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(("timing_s", "perf"))} for r in rows]
 
 
-def kill(proc) -> None:
+def survivors(run) -> list[int]:
+    """Processes still running with `run` on their command line (a worker that outlived its killed launcher)."""
+    mark, found = f"trainer.default_local_dir={run}".encode(), []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if mark in cmdline.read_bytes().split(b"\0"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+def kill(proc, run):
+    """SIGKILL the process group of `proc`; its workers (each in a session of its own) must end with it."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     proc.wait()
+    deadline = time.monotonic() + 10
+    while survivors(run) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not survivors(run), f"processes outlived the killed launcher: {survivors(run)}"
 
 
 def one_kill(args, run: Path, rng: random.Random, aim_at_checkpoint: bool) -> bool | None:
@@ -100,7 +117,7 @@ def one_kill(args, run: Path, rng: random.Random, aim_at_checkpoint: bool) -> bo
             time.sleep(0.02)
         time.sleep(rng.uniform(0.0, 2.0))
     finished = proc.poll() is not None
-    kill(proc)
+    kill(proc, run)
     proc.stderr.close()
     if finished and proc.returncode == 0:
         return None
