@@ -51,6 +51,8 @@ def cmd_train(args) -> int:
 
         print(to_yaml(cfg), end="")
         return 0
+    if launch.inside_launcher():
+        launch.die_with_launcher()
     if launch.requested_world(cfg) > 1 and not launch.inside_launcher():
         launch.check_launchable(cfg)
         return launch.launch_local(args.argv, cfg.trainer.n_gpus_per_node)
@@ -58,6 +60,28 @@ def cmd_train(args) -> int:
 
     run_rl(cfg)
     return 0
+
+
+def _run_stops() -> tuple:
+    """How a run can end short of its last step without a bug: preempted by a signal, a checkpoint that cannot be
+    written, read or trusted. Each prints one message instead of a traceback."""
+    from .parallel.safeload import UnsafeCheckpoint
+    from .trainer.checkpoint import CheckpointWriteError
+    from .trainer.preempt import Preempted
+    from .trainer.recovery import CheckpointError
+    from .trainer.tracking import MetricsWriteError
+
+    return Preempted, CheckpointWriteError, CheckpointError, UnsafeCheckpoint, MetricsWriteError
+
+
+def _stopped(e: BaseException) -> int:
+    from .trainer.preempt import Preempted
+
+    if isinstance(e, Preempted):
+        _say(str(e))
+        return e.exit_code
+    print(f"error: {e}", file=sys.stderr)
+    return 1
 
 
 def cmd_export(args) -> int:
@@ -204,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     except RewardError as e:  # decided on the gathered batch: the same on every rank
         _say(f"reward error: {e}")
         return 1
+    except _run_stops() as e:  # evaluated only when something was raised
+        return _stopped(e)
 
 
 if __name__ == "__main__":

@@ -833,9 +833,15 @@ DESCRIPTIONS: dict[str, str] = {
     'trainer.default_local_dir':
         'run folder; null = `checkpoints/{project_name}/{experiment_name}`',
     'trainer.resume_mode':
-        '`auto` (latest checkpoint in the run folder), `disable`, `resume_path`',
+        '`auto` (the newest checkpoint of the run folder that loads), `disable` (start over), `resume_path`',
     'trainer.resume_from_path':
         'checkpoint folder for `resume_path`',
+    'trainer.overwrite_run_dir':
+        'with `resume_mode=disable`, delete the checkpoints and metrics of a run already in the run folder and '
+        'start over (otherwise that is refused)',
+    'trainer.resume_allow_config_change':
+        'resume although the config differs from the run\'s saved `config.yaml` in keys other than run length, '
+        'logging, validation and checkpoint keeping (otherwise refused, naming the keys)',
     'trainer.max_actor_ckpt_to_keep':
         'keep only the newest N checkpoints (a checkpoint holds both roles; the smaller N wins)',
     'trainer.max_critic_ckpt_to_keep':

@@ -327,6 +327,8 @@ class TrainerConfig:
     default_local_dir: Optional[str] = None
     resume_mode: str = "auto"
     resume_from_path: Optional[str] = None
+    overwrite_run_dir: bool = False
+    resume_allow_config_change: bool = False
     max_actor_ckpt_to_keep: Optional[int] = None
     max_critic_ckpt_to_keep: Optional[int] = None
     log_val_generations: int = 0

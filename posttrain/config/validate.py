@@ -201,6 +201,9 @@ def _validate(cfg: Config) -> None:
     _choice(tr.resume_mode, ("auto", "disable", "resume_path"), "trainer.resume_mode")
     if tr.resume_mode == "resume_path":
         _check(bool(tr.resume_from_path), "trainer.resume_mode=resume_path needs trainer.resume_from_path")
+    _check(not tr.overwrite_run_dir or tr.resume_mode == "disable",
+           "trainer.overwrite_run_dir=True starts over, so it goes with trainer.resume_mode=disable (with "
+           f"resume_mode={tr.resume_mode} the run would resume instead)")
     _choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
     _check(not tr.val_only or bool(d.val_files), "trainer.val_only=True validates and stops, so it needs "
                                                  "data.val_files")

@@ -10,6 +10,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_model_state_dict, set_state_dict)
 
+from .safeload import SafeReader, check_dcp_files
+
 
 def role_state(model, optimizer=None) -> dict:
     """{"model": ..., "optimizer": ...} keyed by parameter names, whatever the sharding."""
@@ -24,11 +26,13 @@ def save_role(path: Path, model, optimizer=None) -> None:
 
 
 def load_role(path: Path, model, optimizer=None) -> None:
-    """Read `path` into the model (and optimizer) in place; the checkpoint may come from any layout."""
+    """Read `path` into the model (and optimizer) in place; the checkpoint may come from any layout. The files are
+    checked first (a missing or truncated shard is named) and the metadata is read without running code."""
+    check_dcp_files(path)
     state = role_state(model, optimizer)
     with warnings.catch_warnings():  # one process, no process group: DCP says it assumes so; that is the intent
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load(state, storage_reader=SafeReader(str(path)))
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:

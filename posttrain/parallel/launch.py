@@ -15,6 +15,21 @@ def inside_launcher() -> bool:
     return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def die_with_launcher() -> None:
+    """A worker ends when its launcher does: torch's launcher starts each worker in a session of its own, so a
+    launcher killed with SIGKILL (a lost node, `kill -9`, an out-of-memory kill) would leave the workers training on,
+    writing into the run folder alongside the restarted job. Linux only (prctl PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the launcher died before the call above
+        os._exit(1)
+
+
 def requested_world(cfg) -> int:
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
@@ -60,8 +75,12 @@ def launch_local(argv: list[str], nproc: int) -> int:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
                           start_method="spawn")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     try:
         elastic_launch(config, sys.executable)("-m", "posttrain.cli", *argv)
+    except SignalException as e:  # the launcher passed the signal on; rank 0 said how to resume
+        return 128 + int(e.sigval)
     except ChildFailedError as e:
         rank, message, exitcode = root_cause(e.failures)
         raise WorkerFailed(rank, message, exitcode) from None

@@ -20,6 +20,7 @@ DEMO_RL_OVERRIDES = [
     "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
     "actor_rollout_ref.model.enable_gradient_checkpointing=False",
     "trainer.test_freq=10", "trainer.val_before_train=True", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+    "trainer.overwrite_run_dir=True",  # the demo folder is its own: a second demo replaces the first
     "trainer.logger=['console']",
 ]
 

@@ -25,7 +25,9 @@ from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
 from ..rollout.base import SamplingParams
 from ..rollout.hf import concat_rollouts
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import complete_checkpoints, save_checkpoint
+from .preempt import Preempted, StopOnSignal, resume_message
+from .recovery import check_run_dir, clear_run_dir, load_latest
 from .metrics import data_metrics, validation_metrics
 from .setup import Roles, model_sources, parallel_for
 from .tracking import NullTracker, Tracker
@@ -59,6 +61,8 @@ class RLTrainer:
         self.cfg = cfg
         arr, tr = cfg.actor_rollout_ref, cfg.trainer
         self.par = par if par is not None else parallel_for(cfg)
+        self.run_dir = Path(tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}")
+        check_run_dir(cfg, self.run_dir)  # before any model loads; rank 0 writes there only further down
         torch.manual_seed(tr.seed)
         sources = model_sources(cfg)  # hub ids fetched before anything loads, on every rank
         tok_key = "actor_rollout_ref.model." + ("tokenizer_path" if arr.model.tokenizer_path else "path")
@@ -113,11 +117,14 @@ class RLTrainer:
         self.needs_old_log_prob = self.info.needs_sum_pi_squared or not rc.bypass_mode and (
             a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size or cfg.algorithm.use_kl_in_reward
             or r.calculate_log_probs or rc.rollout_is is not None)
-        self.run_dir = Path(tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}")
+        self.par.barrier()
         if self.par.is_main:
+            if tr.resume_mode == "disable" and tr.overwrite_run_dir:
+                clear_run_dir(self.run_dir)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.yaml").write_text(to_yaml(cfg))
         self.global_step = 0
+        self.preempted: tuple[int, Path] | None = None  # (signal, checkpoint) when a signal stopped the run
         self.data_cursor = 0  # batches of prompts drawn so far (dynamic sampling draws more than one per step)
 
     @property
@@ -319,7 +326,12 @@ class RLTrainer:
 
     def fit(self) -> dict[str, float]:
         tr = self.cfg.trainer
-        self._maybe_resume()
+        stop = StopOnSignal().__enter__()  # from here on a signal stops the run after a step, with a checkpoint
+        try:
+            self._maybe_resume()
+        except BaseException:
+            stop.__exit__()
+            raise
         tracker = (Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name,
                            name=tr.experiment_name, resumed_step=self.global_step) if self.par.is_main else NullTracker())
         last_val: dict[str, float] = {}
@@ -341,9 +353,15 @@ class RLTrainer:
                     metrics |= last_val
                 tracker.log(metrics, self.global_step)
                 tracker.advance(self.global_step)
-                if tr.save_freq > 0 and (self.global_step % tr.save_freq == 0 or done):
-                    self.save()
+                saved = tr.save_freq > 0 and (self.global_step % tr.save_freq == 0 or done)
+                if saved:
+                    path = self.save()
+                signum = stop.agreed(self.par.distributed)
+                if signum:  # preemption: the step is done; keep it and stop
+                    self.preempted = (signum, path if saved else self.save())
+                    break
         finally:
+            stop.__exit__()
             tracker.close()
             self.reward.close()
         return last_val
@@ -368,11 +386,13 @@ class RLTrainer:
         tr = self.cfg.trainer
         if tr.resume_mode == "disable":
             return
-        path = Path(tr.resume_from_path) if tr.resume_mode == "resume_path" else latest_checkpoint(self.run_dir)
-        if path is None:
+        candidates = ([Path(tr.resume_from_path)] if tr.resume_mode == "resume_path"
+                      else complete_checkpoints(self.run_dir))
+        if not candidates:
             return
         ck = self.cfg.actor_rollout_ref.actor.checkpoint
-        extra = load_checkpoint(path, self.roles, contents=ck.load_contents or ck.save_contents)
+        say = (lambda m: print(m, file=sys.stderr)) if self.par.is_main else (lambda _: None)
+        path, extra = load_latest(candidates, self.roles, contents=ck.load_contents or ck.save_contents, say=say)
         self.global_step = int(extra.get("step", int(path.name.rsplit("_", 1)[1])))
         self.data_cursor = int(extra.get("data_cursor", self.global_step))
         if "kl_ctrl" in extra:
@@ -411,6 +431,11 @@ class _timer:
 
 
 def run_rl(cfg) -> dict[str, float]:
-    result = RLTrainer(cfg).fit()
+    """Train; raises Preempted (after a clean shutdown) when a signal stopped the run at a step boundary."""
+    trainer = RLTrainer(cfg)
+    result = trainer.fit()
     shutdown()  # after an error there is no clean shutdown: the launcher stops every rank
+    if trainer.preempted:
+        signum, path = trainer.preempted
+        raise Preempted(resume_message(signum, trainer.global_step, path), signum)
     return result

@@ -4,6 +4,7 @@ per-step table), tensorboard, and wandb / mlflow when installed (the `tracking` 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -11,6 +12,10 @@ from ..config import ConfigError
 
 CONSOLE_KEYS = ("critic/score/mean", "val-core", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
                 "response_length/mean", "batch/zero_std_group_frac", "timing_s/step")
+
+
+class MetricsWriteError(OSError):
+    """metrics.jsonl could not take a line (disk full, ...); the file is left ending with a whole line."""
 
 
 class Tracker:
@@ -56,19 +61,25 @@ class Tracker:
     @staticmethod
     def _open_jsonl(path: Path, resumed_step: int):
         """A fresh run starts an empty file; a resumed one keeps the lines up to its checkpoint (a killed run may
-        have logged steps after it, which will be run again)."""
+        have logged steps after it, which will be run again). A line cut short by a crash or a full disk is dropped.
+        The kept lines are written to a new file that replaces the old one, so a kill here loses nothing."""
         kept = []
         if resumed_step > 0 and path.is_file():
-            kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= resumed_step]
-        f = path.open("w")
-        f.write("".join(line + "\n" for line in kept))
-        f.flush()
-        return f
+            for line in path.read_text(errors="replace").splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if row.get("step", 0) <= resumed_step:
+                    kept.append(line)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+        return path.open("ab", buffering=0)  # unbuffered: each line reaches the file in one write
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items()}
-        self.jsonl.write(json.dumps({"step": step, **clean}) + "\n")
-        self.jsonl.flush()
+        self._append(json.dumps({"step": step, **clean}) + "\n")
         if self.tb:
             for k, v in clean.items():
                 self.tb.add_scalar(k, v, step)
@@ -80,6 +91,24 @@ class Tracker:
             shown = [(k, v) for k, v in clean.items() if k.startswith(CONSOLE_KEYS)]
             line = "  ".join(f"{k.split('/', 1)[-1] if not k.startswith('val') else k}={v:.4g}" for k, v in shown)
             self._progress.console.print(f"[dim]step {step:>4}[/dim] {line}")
+
+    def _append(self, line: str) -> None:
+        """One line, all or nothing: a write that fails part way (disk full) is cut back to the previous line."""
+        data = line.encode()
+        end = self.jsonl.tell()
+        try:
+            written = self.jsonl.write(data)
+            if written != len(data):
+                raise OSError(28, "No space left on device")
+        except OSError as e:
+            try:
+                self.jsonl.truncate(end)
+                self.jsonl.seek(end)
+            except OSError:
+                pass
+            raise MetricsWriteError(e.errno, f"{(e.strerror or str(e)).lower()} while writing "
+                                             f"{self.run_dir / 'metrics.jsonl'} (the lines already written are "
+                                             "intact; the last checkpoint resumes the run)") from None
 
     def advance(self, step: int) -> None:
         if self._progress:

@@ -1,0 +1,83 @@
+"""Stopping on SIGTERM / SIGINT (what Slurm, Kubernetes and Ctrl-C send) without losing the step under way.
+
+The first signal is only noted: the loop finishes its step, writes a checkpoint and stops, and the command exits
+with 128 + the signal number after saying how to resume. A second signal exits at once. Every rank of a
+multi-process job takes the same decision at the step boundary (a max over all ranks), so a signal that reached one
+rank stops them all after the same step. A copy of the same signal that arrives within GRACE_S of the first (a
+launcher forwarding Ctrl-C to workers that already got it from the terminal) is not counted as the second.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+GRACE_S = 2.0
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Preempted(Exception):
+    """The run stopped on a signal after writing a checkpoint; `exit_code` is 128 + the signal number."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class StopOnSignal:
+    """Context manager around the training loop: installs the handlers (main thread only) and restores the old
+    ones on exit."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._at = 0.0
+        self._old: dict = {}
+
+    def __enter__(self) -> "StopOnSignal":
+        if threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        self._old.clear()
+
+    def _handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is not None:
+            if time.monotonic() - self._at < GRACE_S:
+                return
+            print(f"\n{name} again: exiting now without a checkpoint (the last saved one is kept)", file=sys.stderr,
+                  flush=True)
+            os._exit(128 + signum)
+        self.signum, self._at = signum, time.monotonic()
+        if os.environ.get("RANK", "0") == "0":  # every rank notes it; one says so
+            print(f"\n{name}: finishing this step, then saving a checkpoint and stopping (send it again to exit at "
+                  "once)", file=sys.stderr, flush=True)
+
+    def agreed(self, distributed: bool) -> int:
+        """The signal to stop on, 0 for none: the same on every rank (a collective when distributed)."""
+        mine = int(self.signum or 0)
+        if distributed and dist.is_initialized() and dist.get_world_size() > 1:
+            t = torch.tensor([mine], dtype=torch.int64,
+                             device="cuda" if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            return int(t.item())
+        return mine
+
+
+def resume_message(signum: int, step: int, checkpoint) -> str:
+    command = "posttrain " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "the same command"
+    return (f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint written to {checkpoint}.\n"
+            f"To resume, run the same command again (trainer.resume_mode=auto, the default, continues from the "
+            f"newest checkpoint in its folder):\n  {command}\nor name it: trainer.resume_mode=resume_path "
+            f"trainer.resume_from_path={checkpoint}")
