@@ -78,6 +78,9 @@ def files(tmp_path_factory, tiny_model_dir):
                                 "    return 1.0\n",
                "reward_async": "async def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                                "    return 1.0\n",
+               "reward_raises": "import os\n\nKEY = os.environ['NO_SUCH_VARIABLE_XYZ']\n\n"
+                                "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                                "    return 1.0\n",
                "reward_good": "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
                               "    return 1.0\n"}
     for name, text in rewards.items():
@@ -236,11 +239,28 @@ def test_cli_bad_input(files, capsys, argv, fragment):
     assert err.count("error:") == 1, err
 
 
-def test_unknown_data_source(files, capsys):
-    """Found after the models load (the scorers are known then): still one message and exit code 2."""
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Loading the models fails the test: what it checks must be reported before."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the models were loaded before the problem was reported")
+    monkeypatch.setattr("posttrain.trainer.rl.Roles", refuse)
+
+
+def test_unknown_data_source(files, capsys, no_model_loads):
+    """The scorers are known from the registry and the reward file: one message, exit code 2, no model loaded."""
     assert main(train_args(files, data=files["unknown_source"])) == 2
     err = capsys.readouterr().err
     assert "no reward function for data_source 'my/own_task'" in err and "Traceback" not in err
+
+
+def test_reward_file_that_fails_while_imported(files, capsys, no_model_loads):
+    """Its text is fine; running it raises (a missing environment variable): named with its line, exit 2, before
+    any model loads."""
+    assert main(train_args(files, f"custom_reward_function.path={files['reward_raises']}")) == 2
+    err = capsys.readouterr().err
+    assert "custom_reward_function.path: importing" in err and "failed at line 3: KeyError" in err, err
+    assert "NO_SUCH_VARIABLE_XYZ" in err and "Traceback" not in err
 
 
 def test_cuda_asked_for_without_cuda(files, capsys, monkeypatch):

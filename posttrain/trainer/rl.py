@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -40,6 +41,20 @@ def preflight(cfg) -> None:
                           "id such as Qwen/Qwen2.5-0.5B-Instruct)")
     if not cfg.data.train_files:
         raise ConfigError("data.train_files is required")
+
+
+def _rule_reward(cfg, tokenizer) -> RewardManager:
+    """The rule reward manager; a custom reward file that fails while it is imported is a ConfigError naming it."""
+    try:
+        return RewardManager.from_config(cfg, tokenizer)
+    except Exception as e:
+        path = cfg.custom_reward_function.path
+        if not path or isinstance(e, ConfigError):
+            raise
+        where = next((f"line {tb.lineno}" for tb in reversed(traceback.extract_tb(e.__traceback__))
+                      if Path(tb.filename).resolve() == Path(path).expanduser().resolve()), "")
+        raise ConfigError(f"custom_reward_function.path: importing {path} failed"
+                          f"{' at ' + where if where else ''}: {type(e).__name__}: {e}") from None
 
 
 def _to_batch(items, pad_id: int, uid_prefix: str, first_index: int = 0) -> Batch:
@@ -86,20 +101,28 @@ class RLTrainer:
         self.steps_per_epoch = batches_per_epoch(len(self.train_data), cfg.data.train_batch_size)
         self.total_steps = tr.total_training_steps or self.steps_per_epoch * tr.total_epochs
 
+        # rewards before any model loads: a reward file that fails to import, a data source without a scorer or
+        # code rows without a sandbox are reported in seconds, not after the models load
+        code_reward.configure_from_config(cfg)  # before any scorer process starts: they read it
+        self.rule_reward = _rule_reward(cfg, self.tokenizer)  # validation is rule-based (as in verl)
+        for data in (self.train_data, self.val_data):
+            if data is not None:
+                if not cfg.reward_model.enable:
+                    self.rule_reward.check_data_sources(it.data_source for it in data.items)
+                if not cfg.custom_reward_function.path:  # code rows, no sandbox: refuse before training
+                    code_reward.check_ready(it.data_source for it in data.items)
+
         roles = Roles(cfg, self.par, self.tokenizer, self.total_steps)
         self.actor, self.reference, self.critic, self.rollout = roles.actor, roles.reference, roles.critic, roles.rollout
         self.roles = roles.trained
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-        code_reward.configure_from_config(cfg)  # before any scorer process starts: they read it
-        self.rule_reward = RewardManager.from_config(cfg, self.tokenizer)  # validation is rule-based (as in verl)
         self.reward = (ModelRewardManager(self.rule_reward, roles.reward_model.score) if roles.reward_model is not None
                        else self.rule_reward)
-        for data in (self.train_data, self.val_data):
-            if data is not None:
-                self.reward.check_data_sources(it.data_source for it in data.items)
-                if not cfg.custom_reward_function.path:  # code rows, no sandbox: refuse before training
-                    code_reward.check_ready(it.data_source for it in data.items)
+        if roles.reward_model is not None:
+            for data in (self.train_data, self.val_data):
+                if data is not None:
+                    self.reward.check_data_sources(it.data_source for it in data.items)
         if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not self._rule_scoring:
             raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
                               "a data source without a scorer turns them off; use metric=score (the reward model's) or "
