@@ -4,7 +4,7 @@ fields, written at every tenth of the work and at least once a minute, so that a
 
 from __future__ import annotations
 
-import time
+from time import monotonic
 
 PLAIN_EVERY_S = 60.0  # a plain-text line at least this often while work advances
 
@@ -27,7 +27,7 @@ class ProgressBar:
         self.console = Console(stderr=stderr)
         self.live = enabled and self.console.is_terminal and not self.console.is_dumb_terminal
         self.done = self.first = min(max(int(completed), 0), self.total)  # `first`: done before (a resumed run)
-        self.start = time.monotonic()
+        self.start = monotonic()
         self._last_line, self._last_tenth = self.start, 10 * self.done // self.total if self.total else 0
         self._rich = None
         if self.live:
@@ -50,14 +50,14 @@ class ProgressBar:
         """Seconds left at the mean pace so far (None before the first unit is done here)."""
         if self.done <= self.first:
             return None
-        return (time.monotonic() - self.start) / (self.done - self.first) * (self.total - self.done)
+        return (monotonic() - self.start) / (self.done - self.first) * (self.total - self.done)
 
     def line(self) -> str:
         """The plain-text form: `label 12/40 (30%) elapsed 0:01:02 eta 0:02:25`."""
         pct = 100 * self.done // self.total if self.total else 100
         eta = self.eta_s()
         unit = f" {self.unit}" if self.unit else ""
-        return (f"{self.label} {self.done}/{self.total}{unit} ({pct}%) elapsed {_clock(time.monotonic() - self.start)}"
+        return (f"{self.label} {self.done}/{self.total}{unit} ({pct}%) elapsed {_clock(monotonic() - self.start)}"
                 f" eta {_clock(eta) if eta is not None else '?'}")
 
     def update(self, done: int) -> None:
@@ -67,7 +67,7 @@ class ProgressBar:
             self._rich.update(self._task, completed=self.done)
         elif self.enabled and self.total:
             tenth = 10 * self.done // self.total
-            now = time.monotonic()
+            now = monotonic()
             if tenth > self._last_tenth or now - self._last_line >= PLAIN_EVERY_S:
                 self._last_tenth, self._last_line = tenth, now
                 self.console.print(self.line(), highlight=False, markup=False, soft_wrap=True)
