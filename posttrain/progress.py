@@ -1,12 +1,13 @@
 """One progress display for every long command (RL and SFT training, `prepare`, `eval`, `export`): a rich bar with
 done/total, elapsed time and ETA on a terminal; on anything else (CI, Slurm, a pipe) plain lines with the same
-fields, written at every tenth of the work and at least once a minute, so that a log file stays readable."""
+fields, written at every tenth of the work and for any unit finished more than a minute after the last line, so
+that a log file stays readable."""
 
 from __future__ import annotations
 
 from time import monotonic
 
-PLAIN_EVERY_S = 60.0  # a plain-text line at least this often while work advances
+PLAIN_EVERY_S = 60.0  # a unit finished this long after the last plain-text line gets a line of its own
 
 
 def _clock(seconds: float) -> str:
