@@ -107,8 +107,8 @@ def test_console_prints_each_step_and_the_progress_with_eta(finished_run):
     assert "\x1b[" not in text  # a log file, not a terminal: no escape codes
     for step in (1, 2, 3):
         line = next(l for l in text.splitlines() if l.startswith(f"step {step:>4} "))
-        assert f"val-core/synthetic/arithmetic/acc/mean@1={rows[step]['val-core/synthetic/arithmetic/acc/mean@1']:.4g}" \
-            in line and f"score/mean={rows[step]['critic/score/mean']:.4g}" in line
+        val = "val-core/synthetic/arithmetic/acc/mean@1"
+        assert f"{val}={rows[step][val]:.4g}" in line and f"score/mean={rows[step]['critic/score/mean']:.4g}" in line
     progress = [l for l in text.splitlines() if l.startswith("step ") and "eta" in l]
     assert [l.split()[1] for l in progress] == ["1/3", "2/3", "3/3"]
     assert progress[-1].startswith("step 3/3 (100%) elapsed 0:00:") and progress[-1].endswith("eta 0:00:00")

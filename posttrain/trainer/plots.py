@@ -75,7 +75,8 @@ def _draw(ax, title: str, key: str, ylabel: str, runs: list[tuple[str, list[dict
         title = f"{title}: {_curve_label('', names.pop(), True).removeprefix(': ')}"
     for label, name, (x, y) in curves:
         sparse = len(x) <= 20 or key.endswith("/")
-        ax.plot(x, y, marker="o" if sparse else None, markersize=4, linewidth=1.6, label=_curve_label(label, name, many))
+        ax.plot(x, y, marker="o" if sparse else None, markersize=4, linewidth=1.6,
+                label=_curve_label(label, name, many))
         drawn = True
     ax.set_title(title, fontsize=11)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
