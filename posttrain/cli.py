@@ -87,7 +87,7 @@ def _stopped(e: BaseException) -> int:
 def cmd_export(args) -> int:
     from .trainer.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.output_dir, role=args.role)
+    out = export_checkpoint(args.checkpoint, args.output_dir, role=args.role, quiet=False)
     print(f"{args.role} of {args.checkpoint} -> {out}")
     return 0
 
@@ -95,7 +95,7 @@ def cmd_export(args) -> int:
 def cmd_prepare(args) -> int:
     from .data.preprocess import prepare
 
-    summary = prepare(args.dataset, args.input, args.output_dir, fmt=args.format)
+    summary = prepare(args.dataset, args.input, args.output_dir, fmt=args.format, quiet=False)
     for split, (path, rows) in summary.items():
         print(f"{split}: {rows} rows -> {path}" if path else f"{split}: the source has no {split} split")
     return 0
@@ -117,6 +117,56 @@ def cmd_sft(args) -> int:
                     eval_every=args.eval_every, patience=args.patience, seed=args.seed,
                     missing_chat_template=args.missing_chat_template,
                     max_nonfinite_updates_in_a_row=args.max_nonfinite_updates_in_a_row))
+    return 0
+
+
+def _table_console():
+    """A console for a result table: the terminal's width, or a wide one in a log (no cut-off columns)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=200)
+
+
+def cmd_eval(args) -> int:
+    from pathlib import Path
+
+    from .trainer.evaluate import EvalArgs, metrics_path, results_table, run_eval
+
+    metrics = run_eval(EvalArgs(
+        model=args.model, data_files=args.data, output=args.output, n=args.n, temperature=args.temperature,
+        top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens,
+        max_prompt_length=args.max_prompt_length, batch_size=args.batch_size, max_samples=args.max_samples,
+        prompt_key=args.prompt_key, reward_fn=args.reward_fn, reward_fn_name=args.reward_fn_name,
+        num_workers=args.num_workers, seed=args.seed, device=args.device, dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code, missing_chat_template=args.missing_chat_template))
+    _table_console().print(results_table(metrics))
+    print(f"samples: {args.output}\nmetrics: {metrics_path(Path(args.output))}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from pathlib import Path
+
+    from .trainer.plots import plot_runs
+
+    out = args.output_dir or (Path(args.run_dirs[0]) / "plots" if len(args.run_dirs) == 1 else Path("plots"))
+    written = plot_runs(args.run_dirs, out)
+    if not written:
+        print(f"nothing to plot: no standard metric in {', '.join(args.run_dirs)}", file=sys.stderr)
+        return 1
+    print("\n".join(str(p) for p in written))
+    return 0
+
+
+def cmd_runs(args) -> int:
+    from .trainer.runs import find_runs, runs_table
+
+    runs = find_runs(args.folder)
+    if not runs:
+        print(f"no runs in {args.folder} (a run folder holds metrics.jsonl or sft_history.json)", file=sys.stderr)
+        return 1
+    _table_console().print(runs_table(args.folder, runs))
     return 0
 
 
@@ -174,6 +224,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="where to write train/test files (default: data/<dataset>)")
     p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "both"])
     p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("eval", help="accuracy of a model on a dataset: mean@n, maj@n, pass@k per data_source")
+    p.add_argument("model", help="a checkpoint (RUN_DIR/global_step_N), a run folder (its latest checkpoint), a "
+                                 "Hugging Face folder (e.g. from `posttrain export`) or a hub id")
+    p.add_argument("--data", nargs="+", required=True, help="parquet/jsonl files in the RL data layout")
+    p.add_argument("--output", "-o", default="eval_samples.jsonl",
+                   help="JSONL of every sample; the metrics go beside it as <name>.metrics.json")
+    p.add_argument("--n", type=int, default=1, help="samples per prompt (mean@n, maj@n, pass@k)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (needs --n 1)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--max-prompt-length", type=int, default=1024, help="longer prompts are an error")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate call")
+    p.add_argument("--max-samples", type=int, default=-1, help="the first N rows only (-1: all)")
+    p.add_argument("--prompt-key", default="prompt")
+    p.add_argument("--reward-fn", default=None, help="a custom scorer file (like custom_reward_function.path)")
+    p.add_argument("--reward-fn-name", default="compute_score")
+    p.add_argument("--num-workers", type=int, default=None,
+                   help="scorer processes (default: as training picks; 0: score in this process)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--missing-chat-template", default="error", choices=["error", "join"])
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("plot", help="PNG charts of the standard metrics of one or more runs, overlaid")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders holding metrics.jsonl")
+    p.add_argument("--output-dir", "-o", default=None,
+                   help="where the PNGs go (default: RUN_DIR/plots for one run, ./plots for several)")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("runs", help="a table of the runs in a folder: algorithm, steps, last reward and accuracy")
+    p.add_argument("folder", nargs="?", default="checkpoints",
+                   help="searched for run folders (default: checkpoints, where runs go by default)")
+    p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("sandbox-server", help="serve the code sandbox over SandboxFusion's HTTP API (POST /run_code)")
     p.add_argument("--host", default="127.0.0.1")

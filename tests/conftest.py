@@ -37,3 +37,40 @@ def small_task(tmp_path_factory):
     run_sft(SFTArgs(model_path=str(base), train_files=[str(files["sft_train"])], output_dir=str(out / "sft"),
                     epochs=15, lr=2e-3, batch_size=32, max_length=64, eval_every=1000, seed=0, quiet=True))
     return out, files
+
+
+FINISHED_RUN_LOGGERS = ["console", "jsonl", "tensorboard", "wandb", "mlflow"]
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory, small_task):
+    """A finished 3-step GRPO run from the small task's SFT model (about 10 s more): validated on 16 problems before
+    training and after every step, the final checkpoint kept, logged to every sink — wandb offline, mlflow in a
+    local file store. Returns a dict: run (the run folder), val (the validation file; its first 16 rows), console
+    (what the console logger printed), mlflow_uri, project, experiment."""
+    import contextlib
+    import io
+
+    from posttrain.config import load_config
+    from posttrain.trainer.rl import RLTrainer
+
+    task, files = small_task
+    out = tmp_path_factory.mktemp("finished_run")
+    run, uri = out / "run", f"file:{out / 'mlruns'}"
+    cfg = load_config(None, [
+        "algorithm.adv_estimator=grpo", "data.train_batch_size=8", "data.max_prompt_length=32",
+        "data.max_response_length=8", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.optim.lr=3e-4", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.model.path={task / 'sft'}", f"data.train_files={files['rl_train']}",
+        f"data.val_files={files['rl_train']}", "data.val_max_samples=16", "trainer.total_training_steps=3", "trainer.test_freq=1",
+        "trainer.val_before_train=True", "trainer.save_freq=3", f"trainer.default_local_dir={run}",
+        f"trainer.logger={FINISHED_RUN_LOGGERS}", "trainer.project_name=posttrain_tests",
+        "trainer.experiment_name=finished", "reward_model.num_workers=0"])
+    console = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(console):
+        for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DISABLE_GIT": "true",
+                           "MLFLOW_TRACKING_URI": uri, "MLFLOW_ALLOW_FILE_STORE": "true"}.items():
+            mp.setenv(key, value)
+        RLTrainer(cfg).fit()
+    return {"run": run, "val": files["rl_train"], "console": console.getvalue(), "mlflow_uri": uri,
+            "project": "posttrain_tests", "experiment": "finished"}

@@ -19,7 +19,7 @@ DEMO_RL_OVERRIDES = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.optim.lr=3e-5",
     "actor_rollout_ref.actor.use_kl_loss=False", "actor_rollout_ref.actor.entropy_coeff=0",
     "actor_rollout_ref.model.enable_gradient_checkpointing=False",
-    "trainer.test_freq=10", "trainer.val_before_train=True", "trainer.save_freq=-1", "trainer.resume_mode=disable",
+    "trainer.test_freq=10", "trainer.val_before_train=True", "trainer.resume_mode=disable",
     "trainer.overwrite_run_dir=True",  # the demo folder is its own: a second demo replaces the first
     "trainer.logger=['console']",
 ]
@@ -46,7 +46,9 @@ def run_demo(out_dir: str = "runs/demo", *, seed: int = 0, rl_steps: int = 40, s
     cfg = load_config(None, DEMO_RL_OVERRIDES + [
         f"actor_rollout_ref.model.path={out / 'sft'}", f"data.train_files={files['rl_train']}",
         f"data.val_files={files['test']}", f"trainer.total_training_steps={rl_steps}", f"trainer.seed={seed}",
-        f"data.seed={seed}", f"trainer.default_local_dir={out / 'rl'}", *extra_overrides])
+        f"data.seed={seed}", f"trainer.default_local_dir={out / 'rl'}",
+        f"trainer.save_freq={rl_steps}",  # the final policy only: `posttrain eval runs/demo/rl` reads it
+        *extra_overrides])
     trainer = RLTrainer(cfg)
     final = trainer.fit()
     history = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]

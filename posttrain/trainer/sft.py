@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from ..data.dataset import SFTDataset
+from ..progress import ProgressBar
 from ..models.load import autocast, compute_dtype, load_causal_lm, load_tokenizer, pick_device
 from ..roles.nonfinite import NonFiniteGuard
 from .checkpoint import _write_text_atomic
@@ -120,38 +121,45 @@ def run_sft(args: SFTArgs) -> dict:
     order = torch.randperm(len(train), generator=gen)
     pos, t0 = 0, time.time()
     model.train()
-    for step in range(1, total + 1):
-        if pos + args.batch_size > len(train):
-            order, pos = torch.randperm(len(train), generator=gen), 0
-        idx = order[pos:pos + args.batch_size].tolist()
-        pos += args.batch_size
-        ids, attn, lm = train.collate(idx, tok.pad_token_id)
-        s, n = _loss(model, ids, attn, lm, device, dtype)
-        loss = s / max(n, 1)
-        opt.zero_grad(set_to_none=True)
-        loss_not_finite = guard.loss_not_finite(loss, [("loss", loss)])
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-        stepped = not loss_not_finite and math.isfinite(grad_norm)
-        if stepped:
-            opt.step()
-        guard.after_update(stepped, grad_norm)  # raises after too many skipped updates in a row
-        sched.step()
-        if step % args.eval_every == 0 or step == total:
-            record = {"step": step, "train_loss": loss.item(), "time_s": round(time.time() - t0, 1)}
-            if dev is not None:
-                record["dev_loss"] = dev_loss(model, dev, tok.pad_token_id, device, dtype, args.batch_size * 4)
-                if record["dev_loss"] < best - 1e-4:
-                    best, best_step, bad = record["dev_loss"], step, 0
-                    _save(model, tok, out)
-                else:
-                    bad += 1
-            history.append(record)
-            if not args.quiet:
-                print("sft " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()),
-                      flush=True)
-            if dev is not None and args.patience and bad >= args.patience:
-                break
+    bar = ProgressBar("sft", total, unit="steps", enabled=not args.quiet)
+    try:
+        for step in range(1, total + 1):
+            if pos + args.batch_size > len(train):
+                order, pos = torch.randperm(len(train), generator=gen), 0
+            idx = order[pos:pos + args.batch_size].tolist()
+            pos += args.batch_size
+            ids, attn, lm = train.collate(idx, tok.pad_token_id)
+            s, n = _loss(model, ids, attn, lm, device, dtype)
+            loss = s / max(n, 1)
+            opt.zero_grad(set_to_none=True)
+            loss_not_finite = guard.loss_not_finite(loss, [("loss", loss)])
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
+            stepped = not loss_not_finite and math.isfinite(grad_norm)
+            if stepped:
+                opt.step()
+            guard.after_update(stepped, grad_norm)  # raises after too many skipped updates in a row
+            sched.step()
+            bar.update(step)
+            if step % args.eval_every == 0 or step == total:
+                record = {"step": step, "train_loss": loss.item(), "time_s": round(time.time() - t0, 1)}
+                if dev is not None:
+                    record["dev_loss"] = dev_loss(model, dev, tok.pad_token_id, device, dtype, args.batch_size * 4)
+                    if record["dev_loss"] < best - 1e-4:
+                        best, best_step, bad = record["dev_loss"], step, 0
+                        _save(model, tok, out)
+                    else:
+                        bad += 1
+                history.append(record)
+                if not args.quiet:
+                    bar.print("sft " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                for k, v in record.items()))
+                if dev is not None and args.patience and bad >= args.patience:
+                    if not args.quiet:
+                        bar.print(f"sft stopped early at step {step}: no lower dev loss in {bad} evaluations")
+                    break
+    finally:
+        bar.close()
     if dev is None:
         _save(model, tok, out)
         best_step = step

@@ -1,5 +1,6 @@
 """Metric sinks: a JSONL file in the run folder (always), the console (progress bar with ETA and a compact
-per-step table), tensorboard, and wandb / mlflow when installed (the `tracking` extra)."""
+per-step table), tensorboard, and wandb / mlflow when installed (the `tracking` extra). Every sink gets the same
+metric names; mlflow alone spells `@` as `_at_` (it refuses the character)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError
+from ..progress import ProgressBar
 
 CONSOLE_KEYS = ("critic/score/mean", "val-core", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm",
                 "response_length/mean", "batch/zero_std_group_frac", "timing_s/step")
@@ -42,21 +44,10 @@ class Tracker:
                         raise ConfigError(f"trainer.logger=wandb: wandb could not start ({e}); log in with `wandb "
                                           "login`, set WANDB_API_KEY, or WANDB_MODE=offline") from None
                 if "mlflow" in loggers:
-                    import mlflow
-
-                    mlflow.set_experiment(project)
-                    mlflow.start_run(run_name=name)
-                    self.mlflow = mlflow
+                    self.mlflow = _start_mlflow(project, name)
             except ImportError as e:
                 raise RuntimeError(f"trainer.logger asks for {e.name}; install it with pip install 'posttrain[tracking]'") from None
-        self._progress = None
-        if self.console:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-            self._progress = Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(),
-                                      TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), transient=False)
-            self._task = self._progress.add_task("train", total=total_steps)
-            self._progress.start()
+        self._progress = ProgressBar("step", total_steps, completed=resumed_step) if self.console else None
 
     @staticmethod
     def _open_jsonl(path: Path, resumed_step: int):
@@ -86,11 +77,11 @@ class Tracker:
         if self.wandb:
             self.wandb.log(clean, step=step)
         if self.mlflow:
-            self.mlflow.log_metrics({k.replace("@", "_at_"): v for k, v in clean.items()}, step=step)
+            self.mlflow.log_metrics({mlflow_name(k): v for k, v in clean.items()}, step=step)
         if self.console:
             shown = [(k, v) for k, v in clean.items() if k.startswith(CONSOLE_KEYS)]
             line = "  ".join(f"{k.split('/', 1)[-1] if not k.startswith('val') else k}={v:.4g}" for k, v in shown)
-            self._progress.console.print(f"[dim]step {step:>4}[/dim] {line}")
+            self._progress.print(f"[dim]step {step:>4}[/dim] {line}", markup=True)
 
     def _append(self, line: str) -> None:
         """One line, all or nothing: a write that fails part way (disk full) is cut back to the previous line."""
@@ -112,11 +103,11 @@ class Tracker:
 
     def advance(self, step: int) -> None:
         if self._progress:
-            self._progress.update(self._task, completed=step)
+            self._progress.update(step)
 
     def close(self) -> None:
         if self._progress:
-            self._progress.stop()
+            self._progress.close()
         self.jsonl.close()
         if self.tb:
             self.tb.close()
@@ -124,6 +115,29 @@ class Tracker:
             self.wandb.finish()
         if self.mlflow:
             self.mlflow.end_run()
+
+
+def mlflow_name(key: str) -> str:
+    """A metric name as mlflow stores it: mlflow refuses "@", so `mean@4` is logged as `mean_at_4`."""
+    return key.replace("@", "_at_")
+
+
+def _start_mlflow(project: str, name: str):
+    """mlflow with its run started, where MLFLOW_TRACKING_URI points (a server, sqlite:///mlflow.db, or a folder);
+    a store it cannot open is a setup problem, said in one line."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.set_experiment(project)
+        mlflow.start_run(run_name=name)
+    except (MlflowException, ImportError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"trainer.logger=mlflow: mlflow could not open its tracking store "
+                          f"{mlflow.get_tracking_uri()!r} ({first}); set MLFLOW_TRACKING_URI to a server or "
+                          "sqlite:///mlflow.db (needs the full mlflow package), or to a folder (file:./mlruns) with "
+                          "MLFLOW_ALLOW_FILE_STORE=true") from None
+    return mlflow
 
 
 class NullTracker:

@@ -13,6 +13,8 @@ import os
 import re
 from pathlib import Path
 
+from ...progress import ProgressBar
+
 # dataset name -> folder under shared/data holding its original files
 DATASET_DIRS = {"gsm8k": "gsm8k", "math": "math500"}
 SPLITS = ("train", "test")
@@ -80,14 +82,15 @@ def _write(rows: list[dict], out_dir: Path, split: str, fmt: str) -> Path:
 
 
 def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: str | Path | None = None,
-            fmt: str = "parquet") -> dict[str, tuple[Path | None, int]]:
+            fmt: str = "parquet", *, quiet: bool = True) -> dict[str, tuple[Path | None, int]]:
     """Convert dataset `name` ("gsm8k", "math", or "code": the bundled code problems) and write `<split>.parquet`
     (fmt="jsonl": `.jsonl`; "both": both).
 
     Input defaults to the shared data folder; output defaults to `data/<name>` under the CWD. Returns
     {split: (path written, rows)}. A split whose original file does not exist is listed as (None, 0) so the absence
     is visible: MATH-500 is a test set only, so "math" yields test rows and `train: (None, 0)`. With fmt="both" the
-    path is the parquet file; the jsonl file lies beside it.
+    path is the parquet file; the jsonl file lies beside it. `quiet=False` shows a progress bar (a unit per split
+    read and per split written).
     """
     if name not in DATASET_DIRS and name != "code":
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted([*DATASET_DIRS, 'code'])}")
@@ -100,10 +103,18 @@ def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: 
         if not source.is_file():
             raise FileNotFoundError(f"input not found: {source} (the code problems are one jsonl file)")
         out_dir = Path(output_dir) if output_dir is not None else Path("data") / name
-        converted = {split: convert_code(source, split) for split in SPLITS}
-        out_dir.mkdir(parents=True, exist_ok=True)
-        return {split: (_write(converted[split], out_dir, split, fmt), len(converted[split])) if converted[split]
-                else (None, 0) for split in SPLITS}
+        with ProgressBar(f"prepare {name}", 2 * len(SPLITS), unit="stages", enabled=not quiet, stderr=True) as bar:
+            converted = {}
+            for split in SPLITS:
+                converted[split] = convert_code(source, split)
+                bar.advance()
+            out_dir.mkdir(parents=True, exist_ok=True)
+            summary = {}
+            for split in SPLITS:
+                summary[split] = ((_write(converted[split], out_dir, split, fmt), len(converted[split]))
+                                  if converted[split] else (None, 0))
+                bar.advance()
+        return summary
     if input_dir_or_file is None:
         shared = find_shared_data()
         if shared is None:
@@ -119,12 +130,17 @@ def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: 
 
     files = _split_files(name, source)
     out_dir = Path(output_dir) if output_dir is not None else Path("data") / name
-    converted = {split: convert(path, split) for split, path in files.items()}  # all parsed before anything is written
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary: dict[str, tuple[Path | None, int]] = {}
-    for split in SPLITS:
-        if split in converted:
-            summary[split] = (_write(converted[split], out_dir, split, fmt), len(converted[split]))
-        else:
-            summary[split] = (None, 0)
+    with ProgressBar(f"prepare {name}", 2 * len(files), unit="stages", enabled=not quiet, stderr=True) as bar:
+        converted = {}
+        for split, path in files.items():  # all parsed before anything is written
+            converted[split] = convert(path, split)
+            bar.advance()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for split in SPLITS:
+            if split in converted:
+                summary[split] = (_write(converted[split], out_dir, split, fmt), len(converted[split]))
+                bar.advance()
+            else:
+                summary[split] = (None, 0)
     return summary

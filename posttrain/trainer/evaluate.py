@@ -1,0 +1,200 @@
+"""`posttrain eval MODEL --data FILE...`: sample `n` answers per prompt of a dataset in the RL data layout, score
+them with the same rule scorers as training, and report mean@n, maj@n, best@n and pass@k per data_source — under
+the metric names validation logs during training (`val-core/<source>/acc/mean@n`, `val-aux/...`), so the numbers
+compare directly. MODEL is a checkpoint (RUN_DIR/global_step_N), a run folder (its latest checkpoint), an
+exported or any Hugging Face folder, or a hub id. Every sample goes to a JSONL file."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config.loader import ConfigError
+
+
+@dataclass
+class EvalArgs:
+    model: str
+    data_files: list
+    output: str = "eval_samples.jsonl"  # the samples; the metrics go beside it as <stem>.metrics.json
+    n: int = 1
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 512
+    max_prompt_length: int = 1024
+    batch_size: int = 32  # prompts per generate call
+    max_samples: int = -1  # the first rows of the data only (-1: all)
+    prompt_key: str = "prompt"
+    reward_fn: str | None = None  # a custom scorer file (same signature as custom_reward_function.path)
+    reward_fn_name: str = "compute_score"
+    num_workers: int | None = None  # scorer processes; None: as training picks; 0: score in this process
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    missing_chat_template: str = "error"
+    quiet: bool = False
+
+
+def check_eval_args(a: EvalArgs) -> None:
+    """Every bad flag at once, named as typed on the command line, before a model loads."""
+    problems = []
+    for flag, value, least in (("--n", a.n, 1), ("--max-new-tokens", a.max_new_tokens, 1),
+                               ("--max-prompt-length", a.max_prompt_length, 1), ("--batch-size", a.batch_size, 1)):
+        if not isinstance(value, int) or value < least:
+            problems.append(f"{flag}={value!r} must be a whole number >= {least}")
+    if not (isinstance(a.temperature, (int, float)) and math.isfinite(a.temperature) and a.temperature >= 0):
+        problems.append(f"--temperature={a.temperature!r} must be >= 0 (0: greedy)")
+    elif a.n > 1 and a.temperature == 0:
+        problems.append(f"--n {a.n} with --temperature 0 (greedy) gives the same answer {a.n} times; "
+                        "set --temperature (e.g. 1.0) to sample")
+    if not 0 < a.top_p <= 1:
+        problems.append(f"--top-p={a.top_p!r} must lie in (0, 1]")
+    if a.num_workers is not None and a.num_workers < 0:
+        problems.append(f"--num-workers={a.num_workers!r} must be >= 0")
+    if not a.data_files:
+        problems.append("--data names no file")
+    for f in a.data_files:
+        if not Path(f).is_file():
+            problems.append(f"--data: '{f}' does not exist (or is not a file)")
+    if a.reward_fn and not Path(a.reward_fn).is_file():
+        problems.append(f"--reward-fn: '{a.reward_fn}' does not exist (or is not a file)")
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigError(f"{len(problems)} problems; nothing was started:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def load_model_for_eval(source: str, *, trust_remote_code: bool = False):
+    """(causal LM on the CPU, tokenizer folder, what was loaded) for a checkpoint, a run folder, an HF folder or a
+    hub id."""
+    from ..models.load import load_causal_lm
+    from .checkpoint import latest_checkpoint
+    from .export import load_checkpoint_model
+
+    path = Path(source)
+    if path.is_dir() and not (path / "config.json").is_file():
+        step_dir = path if (path / "actor" / "hf").is_dir() else latest_checkpoint(path)
+        if step_dir is None:
+            if (path / "metrics.jsonl").is_file():
+                raise ConfigError(f"{source} is a run folder without a checkpoint (it ran with trainer.save_freq=-1); "
+                                  "set trainer.save_freq to keep one")
+            raise ConfigError(f"{source} is neither a Hugging Face model folder (config.json), a checkpoint "
+                              "(RUN_DIR/global_step_N) nor a run folder with one")
+        model, hf_dir = load_checkpoint_model(step_dir, role="actor", runnable=True)
+        return model, str(hf_dir), str(step_dir)
+    model = load_causal_lm(source, trust_remote_code=trust_remote_code, key="MODEL")
+    return model, source, source
+
+
+def run_eval(args: EvalArgs) -> dict[str, float]:
+    """Generate, score, write the samples and the metrics; returns the metrics."""
+    from ..data.dataset import RLDataset
+    from ..models.load import compute_dtype, load_tokenizer, pick_device
+    from ..models.policy import PolicyModel
+    from ..progress import ProgressBar
+    from ..reward.manager import RewardManager, auto_workers
+    from ..reward.registry import FileFunction
+    from ..rollout.base import SamplingParams
+    from ..rollout.engine import DecodeEngine
+    from .metrics import validation_metrics
+
+    check_eval_args(args)
+    device = pick_device(args.device)
+    lm, tok_dir, loaded = load_model_for_eval(args.model, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(tok_dir, args.trust_remote_code, key="MODEL")
+    data = RLDataset(args.data_files, tokenizer, prompt_key=args.prompt_key, max_prompt_length=args.max_prompt_length,
+                     max_samples=args.max_samples, missing_chat_template=args.missing_chat_template)
+    scorer = FileFunction(args.reward_fn, args.reward_fn_name) if args.reward_fn else None
+    workers = auto_workers() if args.num_workers is None else args.num_workers
+    reward = RewardManager(tokenizer, compute_score=scorer, num_workers=workers)
+    reward.check_data_sources(it.data_source for it in data.items)
+    engine = DecodeEngine(PolicyModel(lm.to(device)), tokenizer, device=device, dtype=compute_dtype(args.dtype, device))
+    sampling = SamplingParams(n=args.n, do_sample=args.temperature > 0, temperature=args.temperature or 1.0,
+                              top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens)
+    rows = []
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with ProgressBar("eval", len(data), unit="prompts", enabled=not args.quiet, stderr=True) as bar:
+            for start in range(0, len(data), args.batch_size):
+                items = [data[i] for i in range(start, min(start + args.batch_size, len(data)))]
+                torch.manual_seed(args.seed * 1_000_003 + start)
+                batch = engine.generate(_prompt_batch(items, engine.pad_id, start), sampling)
+                _, extras = reward(batch)
+                rows += _sample_rows(batch.meta, extras, args.n)
+                bar.advance(len(items))
+    finally:
+        reward.close()
+    with out.open("w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    metrics = validation_metrics([r["data_source"] for r in rows], [r["index"] for r in rows],
+                                 [r["score"] for r in rows], [r["answer"] for r in rows])
+    summary = {"model": loaded, "data": [str(p) for p in args.data_files], "prompts": len(data), "n": args.n,
+               "temperature": args.temperature, "samples": str(out), "metrics": metrics}
+    metrics_path(out).write_text(json.dumps(summary, indent=1))
+    return metrics
+
+
+def metrics_path(samples: Path) -> Path:
+    return samples.with_name(samples.stem + ".metrics.json")
+
+
+def _prompt_batch(items, pad_id: int, first: int):
+    from ..data.batch import Batch
+    from ..data.dataset import collate_prompts
+
+    prompts, mask = collate_prompts(items, pad_id)
+    return Batch({"prompts": prompts, "prompt_mask": mask},
+                 {"uid": [first + i for i in range(len(items))], "data_source": [it.data_source for it in items],
+                  "ground_truth": [it.ground_truth for it in items], "extra_info": [it.extra_info for it in items],
+                  "raw_prompt": [it.raw_prompt for it in items]})
+
+
+def _answer(data_source: str, text: str):
+    """The extracted final answer (maj@n votes on it); None where the source's scorer has no extractor."""
+    from ..reward.registry import extract_answer_for
+
+    try:
+        return extract_answer_for(data_source, text)
+    except (KeyError, ValueError):
+        return None
+
+
+def _sample_rows(meta: dict, extras: dict, n: int) -> list[dict]:
+    rows = []
+    for i, (uid, ds, chat, truth, text, score, acc) in enumerate(zip(
+            meta["uid"], meta["data_source"], meta["raw_prompt"], meta["ground_truth"], extras["response_text"],
+            extras["score"], extras["acc"])):
+        rows.append({"index": uid, "sample": i % n, "data_source": ds, "prompt": chat, "ground_truth": str(truth),
+                     "response": text, "answer": _answer(ds, text), "score": score, "acc": acc})
+    return rows
+
+
+def results_table(metrics: dict[str, float]):
+    """A rich Table: one row per data source, a column per metric (mean@n first, then maj@n, best@n, pass@k)."""
+    from rich.table import Table
+
+    per_source: dict[str, dict[str, float]] = {}
+    for key, value in metrics.items():  # val-core/<data source, may hold "/">/acc/mean@4
+        source, name = key.split("/", 1)[1].rsplit("/acc/", 1)
+        per_source.setdefault(source, {})[name] = value
+    order = {"mean": 0, "maj": 1, "best": 2, "pass": 3}
+
+    def rank(name: str):
+        kind, k = name.split("@")
+        return order.get(kind, 9), int(k)
+
+    names = sorted({n for m in per_source.values() for n in m}, key=rank)
+    table = Table(title="posttrain eval: accuracy per data source")
+    table.add_column("data_source")
+    for name in names:
+        table.add_column(name, justify="right")
+    for source, m in sorted(per_source.items()):
+        table.add_row(source, *(f"{m[n]:.1%}" if n in m else "-" for n in names))
+    return table
