@@ -127,13 +127,18 @@ def test_two_nodes_by_torchrun(small_task, tmp_path):
 
 
 def test_a_failing_rank_stops_every_rank_with_its_error(small_task, tmp_path):
+    """A rank that fails mid-run with an error nothing contains (here a BaseException from the scorer, called in
+    the training process) stops every rank; the launcher says which rank and why."""
     reward = tmp_path / "reward.py"
     reward.write_text("import os\n"
-                      "if os.environ.get('RANK') == '1':\n"
-                      "    raise RuntimeError('reward module broken on this node')\n"
+                      "class Broken(BaseException):\n"
+                      "    pass\n"
                       "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    if os.environ.get('RANK') == '1':\n"
+                      "        raise Broken('reward module broken on this node')\n"
                       "    return 0.0\n")
     result = posttrain("train", *train_args(small_task, tmp_path / "fail", "trainer.n_gpus_per_node=2",
-                                            "trainer.total_training_steps=2", f"custom_reward_function.path={reward}"))
-    assert result.returncode == 1
+                                            "trainer.total_training_steps=2", f"custom_reward_function.path={reward}",
+                                            "reward_model.num_workers=0"))
+    assert result.returncode == 1, result.stderr[-3000:]
     assert "error: rank 1 failed" in result.stderr and "reward module broken on this node" in result.stderr
