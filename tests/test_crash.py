@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from kill_test import kill  # the statistics tool's kill: one definition
+
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n" \
@@ -69,31 +72,6 @@ def loop_began(proc, run, since):
             return True
         time.sleep(0.02)
     return False
-
-
-def survivors(run) -> list[int]:
-    """Processes still running with `run` on their command line (a worker that outlived its killed launcher)."""
-    mark, found = f"trainer.default_local_dir={run}".encode(), []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if mark in cmdline.read_bytes().split(b"\0"):
-                found.append(int(cmdline.parent.name))
-        except OSError:
-            pass
-    return found
-
-
-def kill(proc, run):
-    """SIGKILL the process group of `proc`; its workers (each in a session of its own) must end with it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while survivors(run) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not survivors(run), f"processes outlived the killed launcher: {survivors(run)}"
 
 
 def kill_at(proc, run, since, mid_checkpoint: bool, delay: float) -> bool:
