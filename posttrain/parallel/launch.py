@@ -9,6 +9,8 @@ import uuid
 
 from ..config import ConfigError
 
+SHUTDOWN_TIMEOUT_S = 3600  # how long a signalled launcher waits for its workers' last step and checkpoint
+
 
 def inside_launcher() -> bool:
     """Started by torchrun (or by `launch` below): the process knows its rank."""
@@ -72,6 +74,10 @@ def launch_local(argv: list[str], nproc: int) -> int:
 
     if "OMP_NUM_THREADS" not in os.environ:  # CPU workers share the cores instead of each taking all of them
         os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    # After SIGTERM/SIGINT the launcher passes the signal on and waits for the workers to finish their step and write
+    # the checkpoint; torch's default (30 s) would SIGKILL them mid-step on any real model. The scheduler's own grace
+    # period is the limit that matters, and a second signal ends the workers at once.
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.5,
                           start_method="spawn")
