@@ -152,7 +152,7 @@ def test_every_script_loads_with_its_own_values(tiny_dir, shims, tmp_path):
     assert launchers == {"posttrain", "torchrun"}
 
 
-COMMAND = re.compile(r"^\s*(?:[A-Z_]+=\S+\s+)*(bash|posttrain|python3?|torchrun|srun)\b(.*)$")
+COMMAND = re.compile(r"^\s*(?:[A-Z0-9_]+=\S+\s+)*(bash|posttrain|python3?|torchrun|srun)\b(.*)$")
 
 
 def commands_in(markdown: Path) -> list[str]:
