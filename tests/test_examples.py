@@ -76,6 +76,13 @@ def test_tiny_twin_runs(twin, tiny_dir, shims, tmp_path):
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in rows] == [1, 2]
         assert any(k.startswith("val-core/") for k in rows[-1]), sorted(rows[-1])  # validated at the last step
+        # the layout the twin says it runs (its NGPUS / NNODES / TP_SIZE) is the one the run had
+        import yaml
+
+        cfg = yaml.safe_load((out / "config.yaml").read_text())
+        layout = {k: int(v) for k, v in re.findall(r"\b(NGPUS|NNODES|TP_SIZE)=(\d+)", twin.read_text())}
+        assert (cfg["trainer"]["n_gpus_per_node"], cfg["trainer"]["nnodes"]) == (layout["NGPUS"], layout["NNODES"])
+        assert cfg["actor_rollout_ref"]["actor"]["fsdp_config"]["tp_size"] == layout.get("TP_SIZE", 1)
     print(f"{rel(twin)}: {seconds:.1f} s")
 
 
