@@ -58,15 +58,38 @@ def sandbox_ok() -> bool:
     return sandbox_status()[0]
 
 
-@pytest.mark.parametrize("twin", TWINS, ids=rel)
-def test_tiny_twin_runs(twin, tiny_dir, shims, tmp_path):
+PARALLEL = 2  # twins run at a time: a twin is mostly processes importing torch, one core each
+
+
+def run_twin(twin: Path, tiny_dir: Path, shims: Path, runs: Path):
+    """(the finished process, seconds), or None where the twin needs what this machine lacks."""
     if "# needs: sandbox" in twin.read_text() and not sandbox_ok():
-        pytest.skip("no bubblewrap sandbox on this machine")
-    runs = tmp_path / "runs"
+        return None
     start = time.monotonic()
-    result = subprocess.run(["bash", str(twin)], capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    result = subprocess.run(["bash", str(twin)], capture_output=True, text=True, timeout=600, cwd=runs,
                             env=script_env(shims, POSTTRAIN_TINY_DIR=str(tiny_dir), TINY_RUN_ROOT=str(runs)))
-    seconds = time.monotonic() - start
+    return result, time.monotonic() - start
+
+
+@pytest.fixture(scope="session")
+def twin_runs(request, tiny_dir, shims, tmp_path_factory):
+    """The selected twins, each run once, PARALLEL at a time. Returns (their run root, {twin: run_twin's answer})."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = tmp_path_factory.mktemp("twin_runs")
+    selected = [item.callspec.params["twin"] for item in request.session.items
+                if getattr(item, "callspec", None) is not None and "twin" in item.callspec.params]
+    with ThreadPoolExecutor(PARALLEL) as pool:
+        results = dict(zip(selected, pool.map(lambda twin: run_twin(twin, tiny_dir, shims, runs), selected)))
+    return runs, results
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=rel)
+def test_tiny_twin_runs(twin, twin_runs):
+    runs, results = twin_runs
+    if results[twin] is None:
+        pytest.skip("no bubblewrap sandbox on this machine")
+    result, seconds = results[twin]
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-5000:])
     out = runs / twin.parent.name / twin.stem
     if twin.parent.name == "data_preprocess":
