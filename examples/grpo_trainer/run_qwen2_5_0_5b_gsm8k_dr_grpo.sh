@@ -3,7 +3,7 @@
 # (arXiv 2503.20783) — advantages not divided by the group's std, every answer's token sum divided by one constant
 # (seq-mean-token-sum-norm: data.max_response_length), and no KL term.
 # Data: bash examples/data_preprocess/gsm8k.sh. Keys given as arguments are appended and win, e.g.
-#   bash examples/grpo_trainer/run_qwen2_5_0_5b_gsm8k_dr_grpo.sh trainer.total_epochs=3 trainer.logger="['console','wandb']"
+#   bash examples/grpo_trainer/run_qwen2_5_0_5b_gsm8k_dr_grpo.sh trainer.total_epochs=3
 set -euo pipefail
 
 MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}

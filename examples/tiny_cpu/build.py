@@ -24,7 +24,8 @@ from posttrain.data.preprocess.math import INSTRUCTION as MATH_INSTRUCTION
 from posttrain.data.synthetic import tokenizer_corpus
 from posttrain.models.tiny import build_tiny_model, build_tiny_reward_model
 
-SIZES = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)  # tp_size 2 divides the heads
+# 4 attention heads and 2 KV heads: tensor parallel 2 divides them
+SIZES = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
 
 def additions(seed: int, n: int) -> list[tuple[int, int]]:

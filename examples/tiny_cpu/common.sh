@@ -1,8 +1,9 @@
 # Sourced by every *_tiny_cpu.sh script. It provides the offline tiny model and data (built once by build.py into
 # $POSTTRAIN_TINY_DIR, default ${TMPDIR:-/tmp}/posttrain_tiny_cpu), points MODEL_PATH, DATA_DIR and
 # REWARD_MODEL_PATH at them, and fills TINY_ARGS: the overrides, appended after a real script's own keys, that make
-# its run small — 2 steps of 4 prompts (times the script's rollout.n) with 16-token responses, in fp32 on the CPU, validation on the tiny test sets at the end, the
-# run folder under $TINY_RUN_ROOT (default $POSTTRAIN_TINY_DIR/runs) replaced on every run.
+# its run small — 2 steps of 4 prompts (times the script's rollout.n) with 16-token responses, in fp32 on the CPU,
+# validation on the tiny test sets at the end, the run folder under $TINY_RUN_ROOT (default
+# $POSTTRAIN_TINY_DIR/runs)/<folder>/<twin name>, replaced on every run.
 EXAMPLES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TINY_DIR=${POSTTRAIN_TINY_DIR:-${TMPDIR:-/tmp}/posttrain_tiny_cpu}
 if [ ! -d "$TINY_DIR/data" ]; then
@@ -34,4 +35,6 @@ TINY_ARGS=(
   trainer.overwrite_run_dir=True
 )
 # a free local port, for the scripts that start torchrun
-free_port() { "${PYTHON:-python3}" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+free_port() {
+  "${PYTHON:-python3}" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
