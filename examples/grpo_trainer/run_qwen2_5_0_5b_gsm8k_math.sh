@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GRPO on GSM8K + MATH with Qwen2.5-0.5B-Instruct on one GPU. Validation reports each data source apart
+# (val-core/openai/gsm8k/... and val-core/DigitalLearningGmbH/MATH-lighteval/...).
+# Data: bash examples/data_preprocess/gsm8k.sh && bash examples/data_preprocess/math.sh. MATH-500 is a test set, so
+# training reads GSM8K alone unless $DATA_DIR/math/train.parquet exists (a MATH training split you prepared).
+# Keys given as arguments are appended and win.
+set -euo pipefail
+
+MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-0.5B-Instruct}
+DATA_DIR=${DATA_DIR:-data}
+NGPUS=${NGPUS:-1}
+NNODES=${NNODES:-1}
+
+TRAIN_FILES="'$DATA_DIR/gsm8k/train.parquet'"
+if [ -f "$DATA_DIR/math/train.parquet" ]; then TRAIN_FILES+=",'$DATA_DIR/math/train.parquet'"; fi
+
+posttrain train \
+    algorithm.adv_estimator=grpo \
+    algorithm.use_kl_in_reward=False \
+    data.train_files="[$TRAIN_FILES]" \
+    data.val_files="['$DATA_DIR/gsm8k/test.parquet','$DATA_DIR/math/test.parquet']" \
+    data.train_batch_size=256 \
+    data.max_prompt_length=1024 \
+    data.max_response_length=2048 \
+    data.filter_overlong_prompts=True \
+    data.truncation=error \
+    actor_rollout_ref.model.path="$MODEL_PATH" \
+    actor_rollout_ref.model.enable_gradient_checkpointing=True \
+    actor_rollout_ref.actor.optim.lr=1e-6 \
+    actor_rollout_ref.actor.ppo_mini_batch_size=64 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
+    actor_rollout_ref.actor.use_kl_loss=True \
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+    actor_rollout_ref.actor.loss_agg_mode=token-mean \
+    actor_rollout_ref.actor.entropy_coeff=0 \
+    actor_rollout_ref.rollout.n=5 \
+    actor_rollout_ref.rollout.micro_batch_size=64 \
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
+    trainer.logger="['console','tensorboard']" \
+    trainer.project_name=grpo_gsm8k_math \
+    trainer.experiment_name=qwen2_5_0_5b \
+    trainer.nnodes="$NNODES" \
+    trainer.n_gpus_per_node="$NGPUS" \
+    trainer.test_freq=10 \
+    trainer.save_freq=50 \
+    trainer.total_epochs=15 \
+    "$@"

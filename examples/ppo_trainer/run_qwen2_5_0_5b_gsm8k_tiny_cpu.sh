@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Tiny CPU twin of run_qwen2_5_0_5b_gsm8k.sh: that script with its own keys (actor, critic, adaptive KL in the reward),
+# on the offline tiny model and data, 2 steps, one process.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/../tiny_cpu/common.sh"
+NGPUS=1 NNODES=1 bash "$HERE/run_qwen2_5_0_5b_gsm8k.sh" "${TINY_ARGS[@]}" "$@"
