@@ -217,9 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="actor", choices=["actor", "critic"])
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("prepare", help="turn GSM8K / MATH original files (or the bundled code problems) into the RL "
-                                       "data layout")
-    p.add_argument("dataset", choices=["gsm8k", "math", "code"])
+    p = sub.add_parser("prepare", help="turn GSM8K / MATH / Geometry3K original files (or the bundled code problems, "
+                                       "or the synthetic visual counting task) into the RL data layout")
+    p.add_argument("dataset", choices=["gsm8k", "math", "code", "geo3k", "visual-count"])
     p.add_argument("--input", default=None, help="original file or folder (default: the shared data folder)")
     p.add_argument("--output-dir", default=None, help="where to write train/test files (default: data/<dataset>)")
     p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "both"])

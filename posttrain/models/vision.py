@@ -131,10 +131,14 @@ class VisionProcessor:
         return ids, {"pixel_values": pixels, "image_grid_thw": grid}
 
 
-def load_vision_processor(path: str, tokenizer, *, trust_remote_code: bool = False) -> VisionProcessor | None:
-    """The processor of a VL model at `path`, or None for a text-only model."""
+def load_vision_processor(path: str, tokenizer, *, trust_remote_code: bool = False,
+                          key: str = "model path") -> VisionProcessor | None:
+    """The processor of a VL model at `path` (a folder or hub id, see hub.py), or None for a text-only model."""
     from transformers import AutoConfig
 
+    from .hub import resolve_model_source
+
+    path = resolve_model_source(path, key=key)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     return VisionProcessor(path, tokenizer, trust_remote_code=trust_remote_code) if is_vision_config(config) else None
 
@@ -164,3 +168,39 @@ def forward_inputs(module, config, input_ids: torch.Tensor, attention_mask: torc
         out["pixel_values"] = torch.cat([r["pixel_values"] for r in with_images]).to(device)
         out["image_grid_thw"] = grid
     return out
+
+
+VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
+
+
+def freeze_vision_tower(model) -> int:
+    """Stop training the vision encoder of a VL model (`actor_rollout_ref.actor.freeze_vision_tower`); returns the
+    number of frozen parameters. A model without one is an error: the setting would silently do nothing."""
+    from ..config import ConfigError
+
+    towers = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in VISION_TOWER_NAMES]
+    if not towers:
+        raise ConfigError("actor_rollout_ref.actor.freeze_vision_tower=True, but the model has no vision tower "
+                          f"({type(model).__name__} is text-only)")
+    frozen = 0
+    for tower in towers:
+        for p in tower.parameters():
+            p.requires_grad_(False)
+            frozen += p.numel()
+    return frozen
+
+
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json",
+                   "chat_template.json")
+
+
+def copy_processor_files(source, dest) -> None:
+    """The processor's config files of a VL model folder, copied beside a checkpoint's or an export's tokenizer so
+    that the saved folder loads with its processor too (nothing to copy for text models)."""
+    import shutil
+
+    if not source:
+        return
+    for name in PROCESSOR_FILES:
+        if (Path(source) / name).is_file() and Path(source).resolve() != Path(dest).resolve():
+            shutil.copy(Path(source) / name, Path(dest) / name)
