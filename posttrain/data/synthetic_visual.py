@@ -27,7 +27,7 @@ def draw(quadrants: list[int], rng: random.Random) -> bytes:
     pen = ImageDraw.Draw(image)
     half = SIZE // 2
     for q in quadrants:
-        r = rng.randint(4, 8)
+        r = rng.randint(9, 12)  # large enough to darken most of the quadrant's token
         cx = (q % 2) * half + rng.randint(r + 1, half - r - 1)
         cy = (q // 2) * half + rng.randint(r + 1, half - r - 1)
         pen.ellipse((cx - r, cy - r, cx + r, cy + r), fill="black")
