@@ -288,3 +288,26 @@ def test_familiar_vl_command_lines_load_and_train(vl_dir, visual_task, tmp_path)
     run_rl(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
+
+
+def test_sft_on_images_with_a_frozen_tower_then_eval(vl_dir, visual_task, tmp_path):
+    """`posttrain sft` on image rows: the vision encoder keeps its weights with --freeze-vision-tower, the language
+    model learns, the saved folder loads with its image processor, and `posttrain eval` scores held-out images."""
+    from safetensors.torch import load_file
+
+    from posttrain.trainer.evaluate import EvalArgs, run_eval
+    from posttrain.trainer.sft import SFTArgs, run_sft
+
+    out = tmp_path / "sft"
+    run_sft(SFTArgs(model_path=str(vl_dir), train_files=[str(visual_task["sft_train"])], output_dir=str(out),
+                    epochs=0.25, lr=1e-2, batch_size=8, max_length=64, eval_every=2, seed=0, quiet=True,
+                    freeze_vision_tower=True, device="cpu"))
+    before, after = load_file(str(vl_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert before.keys() == after.keys()
+    visual = [k for k in before if "visual" in k]
+    assert visual and all(torch.equal(before[k], after[k]) for k in visual)
+    assert any(not torch.equal(before[k], after[k]) for k in before if k.startswith("model.layers."))
+    assert (out / "preprocessor_config.json").is_file()
+    metrics = run_eval(EvalArgs(model=str(out), data_files=[str(visual_task["test"])], output=str(tmp_path / "e.jsonl"),
+                                max_new_tokens=6, max_prompt_length=64, num_workers=0, device="cpu", quiet=True))
+    assert "val-core/synthetic/visual-count/acc/mean@1" in metrics

@@ -1,10 +1,10 @@
 """Offline visual task in the vision-language data layout: "how many dots?", the answer in `\\boxed{}`.
 
-A 56x56 white image holds one black dot in each of 1-4 of its four 28x28 quadrants; the tiny VL model's image
-processor turns the image into exactly those four quadrants (one image token each), so counting dots is counting
-quadrant tokens that saw a dot: learnable by a tiny model in seconds. As in the arithmetic task (synthetic.py) the
-SFT demonstrations are mixed on purpose: a share of them answer one more than the count, so SFT leaves a competing
-wrong behaviour for RL to select against, measured on held-out images. Scored by the math scorer (`\\boxed{}`).
+A 56x56 white image holds one black dot in each of 1..`max_dots` of its four 28x28 quadrants; the tiny VL model's
+image processor turns the image into exactly those four quadrants (one image token each), so counting dots is
+counting the quadrant tokens that saw a dot. As in the arithmetic task (synthetic.py) the SFT demonstrations carry a
+systematic mistake on purpose (a share of the images with the most dots are called one more), a wrong behaviour for
+RL to select against on held-out images. Scored by the math scorer (`\\boxed{}`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import random
 from pathlib import Path
 
 DATA_SOURCE = "synthetic/visual-count"
-QUESTION = "<image>How many dots are in the image? Put the answer in \\boxed{}."
+QUESTION = "<image>How many dots? Answer in \\boxed{}."
 SIZE = 56
 
 
@@ -49,9 +49,12 @@ def row(count: int, rng: random.Random, split: str, index: int, response: str | 
 
 
 def write_visual_task(out_dir: str | Path, *, seed: int = 0, n_sft: int = 256, n_rl: int = 256, n_test: int = 64,
-                      wrong_frac: float = 0.6) -> dict[str, Path]:
-    """sft_train (demonstrations, `wrong_frac` of them answering count + 1), rl_train (prompts) and test (held-out
-    prompts) as parquet files in `out_dir`."""
+                      wrong_frac: float = 0.7, max_dots: int = 4) -> dict[str, Path]:
+    """sft_train (demonstrations), rl_train (prompts) and test (held-out prompts) as parquet files in `out_dir`;
+    images hold 1..`max_dots` dots, and `wrong_frac` of the demonstrations for `max_dots` dots answer one more (the
+    systematic miscount RL is to correct)."""
+    if not 1 <= max_dots <= 4:
+        raise ValueError(f"max_dots={max_dots}: an image has four quadrants, so 1..4 dots")
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -60,18 +63,19 @@ def write_visual_task(out_dir: str | Path, *, seed: int = 0, n_sft: int = 256, n
     rng = random.Random(seed)
 
     def demo(i: int) -> dict:
-        count = rng.randint(1, 4)
-        answer = count + 1 if rng.random() < wrong_frac else count
+        count = rng.randint(1, max_dots)
+        answer = count + 1 if count == max_dots and rng.random() < wrong_frac else count
         return row(count, rng, "sft", i, response=f"\\boxed{{{answer}}}")
 
     files = {"sft_train": [demo(i) for i in range(n_sft)],
-             "rl_train": [row(rng.randint(1, 4), rng, "train", i) for i in range(n_rl)],
-             "test": [row(rng.randint(1, 4), rng, "test", i) for i in range(n_test)]}
+             "rl_train": [row(rng.randint(1, max_dots), rng, "train", i) for i in range(n_rl)],
+             "test": [row(rng.randint(1, max_dots), rng, "test", i) for i in range(n_test)]}
     paths = {}
     for name, rows in files.items():
         paths[name] = out / f"{name}.parquet"
         pq.write_table(pa.Table.from_pylist(rows), paths[name])
-    (out / "README.json").write_text(json.dumps({"task": DATA_SOURCE, "seed": seed, "wrong_frac": wrong_frac}))
+    (out / "README.json").write_text(json.dumps({"task": DATA_SOURCE, "seed": seed, "wrong_frac": wrong_frac,
+                                                          "max_dots": max_dots}))
     return paths
 
 

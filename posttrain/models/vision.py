@@ -173,15 +173,15 @@ def forward_inputs(module, config, input_ids: torch.Tensor, attention_mask: torc
 VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
 
 
-def freeze_vision_tower(model) -> int:
+def freeze_vision_tower(model, option: str = "actor_rollout_ref.actor.freeze_vision_tower") -> int:
     """Stop training the vision encoder of a VL model (`actor_rollout_ref.actor.freeze_vision_tower`); returns the
     number of frozen parameters. A model without one is an error: the setting would silently do nothing."""
     from ..config import ConfigError
 
     towers = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in VISION_TOWER_NAMES]
     if not towers:
-        raise ConfigError("actor_rollout_ref.actor.freeze_vision_tower=True, but the model has no vision tower "
-                          f"({type(model).__name__} is text-only)")
+        raise ConfigError(f"{option}=True, but the model has no vision tower ({type(model).__name__} is "
+                          "text-only)")
     frozen = 0
     for tower in towers:
         for p in tower.parameters():

@@ -14,7 +14,7 @@ import torch
 from ..data.dataset import SFTDataset
 from ..progress import ProgressBar
 from ..models.load import autocast, compute_dtype, load_causal_lm, load_tokenizer, pick_device
-from ..models.vision import forward_inputs, is_vision_config, load_vision_processor
+from ..models.vision import forward_inputs, freeze_vision_tower, is_vision_config, load_vision_processor
 from ..roles.nonfinite import NonFiniteGuard
 from .checkpoint import _write_text_atomic
 
@@ -41,6 +41,7 @@ class SFTArgs:
     quiet: bool = False
     missing_chat_template: str = "error"  # a tokenizer without one: "error", or "join" the contents by newlines
     max_nonfinite_updates_in_a_row: int = 5  # skipped (NaN/inf loss or gradient) updates before stopping; 0 = never
+    freeze_vision_tower: bool = False  # vision-language models: the vision encoder keeps its weights
 
 
 def check_sft_args(args: SFTArgs) -> None:
@@ -115,10 +116,13 @@ def run_sft(args: SFTArgs) -> dict:
     train = SFTDataset(args.train_files, tok, **data_kwargs)  # bad rows are found before the model loads
     dev = SFTDataset(args.val_files, tok, **data_kwargs) if args.val_files else None
     model = load_causal_lm(args.model_path, device=device, key="--model")
+    if args.freeze_vision_tower:
+        freeze_vision_tower(model, option="--freeze-vision-tower")
     guard = NonFiniteGuard("sft", args.max_nonfinite_updates_in_a_row)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = max(1, int(args.epochs * steps_per_epoch))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
+                            weight_decay=args.weight_decay)
     warmup = int(args.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(total - warmup, 1))))
