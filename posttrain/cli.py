@@ -116,7 +116,8 @@ def cmd_sft(args) -> int:
                     epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, max_length=args.max_length,
                     eval_every=args.eval_every, patience=args.patience, seed=args.seed,
                     missing_chat_template=args.missing_chat_template,
-                    max_nonfinite_updates_in_a_row=args.max_nonfinite_updates_in_a_row))
+                    max_nonfinite_updates_in_a_row=args.max_nonfinite_updates_in_a_row,
+                    freeze_vision_tower=args.freeze_vision_tower))
     return 0
 
 
@@ -203,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a tokenizer without a chat template: stop, or join the message contents by newlines")
     p.add_argument("--max-nonfinite-updates-in-a-row", type=int, default=5,
                    help="updates with a NaN/inf loss or gradient are skipped; stop after this many in a row (0 = never)")
+    p.add_argument("--freeze-vision-tower", action="store_true",
+                   help="vision-language models: do not train the vision encoder")
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("demo", help="offline demo: tiny model, SFT warm start, GRPO, held-out accuracy and a plot")
@@ -217,9 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="actor", choices=["actor", "critic"])
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("prepare", help="turn GSM8K / MATH original files (or the bundled code problems) into the RL "
-                                       "data layout")
-    p.add_argument("dataset", choices=["gsm8k", "math", "code"])
+    p = sub.add_parser("prepare", help="turn GSM8K / MATH / Geometry3K original files (or the bundled code problems, "
+                                       "or the synthetic visual counting task) into the RL data layout")
+    p.add_argument("dataset", choices=["gsm8k", "math", "code", "geo3k", "visual-count"])
     p.add_argument("--input", default=None, help="original file or folder (default: the shared data folder)")
     p.add_argument("--output-dir", default=None, help="where to write train/test files (default: data/<dataset>)")
     p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "both"])

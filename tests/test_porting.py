@@ -28,7 +28,6 @@ NOT_LOADING = {
     "grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.sh": "lora_adapter_path",
     "grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh": "must be divisible by the 8 data-parallel ranks",
     "grpo_trainer/run_qwen2_5_7b_grpo_e2e_prof_npu.sh": "must be divisible by the 8 data-parallel ranks",
-    "grpo_trainer/run_qwen2_5_vl-7b_freeze_vision.sh": "freeze_vision_tower",
     "grpo_trainer/run_qwen2_5_vl-7b_lora.sh": "exclude_modules",
     "grpo_trainer/run_qwen3_vl-30b-megatron.sh": "tp_size=2 must divide the 1 processes",
     "ppo_trainer/run_deepseek7b_llm_pfppo.sh": "PF-PPO",

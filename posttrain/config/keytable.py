@@ -37,7 +37,7 @@ MEGATRON_LAYOUT = ("Megatron's pipeline/context/expert parallel have no equivale
 DIST_CKPT = ("a Megatron checkpoint converted from the Hugging Face weights, for faster loading; posttrain reads the "
              "Hugging Face weights at model.path")
 SINGLE_TURN = "posttrain's rollout is single-turn generation; multi-turn tool rollouts are not supported"
-VL = "vision-language inputs are not supported yet (text models only)"
+VL = "vision-language rows are read as the model's own image processor decides (images only, no video)"
 NO_SP = ("sequence parallelism is not supported: each device holds whole sequences (use_dynamic_bsz and gradient "
          "checkpointing bound the memory), and the devices train as FSDP2 data-parallel ranks")
 TRANSFORMERS = "posttrain computes log-probs and entropy in chunks on the transformers model itself"
@@ -163,7 +163,6 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.actor.calculate_entropy", "note", "the actor always reports actor/entropy"),
     Rule("actor_rollout_ref.actor.calculate_sum_pi_squared", "note", "computed when the estimator needs it"),
     Rule("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "note", TRANSFORMERS),
-    Rule("actor_rollout_ref.actor.freeze_vision_tower", "only", VL, (False,)),
     Rule("actor_rollout_ref.actor.use_fused_kernels", "note", "follows actor_rollout_ref.model.use_fused_kernels"),
     Rule("actor_rollout_ref.actor.use_remove_padding", "note", TRANSFORMERS + "; only real tokens are scored"),
     Rule("actor_rollout_ref.actor.use_prefix_grouper", "note", "posttrain always computes a prompt once for its "
@@ -386,7 +385,8 @@ DESCRIPTIONS: dict[str, str] = {
     'data.return_raw_chat':
         'pass the chat messages to scorers as `extra_info["raw_prompt"]`',
     'data.image_key':
-        'column that would hold images; a row with images fails (text models only)',
+        'column holding a row\'s images (a list of bytes, {"bytes", "path"} structs or paths), one per `<image>` in '
+        'the prompt; needs a vision-language model (its processor makes the image tokens)',
     'data.apply_chat_template_kwargs':
         "extra arguments of the tokenizer's chat template (e.g. `enable_thinking`, `reasoning_effort`)",
     'data.train_max_samples':
@@ -452,6 +452,8 @@ DESCRIPTIONS: dict[str, str] = {
         '`C` of `seq-mean-token-sum-norm` (null = `data.max_response_length`)',
     'actor_rollout_ref.actor.entropy_coeff':
         'entropy bonus coefficient',
+    'actor_rollout_ref.actor.freeze_vision_tower':
+        'vision-language models: the vision encoder (and its merger) is not trained; an error for a text-only model',
     'actor_rollout_ref.actor.use_kl_loss':
         'add `kl_loss_coef * agg(kl(logp, logp_ref))` to the actor loss (loads the reference)',
     'actor_rollout_ref.actor.kl_loss_coef':

@@ -121,6 +121,7 @@ class ActorConfig:
     tau_pos: float = 1.0  # sapo: gate temperature for positive advantages
     tau_neg: float = 1.05  # sapo: gate temperature for negative advantages
     calculate_sum_pi_squared: bool = False  # accepted for portability; computed whenever the estimator reads it
+    freeze_vision_tower: bool = False  # vision-language models: the vision encoder's weights stay as loaded
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -99,6 +99,24 @@ def encode_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None 
     return tokenizer("\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
 
 
+def encode_with_images(processor, messages: list[dict], images, where: str, image_key: str,
+                       template_kwargs: dict | None = None, add_generation_prompt: bool = True):
+    """Token ids (image tokens included) and image inputs of a row with images, by the model's own processor;
+    `<image>` placeholders in the messages mark where each image goes."""
+    from ..models.vision import VisionDataError, image_messages, load_image
+
+    images = list(images) if images is not None else []
+    if images and processor is None:
+        raise DataError(f"{where}: column '{image_key}' holds images, but the model is text-only (its config has "
+                        "no vision_config); use a vision-language model such as Qwen2.5-VL")
+    try:
+        pictures = [load_image(im, f"{where}, column '{image_key}', image {i}") for i, im in enumerate(images)]
+        return processor.encode(image_messages(messages, len(pictures), where), pictures,
+                                template_kwargs=template_kwargs, add_generation_prompt=add_generation_prompt)
+    except VisionDataError as e:
+        raise DataError(str(e)) from None
+
+
 def truncate(ids: list[int], limit: int, how: str, where: str) -> list[int]:
     if len(ids) <= limit:
         return ids
@@ -120,6 +138,7 @@ class PromptItem:
     ground_truth: Any
     extra_info: dict = field(default_factory=dict)
     raw_prompt: list | None = None
+    images: dict | None = None  # the model's image inputs of this prompt (pixel_values, image_grid_thw)
 
 
 class RLDataset:
@@ -127,8 +146,10 @@ class RLDataset:
 
     def __init__(self, files, tokenizer, *, prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=512,
                  filter_overlong_prompts=False, truncation="error", return_raw_chat=False, image_key="images",
-                 max_samples=-1, apply_chat_template_kwargs=None, missing_chat_template="error"):
+                 max_samples=-1, apply_chat_template_kwargs=None, missing_chat_template="error", processor=None):
+        """`processor`: a vision-language model's VisionProcessor (models/vision.py); rows with images need one."""
         self.items: list[PromptItem] = []
+        self.processor = processor
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
         self.num_filtered = 0
         self.row_notes = RowNotes()
@@ -148,6 +169,11 @@ class RLDataset:
                     self.num_filtered += 1
                     shortest = min(shortest or len(item.prompt_ids), len(item.prompt_ids))
                     continue
+                if item.images is not None and len(item.prompt_ids) > max_prompt_length:
+                    raise DataError(f"{where}: prompt has {len(item.prompt_ids)} tokens with its image tokens > "
+                                    f"data.max_prompt_length={max_prompt_length}, and a prompt with images is never "
+                                    "truncated (it would cut image tokens); raise the limit or set "
+                                    "data.filter_overlong_prompts=True")
                 item.prompt_ids = truncate(item.prompt_ids, max_prompt_length, truncation, where)
                 self.items.append(item)
         self.notes = self.row_notes.messages()
@@ -165,8 +191,6 @@ class RLDataset:
         for column, option in ((prompt_key, "data.prompt_key"), (reward_fn_key, "data.reward_fn_key")):
             if column not in row:
                 raise missing_column(where, column, row, option)
-        if row.get(image_key):
-            raise DataError(f"{where}: column '{image_key}' holds images; posttrain trains text-only models")
         reward = row.get("reward_model")
         if not isinstance(reward, dict) or "ground_truth" not in reward:
             raise DataError(f"{where}: column 'reward_model' must be a struct with 'ground_truth', got {reward!r:.80}")
@@ -176,9 +200,14 @@ class RLDataset:
         truth = ground_truth_of(reward["ground_truth"], where, self.row_notes)
         if return_raw_chat:  # scorers see the conversation, e.g. to grade with their own template
             extra_info["raw_prompt"] = messages
-        return PromptItem(prompt_ids=encode_prompt(tokenizer, messages, self.template_kwargs, where),
-                          data_source=data_source, ground_truth=truth, extra_info=extra_info,
-                          raw_prompt=messages)  # kept for the reward model's own chat template
+        images = None
+        if row.get(image_key) is not None and len(row[image_key]) or self.processor is not None:
+            ids, images = encode_with_images(self.processor, messages, row.get(image_key), where, image_key,
+                                             self.template_kwargs)
+        else:
+            ids = encode_prompt(tokenizer, messages, self.template_kwargs, where)
+        return PromptItem(prompt_ids=ids, data_source=data_source, ground_truth=truth, extra_info=extra_info,
+                          raw_prompt=messages, images=images)  # raw_prompt: for the reward model's own template
 
     def __len__(self) -> int:
         return len(self.items)
@@ -219,12 +248,14 @@ class SFTDataset:
     """(prompt, response) pairs in the same layout: the prompt column plus a response column (a string).
 
     Each example is prompt ids (chat template, generation prompt) + response ids + EOS; the loss mask covers the
-    response and its EOS only.
+    response and its EOS only. With a vision-language `processor` (models/vision.py) rows may hold images in
+    `image_key`, as in RLDataset; `images[i]` are example i's image inputs (or None).
     """
 
     def __init__(self, files, tokenizer, *, prompt_key="prompt", response_key="response", max_length=1024,
-                 truncation="error", missing_chat_template="error"):
+                 truncation="error", missing_chat_template="error", processor=None, image_key="images"):
         self.examples: list[tuple[list[int], list[int]]] = []
+        self.images: list[dict | None] = []
         eos = tokenizer.eos_token_id
         check_chat_template(tokenizer, missing_chat_template, "--missing-chat-template")
         for path in _as_list(files):
@@ -235,14 +266,19 @@ class SFTDataset:
                         raise missing_column(where, column, row, option)
                 if not isinstance(row[response_key], str):
                     raise DataError(f"{where}, column '{response_key}': expected a string, got {row[response_key]!r:.80}")
-                prompt = encode_prompt(tokenizer, prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'"),
-                                       where=where)
+                messages = prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'")
+                images = None
+                if row.get(image_key) is not None and len(row[image_key]) or processor is not None:
+                    prompt, images = encode_with_images(processor, messages, row.get(image_key), where, image_key)
+                else:
+                    prompt = encode_prompt(tokenizer, messages, where=where)
                 response = tokenizer(row[response_key], add_special_tokens=False)["input_ids"] + [eos]
                 if len(prompt) + len(response) > max_length:
                     if truncation == "error":
                         raise DataError(f"{where}: {len(prompt) + len(response)} tokens > max_length={max_length}")
                     response = response[: max(max_length - len(prompt), 1)]
                 self.examples.append((prompt, response))
+                self.images.append(images)
         if not self.examples:
             raise DataError(f"{files}: no rows")
 

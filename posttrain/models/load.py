@@ -104,17 +104,21 @@ def load_causal_lm(path: str, *, device: torch.device | str = "cpu", dtype: torc
                    meta: bool = False, trust_remote_code: bool = False, override_config: dict | None = None,
                    gradient_checkpointing: bool = False, lora: "LoraSettings | None" = None, key: str = "model path"):
     """Weights in `dtype` (mixed precision comes from autocast or FSDP's policy), or the bare structure on the
-    meta device (`meta=True`: the weights arrive later from rank 0); optional activation checkpointing and LoRA."""
-    from transformers import AutoModelForCausalLM
+    meta device (`meta=True`: the weights arrive later from rank 0); optional activation checkpointing and LoRA.
+    A vision-language model (a config with a `vision_config`) loads as image-text-to-text."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from .vision import is_vision_config
 
     path = resolve_model_source(path, key=key)
     config = model_config(path, trust_remote_code=trust_remote_code, override_config=override_config)
+    auto = AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
     if meta:
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+            model = auto.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype,
-                                                     trust_remote_code=trust_remote_code).to(device)
+        model = auto.from_pretrained(path, config=config, dtype=dtype,
+                                     trust_remote_code=trust_remote_code).to(device)
     if gradient_checkpointing:
         enable_checkpointing(model)
         model.config.use_cache = False

@@ -23,9 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .vision import forward_inputs, is_vision_config, vision_token_ids
+
 __all__ = ["token_logprobs_and_entropy", "response_logprobs"]
 
 Projection = Callable[[Tensor], Tensor]
+SUPPRESSED_LOGIT = -1e9  # finite, so that p * z stays 0 in the entropy
 # `with_entropy=SUM_PI_SQUARED` everywhere below: the second output is sum_v softmax(z)_v^2 instead of the entropy
 SUM_PI_SQUARED = "sum_pi_squared"
 
@@ -37,6 +40,7 @@ def _chunk_stats(
     temperature: float,
     softcap: float | None,
     with_entropy: bool | str,
+    suppressed: Tensor | None = None,
 ) -> tuple[Tensor, ...]:
     """Log-prob of ``labels`` and entropy for one chunk of rows; the logits live only inside this call."""
     z = project(hidden).float()
@@ -44,6 +48,8 @@ def _chunk_stats(
         z = torch.tanh(z / softcap) * softcap
     if temperature != 1.0:
         z = z / temperature
+    if suppressed is not None:  # tokens the sampler never draws (a VL model's vision tokens): probability 0
+        z = z.index_fill(-1, suppressed, SUPPRESSED_LOGIT)
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
@@ -66,6 +72,7 @@ def _chunked(
     chunk_size: int,
     with_entropy: bool,
     softcap: float | None = None,
+    suppressed: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Run ``_chunk_stats`` over row chunks, checkpointing each one when a gradient will flow through it."""
     if hidden.dim() != 2 or labels.dim() != 1 or hidden.shape[0] != labels.shape[0]:
@@ -83,7 +90,7 @@ def _chunked(
     logps, ents = [], []
     for start in range(0, n, chunk_size):
         h, y = hidden[start : start + chunk_size], labels[start : start + chunk_size]
-        args = (h, y, project, temperature, softcap, with_entropy)
+        args = (h, y, project, temperature, softcap, with_entropy, suppressed)
         out = checkpoint(_chunk_stats, *args, use_reentrant=False) if needs_grad else _chunk_stats(*args)
         logps.append(out[0])
         if with_entropy:
@@ -225,11 +232,12 @@ def _final_hidden(model, base, decoder, project, softcap, **inputs) -> Tensor:
 
 
 def _response_stats(rows: Tensor, labels: Tensor, valid: Tensor, project, params, softcap, *, temperature,
-                    chunk_size, with_entropy) -> tuple[Tensor, Tensor | None]:
+                    chunk_size, with_entropy, suppressed=None) -> tuple[Tensor, Tensor | None]:
     """(B, L) log-probs / entropies from the hidden states `rows` that predict `labels`; 0 where not `valid`."""
     logp_v, ent_v = _chunked(
         rows[valid], labels[valid], project, params,
         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, softcap=softcap,
+        suppressed=suppressed,
     )
     logp = logp_v.new_zeros(labels.shape).masked_scatter(valid, logp_v)
     entropy = ent_v.new_zeros(labels.shape).masked_scatter(valid, ent_v) if with_entropy else None
@@ -246,8 +254,13 @@ def response_logprobs(
     chunk_size: int = 1024,
     with_entropy: bool = True,
     prompts: tuple[Tensor, Tensor] | None = None,
+    images: list | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, L) and entropies (B, L) of the last ``response_length`` tokens of ``input_ids`` (B, P+L).
+
+    A vision-language model (vision.py) takes each row's image inputs in ``images`` (None for a row without), runs
+    on its own 3-D positions, and its vision tokens get probability 0 (they are never sampled); ``prompts`` must be
+    None then.
 
     ``prompts=(prompt_rows, row_prompt)``: a row holding each distinct prompt, and each row's index into those;
     then each distinct prompt is computed once (shared_prompt.py; the model's attention implementation must be
@@ -272,6 +285,13 @@ def response_logprobs(
     decoder = _decoder(base)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)
     project, params, softcap = _head(base)
+    suppressed, extra = None, {}
+    if is_vision_config(base.config):
+        if prompts is not None:
+            raise ValueError("vision-language models take the plain path (prompts=None)")
+        suppressed = torch.tensor(vision_token_ids(base.config), device=input_ids.device)
+        extra = forward_inputs(base, base.config, input_ids, attention_mask, images)
+        position_ids = extra.pop("position_ids")
 
     if prompts is not None:
         from .shared_prompt import ATTENTION_NAME, shared_prompt_hidden
@@ -286,11 +306,12 @@ def response_logprobs(
     else:
         if keeps_one_logit(base):
             hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=input_ids,
-                                   attention_mask=attention_mask, position_ids=position_ids)
+                                   attention_mask=attention_mask, position_ids=position_ids, **extra)
         else:
             hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              use_cache=False).last_hidden_state
         # Counted from the end: robust to anything a wrapper prepends to the sequence.
         rows = hidden[:, -(L + 1) : -1]  # (B, L, H): position t predicts token t + 1
     return _response_stats(rows, input_ids[:, -L:], attention_mask[:, -L:].bool(), project, params, softcap,
-                           temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+                           temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+                           suppressed=suppressed)

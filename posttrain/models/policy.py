@@ -7,6 +7,7 @@ has the head's weight gathered for exactly that call and its backward — no spe
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -14,6 +15,9 @@ from torch import nn
 
 from .logprobs import _unwrap, keeps_one_logit, response_logprobs
 from .shared_prompt import shared_prompt_hidden, switch_on_if_equal
+from .vision import forward_inputs, is_vision_config
+
+log = logging.getLogger(__name__)
 
 
 class PolicyModel(nn.Module):
@@ -28,13 +32,18 @@ class PolicyModel(nn.Module):
         self.shared_prompt_ok: bool | None = None
 
     def forward(self, input_ids, attention_mask, response_length: int, temperature: float = 1.0,
-                with_entropy: bool = True, chunk_size: int = 1024, prompts=None):
+                with_entropy: bool = True, chunk_size: int = 1024, prompts=None, images=None):
         kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
         if prompts is None or len(prompts[0]) == len(input_ids) or not self._shares_prompts():
             prompts = None  # every row its own prompt, or a model that keeps the plain path
-        return response_logprobs(self.lm, input_ids, attention_mask, response_length, prompts=prompts, **kwargs)
+        return response_logprobs(self.lm, input_ids, attention_mask, response_length, prompts=prompts,
+                                 images=images, **kwargs)
 
     def _shares_prompts(self) -> bool:
+        if self.shared_prompt_ok is None and is_vision_config(self.lm.config):
+            log.warning("log-probs of %s: computed without sharing prompts (the shared-prompt pass takes no image "
+                        "inputs)", type(_unwrap(self.lm)).__name__)
+            self.shared_prompt_ok = False
         if self.shared_prompt_ok is None:
             text = self.lm.config.get_text_config()
             self.shared_prompt_ok = keeps_one_logit(_unwrap(self.lm)) and switch_on_if_equal(
@@ -88,10 +97,10 @@ class ValueModel(nn.Module):
         if meta:
             with torch.device("meta"):
                 backbone = AutoModel.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
-                model = cls(backbone, config.hidden_size).to(dtype)
+                model = cls(backbone, config.get_text_config().hidden_size).to(dtype)
         else:
             backbone = AutoModel.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=trust_remote_code)
-            model = cls(backbone, config.hidden_size).to(dtype)
+            model = cls(backbone, config.get_text_config().hidden_size).to(dtype)
             head = Path(path) / "value_head.safetensors"
             if head.is_file():
                 from safetensors.torch import load_file
@@ -102,15 +111,19 @@ class ValueModel(nn.Module):
             enable_checkpointing(backbone)
         return model
 
-    def forward(self, input_ids, attention_mask, response_length: int | None = None, prompts=None) -> torch.Tensor:
+    def forward(self, input_ids, attention_mask, response_length: int | None = None, prompts=None,
+                images=None) -> torch.Tensor:
         """Values (B, T) of every position; with `response_length` L, (B, L): those of the positions that predict
         the response tokens, each distinct prompt computed once when `prompts` groups the rows (as for
-        PolicyModel)."""
+        PolicyModel). A vision-language backbone takes each row's image inputs in `images` (vision.py)."""
         if response_length is not None and prompts is not None and len(prompts[0]) < len(input_ids) \
                 and self._shares_prompts():
             hidden = shared_prompt_hidden(self._hidden, input_ids, attention_mask, response_length, *prompts)
             return self.value_head(hidden).squeeze(-1)
-        values = self.value_head(self._hidden(input_ids=input_ids, attention_mask=attention_mask)).squeeze(-1)
+        extra = (forward_inputs(self.backbone, self.backbone.config, input_ids, attention_mask, images)
+                 if is_vision_config(self.backbone.config) else {})
+        values = self.value_head(self._hidden(input_ids=input_ids, attention_mask=attention_mask,
+                                              **extra)).squeeze(-1)
         return values if response_length is None else values[:, -(response_length + 1):-1]
 
     def _hidden(self, *, input_ids, attention_mask, position_ids=None, **kwargs) -> torch.Tensor:
@@ -120,6 +133,10 @@ class ValueModel(nn.Module):
                              use_cache=False, **kwargs).last_hidden_state
 
     def _shares_prompts(self) -> bool:
+        if self.shared_prompt_ok is None and is_vision_config(self.backbone.config):
+            log.warning("values of %s: computed without sharing prompts (the shared-prompt pass takes no image "
+                        "inputs)", type(self.backbone).__name__)
+            self.shared_prompt_ok = False
         if self.shared_prompt_ok is None:
             self.shared_prompt_ok = switch_on_if_equal(
                 self, self.backbone.config,

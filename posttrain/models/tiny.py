@@ -69,20 +69,23 @@ def _qwen2_pipeline(tok: Tokenizer) -> None:
     tok.decoder = decoders.ByteLevel()
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 512,
+                    extra_special_tokens: Iterable[str] = ()) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts`` with Qwen2's pre-tokenization and ChatML specials.
 
     The 256 byte symbols are always in the vocabulary (so any string round-trips); merges learned from ``texts``
     fill the rest up to ``vocab_size``. Ids 0, 1, 2 are ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>``
-    (eos). Training is deterministic for a given list of texts.
+    (eos); ``extra_special_tokens`` (e.g. a VL model's vision markers) follow them. Training is deterministic for a
+    given list of texts.
     """
     texts = list(texts)
+    extra = list(extra_special_tokens)
     tok = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     _qwen2_pipeline(tok)
     trainer = BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + extra,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -93,7 +96,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTo
         pad_token=PAD_TOKEN,
         unk_token=None,
         bos_token=None,
-        additional_special_tokens=[IM_START, IM_END],
+        additional_special_tokens=[IM_START, IM_END] + extra,
         clean_up_tokenization_spaces=False,
         model_max_length=32768,
         padding_side="left",

@@ -196,5 +196,6 @@ def _math_verify(solution_str: str, ground_truth: str, extra_info: dict | None =
 register_scorer("openai/gsm8k", "gsm8k", "synthetic/arithmetic",
                 extract_answer=lambda text: _gsm8k.extract_answer(text, "strict"))(_gsm8k_strict)
 register_scorer("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500", "math", "math500",
+                "hiyouga/geometry3k", "synthetic/visual-count",  # vision-language rows, answers in \boxed{}
                 extract_answer=_math.extract_answer)(_math_verify)
 register_scorer(*_code.DATA_SOURCES)(_code.score_code)  # runs the response against the row's tests, sandboxed

@@ -16,6 +16,7 @@ from ..algo import group_ids
 from ..data.batch import Batch
 from ..models.load import autocast
 from ..models.shared_prompt import prompt_groups
+from ..models.vision import MM_KEY
 from ..parallel import Parallel, balance, clip_grad_norm, is_sharded
 
 
@@ -38,6 +39,11 @@ def trimmed(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     resp_l = max(int(batch["response_mask"].sum(-1).max()), 1)
     end = prompts_w + resp_l
     return batch["input_ids"][:, start:end], mask[:, start:end], resp_l, full_l
+
+
+def images_of(mb: Batch):
+    """Each row's image inputs (vision-language rows, models/vision.py), or None for a text-only batch."""
+    return mb.meta.get(MM_KEY)
 
 
 def shared_prompts(mb: Batch):
@@ -130,7 +136,7 @@ class Worker:
         ids, mask, resp_l, full_l = trimmed(mb)
         with self.autocast():
             logp, ent = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
-                                   with_entropy=with_entropy, prompts=shared_prompts(mb))
+                                   with_entropy=with_entropy, prompts=shared_prompts(mb), images=images_of(mb))
         pad = full_l - resp_l
         logp = torch.nn.functional.pad(logp.float(), (0, pad))
         ent = torch.nn.functional.pad(ent.float(), (0, pad)) if ent is not None else None

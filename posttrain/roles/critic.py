@@ -12,7 +12,7 @@ from ..algo import agg_norm, value_loss
 from ..data.batch import Batch
 from ..parallel import set_gradient_sync
 from ..models.load import eval_mode
-from .common import Worker, group_rows, make_optimizer, shared_prompts, trimmed
+from .common import Worker, group_rows, images_of, make_optimizer, shared_prompts, trimmed
 from .nonfinite import NonFiniteGuard
 
 
@@ -46,7 +46,8 @@ class Critic:
         ids, mask, resp_l, full_l = trimmed(mb)
         device = self.worker.device
         with self.worker.autocast():
-            values = self.model(ids.to(device), mask.to(device), resp_l, prompts=shared_prompts(mb)).float()
+            values = self.model(ids.to(device), mask.to(device), resp_l, prompts=shared_prompts(mb),
+                                images=images_of(mb)).float()
         values = torch.nn.functional.pad(values, (0, full_l - resp_l))
         return values * mb["response_mask"].to(device)
 

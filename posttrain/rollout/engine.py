@@ -22,6 +22,7 @@ import torch
 from ..models.load import autocast, eval_mode
 from .base import SamplingParams
 from .hf import HFRollout
+from ..models.vision import is_vision_config
 from ..models.shared_prompt import attention_implementation
 from .prefix_attention import ATTENTION_NAME, SharedPrefixCache
 from .sampling import next_tokens, sampled_logprobs
@@ -43,11 +44,12 @@ class DecodeEngine(HFRollout):
         super().__init__(model, tokenizer, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
         self.shared_prefix_ok: bool | None = None  # decided by the first call's check
 
-    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams):
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams, *,
+                  images: list | None = None):
         if self.shared_prefix_ok is None:
             self.shared_prefix_ok = self._check(model)
         if not self.shared_prefix_ok:
-            return super()._generate(model, prompts, prompt_mask, s)
+            return super()._generate(model, prompts, prompt_mask, s, images=images)
         # the sampling noise comes from torch's global generator (the trainer seeds it per step and rank)
         generator = None if s.greedy else torch.Generator(self.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
         with eval_mode(model), torch.no_grad(), autocast(self.device, self.dtype):
@@ -117,6 +119,11 @@ class DecodeEngine(HFRollout):
         three forced tokens, compared with one ordinary forward over the whole sequences."""
         config = model.config.get_text_config()
         device, vocab = self.device, config.vocab_size
+        if is_vision_config(model.config):
+            log.warning("posttrain decoding engine: %s is a vision-language model (its image inputs and 3-D "
+                        "positions are not driven by this loop); generating with transformers' generate",
+                        type(model).__name__)
+            return False
         kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
         if kinds != {"full_attention"}:
             log.warning("posttrain decoding engine: %s has %s layers; generating with transformers' generate",

@@ -7,6 +7,8 @@ import torch
 
 from ..data.batch import Batch
 from ..models.load import autocast, eval_mode
+from ..models.logprobs import _unwrap
+from ..models.vision import MM_KEY, forward_inputs, is_vision_config, vision_token_ids
 from .base import RolloutEngine, SamplingParams
 from .weights import inference_weights
 
@@ -35,8 +37,10 @@ class HFRollout(RolloutEngine):
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
         out = batch.repeat_interleave(sampling.n)
         chunk = self.micro_batch_size * sampling.n if self.micro_batch_size else len(out)
+        images = out.meta.get(MM_KEY)
         with inference_weights(self.model, self.dtype) as model:
-            parts = [self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling)
+            parts = [self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling,
+                                    images=images[i:i + chunk] if images is not None else None)
                      for i in range(0, len(out), chunk)]
         width = max(p.shape[1] for p, _ in parts)
         pad = torch.nn.functional.pad
@@ -50,14 +54,22 @@ class HFRollout(RolloutEngine):
         out["attention_mask"] = torch.cat([out["prompt_mask"], mask], dim=1)
         return out
 
-    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams):
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams, *,
+                  images: list | None = None):
         """(rows, max_new) tokens for `rows` prompts (each repeated `n` times, consecutively), and their (rows,
-        max_new) sampling log-probs when `s.logprobs` (else None)."""
-        use_cache = model.config.use_cache
-        model.config.use_cache = True
+        max_new) sampling log-probs when `s.logprobs` (else None). A vision-language model takes each row's image
+        inputs (`images`) and never samples its vision tokens (vision.py)."""
+        config = model.config.get_text_config()  # a VL model keeps use_cache on its text config
+        use_cache = config.use_cache
+        config.use_cache = True
         # synced_gpus=False: a sharded policy is gathered before generate, so ranks decode independently
         kwargs = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id, use_cache=True, synced_gpus=False,
                       eos_token_id=None if s.ignore_eos else sorted(self.eos_ids))
+        if is_vision_config(model.config):
+            kwargs["suppress_tokens"] = vision_token_ids(model.config)
+            vision = forward_inputs(_unwrap(model.lm if hasattr(model, "lm") else model), model.config,
+                                    prompts.to(self.device), prompt_mask.to(self.device), images)
+            kwargs.update({k: v for k, v in vision.items() if k != "position_ids"})
         if s.logprobs:  # generate's scores are the logits after its processors and warpers: what it drew from
             kwargs.update(output_scores=True, return_dict_in_generate=True)
         if s.greedy:
@@ -69,7 +81,7 @@ class HFRollout(RolloutEngine):
                 seqs = model.generate(input_ids=prompts.to(self.device), attention_mask=prompt_mask.to(self.device),
                                       **kwargs)
         finally:
-            model.config.use_cache = use_cache
+            config.use_cache = use_cache
         if not s.logprobs:
             return seqs[:, prompts.shape[1]:].cpu(), None
         tokens = seqs.sequences[:, prompts.shape[1]:]

@@ -51,6 +51,7 @@ def set_rng_state(state: dict) -> None:
 def write_export_info(path: Path, model, tokenizer) -> None:
     """The config files a plain folder needs beside the weights (rank 0; no weights here)."""
     from ..models.policy import ValueModel
+    from ..models.vision import copy_processor_files
 
     path.mkdir(parents=True, exist_ok=True)
     base = base_model(model)
@@ -58,6 +59,7 @@ def write_export_info(path: Path, model, tokenizer) -> None:
     if getattr(base, "generation_config", None) is not None and base.can_generate():
         base.generation_config.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    copy_processor_files(getattr(base, "name_or_path", None), path)  # a VL model's image processor
     lora = getattr(getattr(model, "lm", None), "peft_config", None)
     if lora:
         lora["default"].save_pretrained(path)

@@ -97,6 +97,7 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
     from ..data.dataset import RLDataset
     from ..models.load import compute_dtype, load_tokenizer, pick_device
     from ..models.policy import PolicyModel
+    from ..models.vision import load_vision_processor
     from ..progress import ProgressBar
     from ..reward.manager import RewardManager, auto_workers
     from ..reward.registry import FileFunction
@@ -108,8 +109,10 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
     device = pick_device(args.device)
     lm, tok_dir, loaded = load_model_for_eval(args.model, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(tok_dir, args.trust_remote_code, key="MODEL")
+    processor = load_vision_processor(tok_dir, tokenizer, trust_remote_code=args.trust_remote_code, key="MODEL")
     data = RLDataset(args.data_files, tokenizer, prompt_key=args.prompt_key, max_prompt_length=args.max_prompt_length,
-                     max_samples=args.max_samples, missing_chat_template=args.missing_chat_template)
+                     max_samples=args.max_samples, missing_chat_template=args.missing_chat_template,
+                     processor=processor)
     scorer = FileFunction(args.reward_fn, args.reward_fn_name) if args.reward_fn else None
     workers = auto_workers() if args.num_workers is None else args.num_workers
     reward = RewardManager(tokenizer, compute_score=scorer, num_workers=workers)
@@ -148,12 +151,14 @@ def metrics_path(samples: Path) -> Path:
 def _prompt_batch(items, pad_id: int, first: int):
     from ..data.batch import Batch
     from ..data.dataset import collate_prompts
+    from ..models.vision import MM_KEY
 
     prompts, mask = collate_prompts(items, pad_id)
+    images = {MM_KEY: [it.images for it in items]} if any(it.images is not None for it in items) else {}
     return Batch({"prompts": prompts, "prompt_mask": mask},
                  {"uid": [first + i for i in range(len(items))], "data_source": [it.data_source for it in items],
                   "ground_truth": [it.ground_truth for it in items], "extra_info": [it.extra_info for it in items],
-                  "raw_prompt": [it.raw_prompt for it in items]})
+                  "raw_prompt": [it.raw_prompt for it in items], **images})
 
 
 def _answer(data_source: str, text: str):

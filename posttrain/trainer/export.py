@@ -43,6 +43,7 @@ def load_checkpoint_model(step_dir: str | Path, *, role: str = "actor", runnable
 def export_checkpoint(step_dir: str | Path, out_dir: str | Path, *, role: str = "actor", quiet: bool = True) -> Path:
     """Write the folder; `quiet=False` shows a progress bar over the stages (load, write weights, tokenizer)."""
     from ..models.load import load_tokenizer
+    from ..models.vision import copy_processor_files
     from ..progress import ProgressBar
 
     out_dir = Path(out_dir)
@@ -53,6 +54,7 @@ def export_checkpoint(step_dir: str | Path, out_dir: str | Path, *, role: str = 
         model.save_pretrained(out_dir, safe_serialization=True)
         bar.advance()
         load_tokenizer(str(info_dir)).save_pretrained(out_dir)
+        copy_processor_files(info_dir, out_dir)
         bar.advance()
     return out_dir
 

@@ -17,6 +17,7 @@ from ..config import ConfigError, to_yaml
 from ..data.batch import Batch
 from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_batches
 from ..models.load import load_tokenizer
+from ..models.vision import MM_KEY, load_vision_processor
 from ..parallel import Parallel, shutdown
 from ..reward import code as code_reward
 from ..reward.checks import check_error_rate
@@ -57,12 +58,14 @@ def _rule_reward(cfg, tokenizer) -> RewardManager:
                           f"{' at ' + where if where else ''}: {type(e).__name__}: {e}") from None
 
 
-def _to_batch(items, pad_id: int, uid_prefix: str, first_index: int = 0) -> Batch:
+def _to_batch(items, pad_id: int, uid_prefix: str, first_index: int = 0, *, vision: bool = False) -> Batch:
+    """The prompts of `items` as a batch; `vision`: each row's image inputs travel in meta[MM_KEY]."""
     prompts, prompt_mask = collate_prompts(items, pad_id)
     return Batch({"prompts": prompts, "prompt_mask": prompt_mask},
                  {"uid": [f"{uid_prefix}-{first_index + i}" for i in range(len(items))],
                   "data_source": [it.data_source for it in items], "ground_truth": [it.ground_truth for it in items],
-                  "extra_info": [it.extra_info for it in items], "raw_prompt": [it.raw_prompt for it in items]})
+                  "extra_info": [it.extra_info for it in items], "raw_prompt": [it.raw_prompt for it in items],
+                  **({MM_KEY: [it.images for it in items]} if vision else {})})
 
 
 class RLTrainer:
@@ -87,9 +90,12 @@ class RLTrainer:
                            filter_overlong_prompts=cfg.data.filter_overlong_prompts, truncation=cfg.data.truncation,
                            return_raw_chat=cfg.data.return_raw_chat, image_key=cfg.data.image_key,
                            apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
-                           missing_chat_template=cfg.data.missing_chat_template)
+                           missing_chat_template=cfg.data.missing_chat_template,
+                           processor=load_vision_processor(sources["actor_rollout_ref.model.path"], self.tokenizer,
+                                                           trust_remote_code=arr.model.trust_remote_code))
         self.train_data = RLDataset(cfg.data.train_files, self.tokenizer, max_samples=cfg.data.train_max_samples,
                                     **data_kwargs)
+        self.vision = data_kwargs["processor"] is not None
         self.val_data = (RLDataset(cfg.data.val_files, self.tokenizer, max_samples=cfg.data.val_max_samples,
                                    **data_kwargs) if cfg.data.val_files else None)
         for data in (self.train_data, self.val_data):
@@ -166,11 +172,12 @@ class RLTrainer:
         them, and gather every rank's scored rollouts: the result is the whole batch, the same on every rank. The
         reward extras travel in `meta` under `reward:<name>` so they follow any later row selection."""
         share = self.par.my_slice(len(items))
-        batch = _to_batch(items[share], self.rollout.pad_id, uid_prefix, share.start)
+        batch = _to_batch(items[share], self.rollout.pad_id, uid_prefix, share.start, vision=self.vision)
         with _timer(timing, "gen"), self.actor.generation():
             batch = self.rollout.generate(batch, self.sampling)
             if estimator_info(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
-                greedy = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, "greedy"),
+                greedy = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, "greedy",
+                                                         vision=self.vision),
                                                SamplingParams(n=1, do_sample=False, max_new_tokens=self.max_new))
                 baseline, _ = self.reward(greedy)
                 batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(self.sampling.n)
@@ -323,7 +330,8 @@ class RLTrainer:
                 mine = []
                 if share.stop > share.start:
                     self._seed(self.cfg.trainer.seed + 17 * start)
-                    batch = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, f"v{start}", share.start),
+                    batch = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, f"v{start}", share.start,
+                                                            vision=self.vision),
                                                   self.val_sampling)
                     _, extras = self.rule_reward(batch)
                     m = batch.meta

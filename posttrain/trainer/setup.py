@@ -8,6 +8,7 @@ from ..algo import estimator_info
 from ..models.hub import resolve_model_source
 from ..models.load import LoraSettings, compute_dtype, load_causal_lm
 from ..models.policy import PolicyModel, ValueModel
+from ..models.vision import freeze_vision_tower
 from ..parallel import Parallel, ShardSettings, init_parallel, prepare_model
 from ..roles.actor import Actor
 from ..roles.common import Worker
@@ -80,11 +81,14 @@ class Roles:
         def policy(fsdp_cfg, *, trainable: bool, with_lora):
             def build(meta: bool):
                 torch.manual_seed(tr.seed)  # LoRA's random init is the same at any world size (rank 0 builds it)
-                return PolicyModel(load_causal_lm(
+                model = PolicyModel(load_causal_lm(
                     model_cfg.path, meta=meta, dtype=DTYPES[fsdp_cfg.model_dtype],
                     trust_remote_code=model_cfg.trust_remote_code, override_config=model_cfg.override_config,
                     gradient_checkpointing=trainable and model_cfg.enable_gradient_checkpointing,
                     lora=with_lora, key="actor_rollout_ref.model.path"))
+                if trainable and arr.actor.freeze_vision_tower:
+                    freeze_vision_tower(model)
+                return model
 
             model = prepare_model(build, par, shard_settings(fsdp_cfg, self.dtype))
             return Worker(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)

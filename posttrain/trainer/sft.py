@@ -14,6 +14,7 @@ import torch
 from ..data.dataset import SFTDataset
 from ..progress import ProgressBar
 from ..models.load import autocast, compute_dtype, load_causal_lm, load_tokenizer, pick_device
+from ..models.vision import forward_inputs, freeze_vision_tower, is_vision_config, load_vision_processor
 from ..roles.nonfinite import NonFiniteGuard
 from .checkpoint import _write_text_atomic
 
@@ -40,6 +41,7 @@ class SFTArgs:
     quiet: bool = False
     missing_chat_template: str = "error"  # a tokenizer without one: "error", or "join" the contents by newlines
     max_nonfinite_updates_in_a_row: int = 5  # skipped (NaN/inf loss or gradient) updates before stopping; 0 = never
+    freeze_vision_tower: bool = False  # vision-language models: the vision encoder keeps its weights
 
 
 def check_sft_args(args: SFTArgs) -> None:
@@ -75,10 +77,13 @@ def check_sft_args(args: SFTArgs) -> None:
         raise ConfigError(f"{len(problems)} problems; nothing was started:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _loss(model, ids, attn, loss_mask, device, dtype) -> tuple[torch.Tensor, int]:
-    """Summed token cross-entropy of the response tokens, and their count."""
+def _loss(model, ids, attn, loss_mask, device, dtype, images=None) -> tuple[torch.Tensor, int]:
+    """Summed token cross-entropy of the response tokens, and their count. `images`: each row's image inputs for
+    a vision-language model (models/vision.py)."""
+    ids, attn = ids.to(device), attn.to(device)
+    extra = forward_inputs(model, model.config, ids, attn, images) if is_vision_config(model.config) else {}
     with autocast(device, dtype):
-        logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits[:, :-1].float()
+        logits = model(input_ids=ids, attention_mask=attn, **extra).logits[:, :-1].float()
     target = ids[:, 1:].to(device)
     mask = loss_mask[:, 1:].to(device).float()
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
@@ -90,8 +95,9 @@ def dev_loss(model, data: SFTDataset, pad_id, device, dtype, batch_size) -> floa
     model.eval()
     total, count = 0.0, 0
     for start in range(0, len(data), batch_size):
-        ids, attn, lm = data.collate(range(start, min(start + batch_size, len(data))), pad_id)
-        s, n = _loss(model, ids, attn, lm, device, dtype)
+        rows = range(start, min(start + batch_size, len(data)))
+        ids, attn, lm = data.collate(rows, pad_id)
+        s, n = _loss(model, ids, attn, lm, device, dtype, [data.images[i] for i in rows])
         total, count = total + float(s), count + n
     model.train()
     return total / max(count, 1)
@@ -104,15 +110,19 @@ def run_sft(args: SFTArgs) -> dict:
     device, out = pick_device(args.device), Path(args.output_dir)
     dtype = compute_dtype(args.dtype, device)
     tok = load_tokenizer(args.model_path, key="--model")
+    processor = load_vision_processor(args.model_path, tok, key="--model")  # None for a text-only model
     data_kwargs = dict(prompt_key=args.prompt_key, response_key=args.response_key, max_length=args.max_length,
-                       missing_chat_template=args.missing_chat_template)
+                       missing_chat_template=args.missing_chat_template, processor=processor)
     train = SFTDataset(args.train_files, tok, **data_kwargs)  # bad rows are found before the model loads
     dev = SFTDataset(args.val_files, tok, **data_kwargs) if args.val_files else None
     model = load_causal_lm(args.model_path, device=device, key="--model")
+    if args.freeze_vision_tower:
+        freeze_vision_tower(model, option="--freeze-vision-tower")
     guard = NonFiniteGuard("sft", args.max_nonfinite_updates_in_a_row)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = max(1, int(args.epochs * steps_per_epoch))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
+                            weight_decay=args.weight_decay)
     warmup = int(args.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(total - warmup, 1))))
@@ -129,7 +139,7 @@ def run_sft(args: SFTArgs) -> dict:
             idx = order[pos:pos + args.batch_size].tolist()
             pos += args.batch_size
             ids, attn, lm = train.collate(idx, tok.pad_token_id)
-            s, n = _loss(model, ids, attn, lm, device, dtype)
+            s, n = _loss(model, ids, attn, lm, device, dtype, [train.images[i] for i in idx])
             loss = s / max(n, 1)
             opt.zero_grad(set_to_none=True)
             loss_not_finite = guard.loss_not_finite(loss, [("loss", loss)])
@@ -147,7 +157,7 @@ def run_sft(args: SFTArgs) -> dict:
                     record["dev_loss"] = dev_loss(model, dev, tok.pad_token_id, device, dtype, args.batch_size * 4)
                     if record["dev_loss"] < best - 1e-4:
                         best, best_step, bad = record["dev_loss"], step, 0
-                        _save(model, tok, out)
+                        _save(model, tok, out, processor)
                     else:
                         bad += 1
                 history.append(record)
@@ -161,19 +171,21 @@ def run_sft(args: SFTArgs) -> dict:
     finally:
         bar.close()
     if dev is None:
-        _save(model, tok, out)
+        _save(model, tok, out, processor)
         best_step = step
     _write_text_atomic(out / "sft_history.json", json.dumps({"best_step": best_step, "history": history}, indent=1))
     return {"best_step": best_step, "best_dev_loss": best if dev is not None else None, "steps": step}
 
 
-def _save(model, tok, out: Path) -> None:
+def _save(model, tok, out: Path, processor=None) -> None:
     import shutil
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
+    if processor is not None:  # a VL model's directory keeps its image processor (and processor, if built)
+        (processor.processor or processor.image_processor).save_pretrained(tmp)
     keep = out / "sft_history.json"
     if keep.is_file():
         shutil.copy(keep, tmp / keep.name)

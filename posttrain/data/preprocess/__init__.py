@@ -19,6 +19,7 @@ from ...progress import ProgressBar
 DATASET_DIRS = {"gsm8k": "gsm8k", "math": "math500"}
 SPLITS = ("train", "test")
 FORMATS = ("parquet", "jsonl", "both")
+EXTRA_DATASETS = ("code", "geo3k", "visual-count")  # not read from shared/data
 
 
 def require_field(row: dict, field: str, path: Path | str, lineno: int) -> str:
@@ -81,6 +82,33 @@ def _write(rows: list[dict], out_dir: Path, split: str, fmt: str) -> Path:
     return written
 
 
+def _prepare_images(name: str, source, output_dir, fmt: str) -> dict[str, tuple[Path | None, int]]:
+    """Datasets with images (parquet only: the images are bytes). geo3k converts the original files given;
+    visual-count writes the synthetic counting task (synthetic_visual.py; its SFT demonstrations as `sft_train`)."""
+    if fmt != "parquet":
+        raise ValueError(f"{name} holds images, which only parquet files carry; use --format parquet")
+    out_dir = Path(output_dir) if output_dir is not None else Path("data") / name
+    if name == "visual-count":
+        if source is not None:
+            raise ValueError("visual-count is generated, it reads no input; leave out --input")
+        from ..synthetic_visual import write_visual_task
+
+        paths = write_visual_task(out_dir)
+        import pyarrow.parquet as pq
+
+        return {split: (path, pq.read_metadata(path).num_rows) for split, path in paths.items()}
+    from .geo3k import convert, split_files
+
+    if source is None:
+        raise FileNotFoundError("geo3k reads the original geometry3k parquet files: pass their folder or one file "
+                                "with --input")
+    files = split_files(Path(source).expanduser())
+    converted = {split: convert(path, split) for split, path in files.items()}  # all parsed before any write
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return {split: ((_write(converted[split], out_dir, split, fmt), len(converted[split])) if split in converted
+                    else (None, 0)) for split in SPLITS}
+
+
 def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: str | Path | None = None,
             fmt: str = "parquet", *, quiet: bool = True) -> dict[str, tuple[Path | None, int]]:
     """Convert dataset `name` ("gsm8k", "math", or "code": the bundled code problems) and write `<split>.parquet`
@@ -92,10 +120,12 @@ def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: 
     path is the parquet file; the jsonl file lies beside it. `quiet=False` shows a progress bar (a unit per split
     read and per split written).
     """
-    if name not in DATASET_DIRS and name != "code":
-        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted([*DATASET_DIRS, 'code'])}")
+    if name not in DATASET_DIRS and name not in EXTRA_DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {sorted([*DATASET_DIRS, *EXTRA_DATASETS])}")
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {list(FORMATS)}")
+    if name in ("geo3k", "visual-count"):
+        return _prepare_images(name, input_dir_or_file, output_dir, fmt)
     if name == "code":
         from .code import BUNDLED, convert as convert_code
 
