@@ -245,3 +245,81 @@ def test_tiny_judge_agrees_with_correctness(judge_dir):
     assert good["acc"] == [1.0] * len(problems) and bad["acc"] == [0.0] * len(problems)  # the rule, for reference
     mean = lambda xs: sum(xs) / len(xs)
     assert mean(good["judge_score"]) - mean(bad["judge_score"]) >= 0.6, (good["judge_verdict"], bad["judge_verdict"])
+
+
+# ---------------------------------------------------------------- training with the judge
+
+def test_posttrain_train_with_the_judge(judge_dir, tiny_model_dir, tmp_path):
+    """`posttrain train` with the judge as the reward: its score is the training reward, the rule's accuracy stays
+    a metric, validation stays rule-based."""
+    from posttrain.cli import main
+    from posttrain.data.synthetic import rl_row
+
+    rows = [rl_row(a, b, "train", i) for i, (a, b) in enumerate([(1, 2), (3, 4), (5, 6), (7, 8)])]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(["train", "algorithm.adv_estimator=grpo", f"actor_rollout_ref.model.path={tiny_model_dir}",
+          f"data.train_files={tmp_path / 'train.jsonl'}", f"data.val_files={tmp_path / 'train.jsonl'}",
+          "data.train_batch_size=2", "data.max_prompt_length=32", "data.max_response_length=6",
+          "actor_rollout_ref.rollout.n=3", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+          "actor_rollout_ref.model.enable_gradient_checkpointing=False", "reward_model.num_workers=0",
+          "reward_model.enable=True", f"reward_model.model.path={judge_dir}", "reward_model.judge.enable=True",
+          f"reward_model.judge.prompt_template_path={judge_dir / 'judge_template.txt'}",
+          "reward_model.judge.response_length=4", "reward_model.micro_batch_size_per_gpu=4",
+          "trainer.total_training_steps=2", "trainer.logger=['jsonl']", "trainer.val_before_train=False",
+          "trainer.test_freq=2", f"trainer.default_local_dir={tmp_path / 'run'}"])
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [m for m in metrics if "critic/score/mean" in m]
+    assert [m["step"] for m in train] == [1, 2]
+    for m in train:
+        for key in ("reward/judge_score/mean", "reward/judge_unparsed/mean", "reward/rule_score/mean",
+                    "reward/acc/mean", "reward/errors", "actor/pg_loss"):
+            assert key in m, key
+        assert m["critic/score/mean"] == pytest.approx(m["reward/judge_score/mean"], abs=1e-6)
+        assert m["reward/errors"] == pytest.approx(6 * m["reward/judge_unparsed/mean"])  # 2 prompts x 3 responses
+    assert any(k.startswith("val-core/synthetic/arithmetic/") for m in metrics for k in m)
+
+
+WORKER = '''
+import json, sys
+from posttrain.config import load_config
+from posttrain.parallel import init_parallel, shutdown
+from posttrain.roles.judge import Judge
+
+judge_dir, prompts_file, out = sys.argv[1:4]
+par = init_parallel(device_name="cpu")
+cfg = load_config(None, ["reward_model.enable=True", f"reward_model.model.path={judge_dir}",
+                         "reward_model.judge.enable=True", "actor_rollout_ref.rollout.dtype=fp32",
+                         "reward_model.micro_batch_size_per_gpu=2"])
+judge = Judge.from_config(cfg, par)
+from posttrain.parallel import is_sharded
+assert is_sharded(judge.model)
+prompts = json.load(open(prompts_file))
+rows = [[0, 1, 2, 3, 4], []][par.rank]  # uneven shares: rank 1 has no prompt and still joins the gather
+verdicts = judge.verdicts([prompts[i] for i in rows])
+gathered = par.gather((rows, verdicts))
+if par.is_main:
+    with open(out, "w") as f:
+        json.dump(sorted((r, v) for rs, vs in gathered for r, v in zip(rs, vs)), f)
+shutdown()
+'''
+
+
+def test_two_processes_judge_as_one(judge_dir, tmp_path):
+    """The judge FSDP2-sharded over two processes, each rank judging its own prompts, gives one process's
+    verdicts."""
+    from posttrain.parallel import Parallel
+    from posttrain.roles.judge import Judge
+    from posttrain.trainer.tiny_judge import judge_rows
+
+    prompts = [r["prompt"][0]["content"] for r in judge_rows(seed=7, n=5, operands=range(0, 10))]
+    cfg = judge_config(judge_dir, "reward_model.micro_batch_size_per_gpu=2")
+    one = Judge.from_config(cfg, Parallel()).verdicts(prompts)
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(tmp_path / "worker.py"), str(judge_dir), str(tmp_path / "prompts.json"),
+                             str(tmp_path / "out.json")], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-4000:]
+    two = json.loads((tmp_path / "out.json").read_text())
+    assert [r for r, _ in two] == list(range(5)) and [v for _, v in two] == one

@@ -13,6 +13,8 @@ import random
 import shutil
 from pathlib import Path
 
+import torch
+
 from ..data.dataset import layout_row
 from ..data.synthetic import DATA_SOURCE, add_without_carry, prompt_text, tokenizer_corpus
 from ..models.tiny import build_tiny_model
@@ -72,9 +74,14 @@ def build_tiny_judge(out_dir: str | Path, *, operands: range = range(0, 10), ste
                             intermediate_size=2 * hidden_size, seed=seed)
     train = work / "judge_sft.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run_sft(SFTArgs(model_path=str(base), train_files=[str(train)], output_dir=str(out), epochs=4.0, lr=lr,
-                    batch_size=batch_size, max_length=256, eval_every=10**9, seed=seed, quiet=True, device=device,
-                    dtype="fp32"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the matmuls of a tiny model are too small to split: more threads only contend
+    try:
+        run_sft(SFTArgs(model_path=str(base), train_files=[str(train)], output_dir=str(out), epochs=4.0, lr=lr,
+                        batch_size=batch_size, max_length=256, eval_every=10**9, seed=seed, quiet=True, device=device,
+                        dtype="fp32"))
+    finally:
+        torch.set_num_threads(threads)
     (out / TEMPLATE_FILE).write_text(TEMPLATE, encoding="utf-8")
     shutil.rmtree(work, ignore_errors=True)
     return out
