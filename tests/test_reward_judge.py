@@ -323,3 +323,25 @@ def test_two_processes_judge_as_one(judge_dir, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     two = json.loads((tmp_path / "out.json").read_text())
     assert [r for r, _ in two] == list(range(5)) and [v for _, v in two] == one
+
+
+def test_grpo_raises_the_judge_score(small_task, judge_dir):
+    """GRPO with the judge as the only reward, from the small task's SFT model: the judge's score (the training
+    reward) rises. The tiny judge also accepts answers a little off the reference (its verdicts agree with the rule on
+    about 80% of responses, see above), and the policy finds those: the rule's accuracy does not rise with it (measured:
+    judge score 0.65 -> 0.92 while accuracy fell 0.27 -> 0.09 in 12 steps), which is what a weak judge does to RL."""
+    from posttrain.trainer.rl import RLTrainer
+    from tests.test_rl_integration import read_metrics, rl_config
+
+    out, files = small_task
+    run = "learn_judge"
+    cfg = rl_config(out, files, run, 10, "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                    "actor_rollout_ref.actor.optim.lr=5e-4", "reward_model.num_workers=0", "reward_model.enable=True",
+                    f"reward_model.model.path={judge_dir}", "reward_model.judge.enable=True",
+                    f"reward_model.judge.prompt_template_path={judge_dir / 'judge_template.txt'}",
+                    "reward_model.judge.response_length=4")
+    RLTrainer(cfg).fit()
+    scores = [m["reward/judge_score/mean"] for m in read_metrics(out / run)]
+    assert [m["critic/score/mean"] for m in read_metrics(out / run)] == pytest.approx(scores)
+    first, last = sum(scores[:3]) / 3, sum(scores[-4:]) / 4
+    assert last > first + 0.08, [round(s, 3) for s in scores]
