@@ -196,13 +196,16 @@ def test_judge_keys_load(judge_dir, tmp_path):
     (["reward_model.judge.prompt_template_path=/nope.txt"], "'/nope.txt' does not exist"),
     (["reward_model.judge.score_regex='(['"], "is not a regular expression"),
     (["reward_model.judge.score_regex=x", "reward_model.judge.parse_function.path=/nope.py"], "not both"),
+    (["reward_model.judge.parse_function.path=PARSE", "reward_model.judge.parse_function.name=nope"],
+     "defines no function 'nope' (functions there: ['parse'])"),
     (["reward_model.use_dynamic_bsz=True"], "the judge generates"),
     (["reward_model.judge.response_length=0"], "response_length must be positive"),
     (["reward_model.enable=False"], "judge.enable=True needs reward_model.enable=True"),
 ])
-def test_bad_judge_settings_are_refused(judge_dir, extra, fragment):
-    with pytest.raises(ConfigError, match=None) as e:
-        judge_config(judge_dir, *extra)
+def test_bad_judge_settings_are_refused(judge_dir, tmp_path, extra, fragment):
+    (tmp_path / "parse.py").write_text("def parse(text):\n    return 1.0\n")
+    with pytest.raises(ConfigError) as e:
+        judge_config(judge_dir, *[x.replace("PARSE", str(tmp_path / "parse.py")) for x in extra])
     assert fragment in str(e.value)
 
 

@@ -260,9 +260,31 @@ def _check_judge(rm) -> None:
             _check(False, f"reward_model.judge.score_regex={j.score_regex!r} is not a regular expression ({e})",
                    "wrong values")
     if j.parse_function.path:
-        _check(Path(str(j.parse_function.path)).expanduser().is_file(),
-               f"reward_model.judge.parse_function.path: '{j.parse_function.path}' does not exist (or is not a file)",
+        _check(_parse_function_problem(str(j.parse_function.path), j.parse_function.name) is None,
+               _parse_function_problem(str(j.parse_function.path), j.parse_function.name) or "",
                "files, models and packages")
+
+
+def _parse_function_problem(path: str, name: str) -> str | None:
+    """What keeps `path` from giving the judge's parse function `name` (read, not run), or None."""
+    import ast
+    from pathlib import Path
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"reward_model.judge.parse_function.path: '{path}' does not exist (or is not a file)"
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+    except (SyntaxError, UnicodeDecodeError) as e:
+        return f"reward_model.judge.parse_function.path: {file} cannot be read as Python ({e})"
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    imported = {(a.asname or a.name).split(".")[0] for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}
+    if name not in defined | assigned | imported:
+        return (f"reward_model.judge.parse_function.name: {file} defines no function {name!r} (functions there: "
+                f"{sorted(defined)})")
+    return None
 
 
 def _check_policy_loss(actor) -> None:
