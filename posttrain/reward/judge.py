@@ -136,7 +136,7 @@ class JudgeRewardManager(ModelRewardManager):
     def __init__(self, rule: RewardManager, judge_fn: Callable[[list[str]], list[str]], *,
                  template: str = DEFAULT_TEMPLATE, parse: Callable[[str], float | None] = parse_verdict,
                  combine_mode: str = "replace"):
-        super().__init__(rule, score_fn=lambda batch: torch.zeros(len(batch)))
+        super().__init__(rule, score_fn=None)  # the judge's pass is judge_fn; the rule handling is shared
         if combine_mode not in COMBINE:
             raise ValueError(f"reward_model.judge.combine={combine_mode!r} is not one of {list(COMBINE)}")
         problem = template_problem(template)
@@ -161,6 +161,8 @@ class JudgeRewardManager(ModelRewardManager):
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
         extras = self.rule_extras(batch)
         verdicts = self.judge_fn(self.prompts(batch, extras["response_text"]))
+        if len(verdicts) != len(batch):
+            raise RuntimeError(f"the judge gave {len(verdicts)} verdicts for {len(batch)} responses")
         scores, unparsed = [], []
         for verdict in verdicts:
             score = self._parse(verdict)

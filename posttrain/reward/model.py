@@ -24,7 +24,7 @@ class ModelRewardManager:
     """`(batch) -> (token_level_scores, extras)` like RewardManager; `score_fn(batch) -> (B,)` is the reward
     model's pass (RewardModel.score), called on every rank at once."""
 
-    def __init__(self, rule: RewardManager, score_fn: Callable[[Batch], torch.Tensor]):
+    def __init__(self, rule: RewardManager, score_fn: Callable[[Batch], torch.Tensor] | None):
         self.rule, self.score_fn = rule, score_fn
         self.rule_scoring = True  # until a data source without a scorer is seen (check_data_sources)
         self.logged: set[str] = set()
