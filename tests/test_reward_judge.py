@@ -238,7 +238,7 @@ def test_tiny_judge_agrees_with_correctness(judge_dir):
     truth = [float(r["response"] == "correct") for r in rows]
     agree = sum(s == t for s, t in zip(scores, truth)) / len(rows)
     base = max(sum(truth), len(truth) - sum(truth)) / len(truth)  # one verdict for everything: about 0.5
-    assert agree >= 0.7 and agree > base + 0.15, (agree, base)  # measured 0.77-0.84; its misses: near answers
+    assert agree >= 0.9 and agree > base + 0.3, (agree, base)
     # the right answer and the carry-free one (what the task's policy chooses between) are told apart
     manager = judge_reward(cfg, RewardManager(judge.tokenizer), judge)
     problems = [(a, b) for a in range(2, 10) for b in range(8, 10)]
@@ -329,23 +329,21 @@ def test_two_processes_judge_as_one(judge_dir, tmp_path):
     assert [r for r, _ in two] == list(range(5)) and [v for _, v in two] == one
 
 
-def test_grpo_raises_the_judge_score(small_task, judge_dir):
-    """GRPO with the judge as the only reward, from the small task's SFT model: the judge's score (the training
-    reward) rises. The tiny judge also accepts answers a little off the reference (its verdicts agree with the rule on
-    about 80% of responses, see above), and the policy finds those: the rule's accuracy does not rise with it (measured:
-    judge score 0.65 -> 0.92 while accuracy fell 0.27 -> 0.09 in 12 steps), which is what a weak judge does to RL."""
+def test_grpo_with_the_judge_as_the_only_reward_learns(small_task, judge_dir):
+    """GRPO from the small task's SFT model with the judge's score as the only reward (the setting of
+    tests/test_learning.py's grpo family): the rule's accuracy, which the judge never sees, rises."""
     from posttrain.trainer.rl import RLTrainer
     from tests.test_rl_integration import read_metrics, rl_config
 
     out, files = small_task
     run = "learn_judge"
-    cfg = rl_config(out, files, run, 10, "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-                    "actor_rollout_ref.actor.optim.lr=5e-4", "reward_model.num_workers=0", "reward_model.enable=True",
+    cfg = rl_config(out, files, run, 40, "reward_model.num_workers=0", "reward_model.enable=True",
                     f"reward_model.model.path={judge_dir}", "reward_model.judge.enable=True",
                     f"reward_model.judge.prompt_template_path={judge_dir / 'judge_template.txt'}",
-                    "reward_model.judge.response_length=4")
+                    "reward_model.judge.response_length=4", "reward_model.micro_batch_size_per_gpu=180")
     RLTrainer(cfg).fit()
-    scores = [m["reward/judge_score/mean"] for m in read_metrics(out / run)]
-    assert [m["critic/score/mean"] for m in read_metrics(out / run)] == pytest.approx(scores)
-    first, last = sum(scores[:3]) / 3, sum(scores[-4:]) / 4
-    assert last > first + 0.08, [round(s, 3) for s in scores]
+    metrics = read_metrics(out / run)
+    judge, acc = [m["reward/judge_score/mean"] for m in metrics], [m["reward/acc/mean"] for m in metrics]
+    assert [m["critic/score/mean"] for m in metrics] == pytest.approx(judge)  # the judge alone is the reward
+    first, last = sum(acc[:4]) / 4, sum(acc[-10:]) / 10
+    assert last > first + 0.05, ([round(a, 3) for a in acc], [round(j, 3) for j in judge])

@@ -1,9 +1,12 @@
 """An offline tiny generative judge for the arithmetic task of `posttrain demo` (data/synthetic.py).
 
-A tiny causal LM (models/tiny.py) is fine-tuned for a few hundred small steps to answer the built-in judge template
-(reward/judge.py) with `correct` or `incorrect`: whether the response's final answer is the reference answer, as the
-task's own rule scorer decides. Its verdicts therefore mean something — they agree with the rule on most
-responses — so tests and examples can train with the judge as the reward and watch accuracy move.
+A tiny causal LM (models/tiny.py, 64 wide, 2 layers) is fine-tuned for 1200 small steps on one thread to answer a
+short template of its own (`TEMPLATE`, saved beside it as judge_template.txt) with `correct` or `incorrect`: whether
+the response's final answer is the reference answer, as the task's own rule scorer decides. Exact comparison of the
+two numbers is learnt late: after 500-800 steps such a model still calls answers a little off the reference correct
+(about 80% agreement with the rule, and GRPO then learns to give near answers); after 1200 it agreed with the rule on
+every one of 300 held-out responses. So tests and examples can train with the judge as the only reward and watch the
+rule's accuracy rise.
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ def judge_rows(seed: int, n: int, operands: range, template: str = TEMPLATE) -> 
     return rows
 
 
-def build_tiny_judge(out_dir: str | Path, *, operands: range = range(0, 10), steps: int = 500, batch_size: int = 64,
-                     lr: float = 1e-2, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+def build_tiny_judge(out_dir: str | Path, *, operands: range = range(0, 10), steps: int = 1200, batch_size: int = 64,
+                     lr: float = 3e-3, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
                      device: str = "cpu") -> Path:
     """Build and fine-tune the tiny judge into `out_dir` (a Hugging Face model directory) and return it. The
     default (one-digit operands, as the tests' small task) takes seconds on a CPU."""
