@@ -10,7 +10,7 @@ wrong final answer so that both outcomes are scored. Each row runs the reward ma
 (decode, score, check the values), with a stand-in tokenizer whose decoding costs nothing. `start-up s` is the first
 call of a fresh manager on 8 responses (worker processes start, modules import); `samples/s` is the median over
 `--repeats` calls on `--samples` responses after that. `--reward-model [DIR]` adds the scalar reward model's pass on
-the same rows. Another scorer joins with `@suite("name")` on a function returning (data_source, response,
+the same rows, `--judge [DIR]` the generative judge's (prompt, decode, parse). Another scorer joins with `@suite("name")` on a function returning (data_source, response,
 ground_truth, extra_info) rows (and a registered scorer for that data_source, or `--custom file.py:function`).
 """
 
@@ -176,6 +176,41 @@ def measure_reward_model(rows: list[tuple], path: str | None, repeats: int) -> t
     return load, statistics.median(rates)
 
 
+def measure_judge(rows: list[tuple], path: str | None, repeats: int, tokens: int) -> tuple[float, float, float]:
+    """(load seconds, median samples/s, share of verdicts parsed) of the generative judge
+    (`reward_model.judge.enable=True`, fp32, greedy, prompts decoded 64 at a time) on the suite's rows: the prompts
+    filled (DIR/judge_template.txt when there is one, else the built-in template), decoded by posttrain's rollout
+    engine for at most `tokens` tokens, parsed by the default parser. Without `path`: the tiny judge of the arithmetic
+    task (posttrain.trainer.tiny_judge), built first."""
+    import tempfile
+
+    from posttrain.config import load_config
+    from posttrain.parallel import Parallel
+    from posttrain.reward.judge import DEFAULT_TEMPLATE, fill, parse_verdict
+    from posttrain.roles.judge import Judge
+    from posttrain.trainer.tiny_judge import build_tiny_judge
+
+    if path is None:
+        path = str(build_tiny_judge(Path(tempfile.mkdtemp(prefix="judge_")) / "judge"))
+    template_file = Path(path) / "judge_template.txt"
+    template = template_file.read_text() if template_file.is_file() else DEFAULT_TEMPLATE
+    start = time.perf_counter()
+    cfg = load_config(None, ["reward_model.enable=True", f"reward_model.model.path={path}",
+                             "reward_model.judge.enable=True", f"reward_model.judge.response_length={tokens}",
+                             "reward_model.micro_batch_size_per_gpu=64", "actor_rollout_ref.rollout.dtype=fp32"])
+    judge = Judge.from_config(cfg, Parallel())
+    load = time.perf_counter() - start
+    prompts = [fill(template, question=str(r[3].get("question") or r[3].get("prompt") or ""), response=r[1],
+                    ground_truth=r[2]) for r in rows]
+    rates, parsed = [], 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        verdicts = judge.verdicts(prompts)
+        parsed = sum(parse_verdict(v) is not None for v in verdicts) / len(verdicts)
+        rates.append(len(rows) / (time.perf_counter() - start))
+    return load, statistics.median(rates), parsed
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suites", nargs="+", default=["gsm8k", "math"], help=f"of {sorted(SUITES)}")
@@ -187,6 +222,10 @@ def main() -> None:
     p.add_argument("--reward-model", nargs="?", const="", default=None, metavar="DIR",
                    help="also time a scalar reward model's pass on each suite's rows (DIR, or without one a random "
                         "classifier of 24.7M parameters); it runs in the training process, so `workers` is '-'")
+    p.add_argument("--judge", nargs="?", const="", default=None, metavar="DIR",
+                   help="also time a generative judge on each suite's rows (DIR, or without one the tiny judge of "
+                        "the arithmetic task, built first); `right` is then the share of verdicts parsed")
+    p.add_argument("--judge-tokens", type=int, default=16, help="most tokens the judge writes per verdict")
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
     import torch
@@ -214,6 +253,9 @@ def main() -> None:
         if args.reward_model is not None:
             load, rate = measure_reward_model(rows, args.reward_model or None, args.repeats)
             print(f"{name + ' rm':<8} {'-':>7} {load:>10.2f} {rate:>10.0f} {'-':>6}", flush=True)
+        if args.judge is not None:
+            load, rate, parsed = measure_judge(rows, args.judge or None, args.repeats, args.judge_tokens)
+            print(f"{name + ' judge':<8} {'-':>7} {load:>10.2f} {rate:>10.1f} {parsed:>6.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -136,7 +136,7 @@ def test_rule_scores_stay_metrics_and_the_reward_model_is_the_reward(tiny_tokeni
 def test_a_causal_lm_is_refused_as_reward_model(tiny_model_dir, tiny_tokenizer):
     from posttrain.config import ConfigError
 
-    with pytest.raises(ConfigError, match="Generative judges are not supported yet"):
+    with pytest.raises(ConfigError, match="set reward_model.judge.enable=True"):
         RewardModel.from_config(rm_config(tiny_model_dir), Parallel(), tiny_tokenizer)
 
 

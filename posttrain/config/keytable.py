@@ -312,8 +312,8 @@ RULES: list[Rule] = [
     Rule("reward_model.n_gpus_per_node", "note", "the reward model shares the training processes' devices"),
     Rule("reward_model.nnodes", "note", "the reward model shares the training processes' devices"),
     Rule("reward_model.strategy", "note", "the reward model is sharded with FSDP2 like the reference"),
-    Rule("reward_model.rollout.**", "note", "the scalar reward model runs in-process with transformers; "
-         "generative judges (a served LLM grading responses) are not supported yet"),
+    Rule("reward_model.rollout.**", "note", "the reward model runs in the training processes: the scalar one with "
+         "transformers, the generative judge (reward_model.judge.*, its sampling there) on posttrain's rollout engine"),
     Rule("reward_model.model.override_config", "note", "the reward model loads with its own config"),
     Rule("reward_model.model.use_fused_kernels", "note", "the reward model runs the transformers forward"),
     Rule("reward_model.model.use_remove_padding", "note", "the reward model runs on padded micro-batches, each cut "
@@ -690,14 +690,15 @@ DESCRIPTIONS: dict[str, str] = {
         'off). Logs `reward/rm_score/mean`; DAPO overlong shaping is added to the model score',
     'reward_model.model.path':
         'sequence classifier with one label (`AutoModelForSequenceClassification`, `num_labels=1`), local or '
-        'hub id; a causal LM is refused (generative judges are not supported yet)',
+        'hub id; or, with `judge.enable=True`, a causal LM that grades each response (the generative judge)',
     'reward_model.model.input_tokenizer':
         "tokenizer the policy's ids are decoded with before re-encoding in the reward model's chat template "
         "(null = the actor's)",
     'reward_model.model.trust_remote_code':
         "allow the reward model's own modelling / tokenizer code",
     'reward_model.micro_batch_size_per_gpu':
-        "rows per reward-model forward on each rank (null = all the rank's rows at once)",
+        "rows per reward-model forward on each rank (null = all the rank's rows at once); for the judge, the "
+        "prompts decoded together",
     'reward_model.max_length':
         'keep the first this many tokens of the re-encoded exchange (null = all)',
     'reward_model.use_dynamic_bsz':
@@ -742,6 +743,42 @@ DESCRIPTIONS: dict[str, str] = {
         'DAPO overlong shaping (ALGORITHMS.md)',
     'reward_model.overlong_buffer.log':
         'log the penalty as `reward/overlong_penalty/mean`',
+    'reward_model.judge.enable':
+        'the reward model (`model.path`, a causal LM) is a generative judge: it answers a prompt filled from '
+        '`prompt_template` for each response, and the answer is parsed into a score (`reward/judge_score/mean`). '
+        'A verdict that cannot be parsed scores 0 and counts in `reward/errors` (share: '
+        '`reward/judge_unparsed/mean`). Placed like the reference (sharded over several processes), decoded by '
+        "posttrain's rollout engine; validation stays rule-based",
+    'reward_model.judge.prompt_template':
+        'the judge\'s prompt, with placeholders `{question}` (the last user message), `{response}`, '
+        '`{ground_truth}` (a literal brace is `{{` / `}}`); null = the built-in template, which asks whether the '
+        'final answer is correct against the reference and for one word, `correct` or `incorrect`',
+    'reward_model.judge.prompt_template_path':
+        'a text file holding the template (instead of `prompt_template`)',
+    'reward_model.judge.use_chat_template':
+        "send the filled template as one user turn in the judge's chat template (False, or a tokenizer without "
+        'one: the text as it is)',
+    'reward_model.judge.score_regex':
+        "parse the verdict with this regular expression: its last match's first group (the whole match without "
+        'a group) read as a number, e.g. `[Ss]core: *(-?[0-9.]+)` or `\\[\\[([0-9.]+)\\]\\]`; null = the '
+        'default parser: the last whole word `correct` (1) or `incorrect` (0)',
+    'reward_model.judge.parse_function.path':
+        'python file with a function `parse(text) -> float` (None, an exception or NaN: unparseable); instead of '
+        '`score_regex`',
+    'reward_model.judge.parse_function.name':
+        'the function in `parse_function.path`',
+    'reward_model.judge.response_length':
+        'most tokens the judge writes per verdict (it stops at its end-of-sequence token)',
+    'reward_model.judge.temperature':
+        "the judge's sampling temperature; 0 = greedy (the default)",
+    'reward_model.judge.top_p':
+        "the judge's nucleus sampling (with temperature > 0)",
+    'reward_model.judge.top_k':
+        "the judge's top-k sampling (with temperature > 0; -1 = off)",
+    'reward_model.judge.combine':
+        'how the judge score j meets the rule score r: `replace` (the training reward is j; rule scores only feed '
+        'metrics, as with the scalar reward model), `add` (r + j), `multiply` (r * j), `gate` (j where r > 0, else '
+        'r); all but `replace` need a rule score for every row. DAPO overlong shaping is added afterwards',
     'custom_reward_function.path':
         'python file with the scorer',
     'custom_reward_function.name':

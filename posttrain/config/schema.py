@@ -242,6 +242,27 @@ class OverlongBufferConfig:
 
 
 @dataclass
+class JudgeParseFunctionConfig:
+    path: Optional[str] = None
+    name: str = "parse"
+
+
+@dataclass
+class JudgeConfig:
+    enable: bool = False  # reward_model.model.path is a causal LM that grades each response in words
+    prompt_template: Optional[str] = None  # {question} {response} {ground_truth}; null = the built-in template
+    prompt_template_path: Optional[str] = None
+    use_chat_template: bool = True
+    score_regex: Optional[str] = None
+    parse_function: JudgeParseFunctionConfig = field(default_factory=JudgeParseFunctionConfig)
+    response_length: int = 256
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1
+    combine: str = "replace"
+
+
+@dataclass
 class RewardModelConfig:
     enable: bool = False
     model: RewardModelModelConfig = field(default_factory=RewardModelModelConfig)
@@ -257,6 +278,7 @@ class RewardModelConfig:
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
     code_sandbox: CodeSandboxConfig = field(default_factory=CodeSandboxConfig)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
 
 
 @dataclass

@@ -168,11 +168,14 @@ def _validate(cfg: Config) -> None:
     rm = cfg.reward_model
     if rm.enable:
         _check(bool(rm.model.path), "reward_model.enable=True needs reward_model.model.path (a sequence classifier "
-                                    "with one label, e.g. Skywork/Skywork-Reward-V2-Llama-3.1-8B)")
+                                    "with one label, e.g. Skywork/Skywork-Reward-V2-Llama-3.1-8B, or a causal LM "
+                                    "with reward_model.judge.enable=True)")
         _check(rm.micro_batch_size_per_gpu is None or rm.micro_batch_size_per_gpu > 0,
                "reward_model.micro_batch_size_per_gpu must be positive (or null: one pass over the rank's rows)")
         _check(rm.max_length is None or rm.max_length > 0, "reward_model.max_length must be positive (or null)")
         _check(rm.forward_max_token_len_per_gpu > 0, "reward_model.forward_max_token_len_per_gpu must be positive")
+    if rm.judge.enable:
+        _check_judge(rm)
     _choice(rm.reward_manager, ("naive", "batch", "prime", "dapo"), "reward_model.reward_manager")
     _check(rm.num_workers is None or rm.num_workers >= 0,
            "reward_model.num_workers must be >= 0 (0 = score in the training process; null = from the CPU cores)")
@@ -215,6 +218,73 @@ def _validate(cfg: Config) -> None:
                                                    "(0 = never stop, skip every non-finite update)")
     _choice(d.missing_chat_template, ("error", "join"), "data.missing_chat_template")
     _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
+
+
+def _check_judge(rm) -> None:
+    """reward_model.judge.*: the template, the parser, the sampling and how the score combines."""
+    import re
+    from pathlib import Path
+
+    from ..reward.judge import COMBINE, template_problem
+
+    j = rm.judge
+    _check(rm.enable, "reward_model.judge.enable=True needs reward_model.enable=True and reward_model.model.path "
+                      "(a causal LM)")
+    _choice(j.combine, COMBINE, "reward_model.judge.combine")
+    _check(j.response_length > 0, "reward_model.judge.response_length must be positive (tokens the judge may write)")
+    _check(j.temperature >= 0, "reward_model.judge.temperature must be >= 0 (0 = greedy)")
+    _check(0 < j.top_p <= 1, "reward_model.judge.top_p must lie in (0, 1]")
+    _check(j.top_k == -1 or j.top_k > 0, "reward_model.judge.top_k must be positive (or -1: off)")
+    _check(not rm.use_dynamic_bsz, "reward_model.use_dynamic_bsz is for the scalar reward model; the judge "
+                                   "generates reward_model.micro_batch_size_per_gpu prompts at a time")
+    _check(rm.max_length is None, "reward_model.max_length is for the scalar reward model; the judge reads its "
+                                  "whole prompt (bound the response with data.max_response_length)")
+    _check(not rm.model.input_tokenizer, "reward_model.model.input_tokenizer is for the scalar reward model; the "
+                                         "judge reads the responses decoded with the actor's tokenizer")
+    template = j.prompt_template
+    if j.prompt_template_path:
+        _check(j.prompt_template is None, "reward_model.judge: set prompt_template or prompt_template_path, not both")
+        path = Path(str(j.prompt_template_path)).expanduser()
+        if _check(path.is_file(), f"reward_model.judge.prompt_template_path: '{path}' does not exist (or is not a "
+                                  "file)", "files, models and packages"):
+            template = path.read_text(encoding="utf-8")
+    if template is not None:
+        problem = template_problem(str(template))
+        key = "prompt_template_path" if j.prompt_template_path else "prompt_template"
+        _check(problem is None, f"reward_model.judge.{key}: {problem}", "wrong values")
+    if j.score_regex is not None:
+        _check(not j.parse_function.path, "reward_model.judge: set score_regex or parse_function.path, not both")
+        try:
+            re.compile(str(j.score_regex))
+        except re.error as e:
+            _check(False, f"reward_model.judge.score_regex={j.score_regex!r} is not a regular expression ({e})",
+                   "wrong values")
+    if j.parse_function.path:
+        _check(_parse_function_problem(str(j.parse_function.path), j.parse_function.name) is None,
+               _parse_function_problem(str(j.parse_function.path), j.parse_function.name) or "",
+               "files, models and packages")
+
+
+def _parse_function_problem(path: str, name: str) -> str | None:
+    """What keeps `path` from giving the judge's parse function `name` (read, not run), or None."""
+    import ast
+    from pathlib import Path
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"reward_model.judge.parse_function.path: '{path}' does not exist (or is not a file)"
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+    except (SyntaxError, UnicodeDecodeError) as e:
+        return f"reward_model.judge.parse_function.path: {file} cannot be read as Python ({e})"
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assigned = {t.id for n in tree.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)}
+    imported = {(a.asname or a.name).split(".")[0] for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}
+    if name not in defined | assigned | imported:
+        return (f"reward_model.judge.parse_function.name: {file} defines no function {name!r} (functions there: "
+                f"{sorted(defined)})")
+    return None
 
 
 def _check_policy_loss(actor) -> None:

@@ -141,7 +141,8 @@ def load_reward_model(path: str, *, dtype: torch.dtype = torch.float32, meta: bo
     if not any(a.endswith("ForSequenceClassification") for a in arch) or config.num_labels != 1:
         raise ConfigError(f"{key}='{path}' is {arch or 'a model of unknown architecture'} with {config.num_labels} "
                           "labels; posttrain's reward models are sequence classifiers with one label "
-                          "(AutoModelForSequenceClassification, num_labels=1). Generative judges are not supported yet")
+                          "(AutoModelForSequenceClassification, num_labels=1). A causal LM can grade responses as a "
+                          "generative judge: set reward_model.judge.enable=True")
     if meta:
         with torch.device("meta"):
             return AutoModelForSequenceClassification.from_config(config, dtype=dtype,

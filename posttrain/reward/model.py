@@ -24,7 +24,7 @@ class ModelRewardManager:
     """`(batch) -> (token_level_scores, extras)` like RewardManager; `score_fn(batch) -> (B,)` is the reward
     model's pass (RewardModel.score), called on every rank at once."""
 
-    def __init__(self, rule: RewardManager, score_fn: Callable[[Batch], torch.Tensor]):
+    def __init__(self, rule: RewardManager, score_fn: Callable[[Batch], torch.Tensor] | None):
         self.rule, self.score_fn = rule, score_fn
         self.rule_scoring = True  # until a data source without a scorer is seen (check_data_sources)
         self.logged: set[str] = set()
@@ -37,18 +37,8 @@ class ModelRewardManager:
             self.rule_scoring = self.rule_scoring and all(s in known for s in set(sources))
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
-        mask = batch["response_mask"]
+        extras = self.rule_extras(batch)
         rm = self.score_fn(batch).float()
-        extras: dict[str, list] = {}
-        if self.rule_scoring:
-            _, extras = self.rule(batch)
-            extras["rule_score"] = extras["score"]
-            extras.pop("overlong_penalty", None)  # recomputed below, on the reward model's score
-        else:
-            extras["response_text"] = self.rule.tokenizer.batch_decode(
-                [r[m.bool()].tolist() for r, m in zip(batch["responses"], mask)], skip_special_tokens=True)
-        extras.setdefault("errors", [0.0] * len(rm))
-        extras.setdefault("timeouts", [0.0] * len(rm))
         bad = ~torch.isfinite(rm)
         if bad.any():  # a NaN/inf model score is contained like a rule scorer's: 0, counted, logged once
             if "rm_nonfinite" not in self.logged:
@@ -58,8 +48,29 @@ class ModelRewardManager:
             rm = torch.where(bad, torch.zeros_like(rm), rm)
             extras["errors"] = [e + float(b) for e, b in zip(extras["errors"], bad.tolist())]
         extras["rm_score"] = rm.tolist()
-        extras["score"] = rm.tolist()  # the training reward before shaping (rollout dumps, filter_groups' `score`)
-        scores = rm
+        return self.placed(batch, rm, extras)
+
+    def rule_extras(self, batch: Batch) -> dict[str, list]:
+        """The rule scorer's extras with its score as `rule_score` when rule scoring is on; else only the response
+        texts. `errors` / `timeouts` are always there (zeros where nothing failed)."""
+        extras: dict[str, list] = {}
+        if self.rule_scoring:
+            _, extras = self.rule(batch)
+            extras["rule_score"] = extras["score"]
+            extras.pop("overlong_penalty", None)  # recomputed in placed(), on the model's score
+        else:
+            extras["response_text"] = self.rule.tokenizer.batch_decode(
+                [r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])],
+                skip_special_tokens=True)
+        extras.setdefault("errors", [0.0] * len(batch))
+        extras.setdefault("timeouts", [0.0] * len(batch))
+        return extras
+
+    def placed(self, batch: Batch, scores: torch.Tensor, extras: dict[str, list]):
+        """(token_level_scores, extras): `scores` (the training reward before shaping, kept as extras' `score` for
+        rollout dumps and filter_groups) plus DAPO's overlong shaping, on the last response token."""
+        mask = batch["response_mask"]
+        extras["score"] = scores.tolist()
         if self.rule.overlong:
             max_len, buf, factor = self.rule.overlong
             penalties = [overlong_penalty(int(n), max_len, buf, factor) for n in mask.sum(-1).tolist()]
@@ -68,7 +79,7 @@ class ModelRewardManager:
             scores = scores + torch.tensor(penalties)
         token_scores = torch.zeros(mask.shape, dtype=torch.float32)
         last = (mask.sum(-1) - 1).clamp(min=0)
-        token_scores[torch.arange(len(rm)), last] = scores * (mask.sum(-1) > 0)
+        token_scores[torch.arange(len(scores)), last] = scores * (mask.sum(-1) > 0)
         return token_scores, extras
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ from ..parallel import Parallel, shutdown
 from ..reward import code as code_reward
 from ..reward.checks import check_error_rate
 from ..reward.manager import RewardManager
+from ..reward.judge import judge_reward
 from ..reward.model import ModelRewardManager
 from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
@@ -124,8 +125,9 @@ class RLTrainer:
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.reward = (ModelRewardManager(self.rule_reward, roles.reward_model.score) if roles.reward_model is not None
+                       else judge_reward(cfg, self.rule_reward, roles.judge) if roles.judge is not None
                        else self.rule_reward)
-        if roles.reward_model is not None:
+        if cfg.reward_model.enable:
             for data in (self.train_data, self.val_data):
                 if data is not None:
                     self.reward.check_data_sources(it.data_source for it in data.items)

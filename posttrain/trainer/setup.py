@@ -13,6 +13,7 @@ from ..parallel import Parallel, ShardSettings, init_parallel, prepare_model
 from ..roles.actor import Actor
 from ..roles.common import Worker
 from ..roles.critic import Critic
+from ..roles.judge import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
 from ..rollout.engine import DecodeEngine
@@ -68,7 +69,7 @@ def _moves_adam(fsdp_cfg) -> bool:
 
 class Roles:
     """The models of one run on this rank: actor (+ rollout over the same weights), reference, critic, reward
-    model."""
+    model or judge."""
 
     def __init__(self, cfg, par: Parallel, tokenizer, total_steps: int):
         arr, tr = cfg.actor_rollout_ref, cfg.trainer
@@ -120,8 +121,10 @@ class Roles:
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
                                  seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config),
                                  max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
+        rm = cfg.reward_model
         self.reward_model = (RewardModel.from_config(cfg, par, tokenizer, balance_batch=tr.balance_batch)
-                             if cfg.reward_model.enable else None)
+                             if rm.enable and not rm.judge.enable else None)
+        self.judge = Judge.from_config(cfg, par) if rm.enable and rm.judge.enable else None
         r = arr.rollout
         engine = HFRollout if r.name == "hf" else DecodeEngine  # vllm / sglang name engines posttrain lacks
         self.rollout = engine(actor_worker.model, tokenizer, device=par.device,
