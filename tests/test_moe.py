@@ -76,9 +76,13 @@ def test_aux_loss_is_the_models_own_and_shared_prompts_give_the_same_log_probs(m
         shared, _ = policy(ids, mask, 4, with_entropy=False, prompts=groups, router=shared_rec)
     assert policy.shared_prompt_ok is True
     assert torch.allclose(logp, shared, atol=1e-5)
-    # the shared path routed each distinct prompt token once and every real response token once
-    prompt_tokens = int(mask[[0, 2], :5].sum())
-    assert int(torch.cat(shared_rec.masks).sum()) == prompt_tokens + int(mask[:, -4:].sum())
+    # each distinct prompt ran once, its tokens weighted by the rows that share it: the plain forward's aux loss
+    assert [call[0].shape[0] for call in shared_rec.logits] == [2 * 5, 4 * 4]
+    plain = RouterRecorder(spec)
+    with torch.no_grad():
+        policy(ids, mask, 4, with_entropy=False, router=plain)
+    assert torch.allclose(shared_rec.aux_loss(), plain.aux_loss(), atol=1e-6)
+    assert torch.allclose(shared_rec.load(), plain.load(), atol=1e-6)
     load = shared_rec.load()
     assert load.shape == (2, 4) and torch.allclose(load.sum(-1), torch.ones(2))
 
@@ -124,3 +128,81 @@ def test_tensor_parallel_with_moe_is_refused_before_loading(moe_dirs, moe_task, 
 
     with pytest.raises(ConfigError, match="tp_size=2: the model is a mixture-of-experts model"):
         Roles(cfg, Parallel(), None, 1)  # refused before the first model is built (no process group needed)
+
+
+def _scored_batch(model_dir, tokenizer, scores):
+    """4 prompts x 4 sampled responses of the model, with the given 0/1 score per response."""
+    from posttrain.data.dataset import layout_row
+
+    rows = [layout_row("synthetic/arithmetic", f"{a}+{a + 3}=", str(2 * a + 3), {"index": a}) for a in range(4)]
+    torch.manual_seed(0)
+    engine = DecodeEngine(load_causal_lm(str(model_dir)), tokenizer, device=CPU, dtype=torch.float32)
+    batch = engine.generate(prompts_batch(tokenizer, [r["prompt"][0]["content"] for r in rows]),
+                            SamplingParams(n=4, max_new_tokens=8))
+    n = len(batch)
+    token_scores = torch.zeros(batch["responses"].shape)
+    token_scores[torch.arange(n), batch["response_mask"].sum(-1) - 1] = scores
+    batch["token_level_scores"] = token_scores
+    batch.meta.update({"data_source": ["synthetic/arithmetic"] * n, "ground_truth": ["0"] * n, "extra_info": [{}] * n,
+                       "reward:acc": scores.tolist(), "reward:score": scores.tolist()})
+    return batch
+
+
+@pytest.mark.parametrize("aux_on", [True, False])
+def test_router_loss_is_added_as_the_model_config_asks(moe_dirs, moe_task, tiny_tokenizer, tmp_path, aux_on):
+    """Equal scores give zero GRPO advantages, so the policy loss has no gradient: the update's gradient is the
+    router loss's alone — `router_aux_loss_coef` times the model's own aux loss over the batch's real tokens (one
+    micro-batch) — and nothing at all when the config turns the router loss off."""
+    out, files = moe_task
+    model_dir = moe_dirs["qwen2_moe"]
+    extra = [] if aux_on else ["+actor_rollout_ref.model.override_config.output_router_logits=False"]
+    cfg = _rl_config(tmp_path / "run", model_dir, files, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                     "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.model.dtype=fp32",
+                     "actor_rollout_ref.rollout.dtype=fp32", *extra)
+    trainer = RLTrainer(cfg)
+    trainer.global_step = 1
+    batch = _scored_batch(model_dir, tiny_tokenizer, torch.zeros(16))
+    metrics = trainer.learn(batch)
+    assert metrics["actor/pg_loss"] == 0.0
+    lm = load_causal_lm(str(model_dir))
+    mask = batch["attention_mask"]
+    aux = lm(input_ids=batch["input_ids"], attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).aux_loss
+    assert metrics["actor/moe/aux_loss"] == pytest.approx(float(aux), rel=1e-4)
+    assert 1.0 <= metrics["actor/moe/load_imbalance"] <= metrics["actor/moe/load_imbalance_worst_layer"] <= 4.0
+    if aux_on:
+        (lm.config.router_aux_loss_coef * aux).backward()
+        want = torch.sqrt(sum((p.grad ** 2).sum() for p in lm.parameters() if p.grad is not None))
+        assert metrics["actor/grad_norm"] == pytest.approx(float(want), rel=1e-3)
+    else:
+        assert metrics["actor/grad_norm"] == 0.0
+
+
+@pytest.mark.parametrize("arch,extra", [
+    ("qwen2_moe", ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.model.enable_gradient_checkpointing=True"]),
+    ("qwen3_moe", ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3"]),
+])
+def test_moe_trains_end_to_end(moe_dirs, moe_task, tmp_path, arch, extra):
+    """Two GRPO steps (rollout, reward, old and reference log-probs, update; activation checkpointing on) and two
+    PPO steps (with a critic on the MoE backbone) run, log router metrics and change the experts and the router."""
+    out, files = moe_task
+    cfg = _rl_config(tmp_path / "run", moe_dirs[arch], files, "trainer.total_training_steps=2", "trainer.save_freq=2",
+                     *extra)
+    RLTrainer(cfg).fit()
+    metrics = read_metrics(tmp_path / "run")
+    assert len(metrics) == 2
+    for m in metrics:
+        assert all(torch.isfinite(torch.tensor(v)) for k, v in m.items() if k.startswith("actor/"))
+        assert m["actor/moe/aux_loss"] > 0 and m["actor/moe/load_imbalance"] >= 1.0
+        if "critic" in " ".join(extra):
+            assert "critic/vf_loss" in m
+        else:
+            assert "actor/kl_loss" in m
+    from posttrain.trainer.export import export_checkpoint
+
+    exported = export_checkpoint(tmp_path / "run" / "global_step_2", tmp_path / "hf")
+    before, after = (load_causal_lm(str(d)) for d in (moe_dirs[arch], exported))
+    before, after = before.state_dict(), after.state_dict()
+    assert before.keys() == after.keys()
+    for key in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
+                "model.layers.0.mlp.gate.weight"):
+        assert not torch.equal(before[key], after[key]), key

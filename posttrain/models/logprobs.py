@@ -289,9 +289,14 @@ def response_logprobs(
         if base.config._attn_implementation != ATTENTION_NAME:
             raise ValueError(f"shared prompts need the model's attention implementation set to {ATTENTION_NAME}")
 
+        sharing = torch.bincount(prompts[1].to(input_ids.device), minlength=len(prompts[0]))[:, None]
+
         def run(**inputs):
-            # the response call passes no mask (its attention reads the prompt's); its real tokens are the responses'
-            real = inputs["attention_mask"] if inputs["attention_mask"] is not None else attention_mask[:, -L:]
+            # Router logits count as in the plain forward: a prompt's tokens once per row that shares it (the
+            # aux loss takes a weighted mask); the response call passes no mask (its attention reads the
+            # prompt's), its real tokens are the responses'.
+            real = (inputs["attention_mask"] * sharing if inputs["attention_mask"] is not None
+                    else attention_mask[:, -L:])
             return _final_hidden(model, base, decoder, project, softcap, router=router, router_mask=real, **inputs)
 
         rows = shared_prompt_hidden(run, input_ids, attention_mask, L, *prompts)

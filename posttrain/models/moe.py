@@ -3,9 +3,10 @@ metrics.
 
 Why here and not the model's own `aux_loss` output: posttrain's log-prob pass may run the model twice per
 micro-batch (each distinct prompt once, then the responses, see shared_prompt.py), so the router logits of both calls
-are collected with the real-token mask of each, and the model's own `load_balancing_loss_func` (looked up in the
-model's module: Qwen2-MoE, Qwen3-MoE, Mixtral, ... define one each) is applied to them together. In one call this is
-exactly the `aux_loss` the model returns. The loss is added to the actor's loss only when the model's config asks
+are collected with the real-token mask of each — a shared prompt's tokens weighted by the number of rows that share
+it — and the model's own `load_balancing_loss_func` (looked up in the model's module: Qwen2-MoE, Qwen3-MoE, Mixtral,
+... define one each; it takes a weighted mask) is applied to them together. The result is the `aux_loss` the model
+returns for a plain forward over the micro-batch's rows. The loss is added to the actor's loss only when the model's config asks
 for it (`output_router_logits=True`), scaled by its `router_aux_loss_coef` — both settable with
 `actor_rollout_ref.model.override_config`, as for any config field.
 
@@ -94,7 +95,7 @@ class RouterRecorder:
         if not router_logits:
             raise RuntimeError("the model returned no router logits with output_router_logits=True")
         self.logits.append(tuple(router_logits))
-        self.masks.append(mask.reshape(-1))
+        self.masks.append(mask.reshape(-1).float())
 
     def _layers(self) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """Per layer, the router logits of every call stacked by rows; the flat mask of the same rows."""
