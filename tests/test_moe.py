@@ -206,3 +206,72 @@ def test_moe_trains_end_to_end(moe_dirs, moe_task, tmp_path, arch, extra):
     for key in ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj",
                 "model.layers.0.mlp.gate.weight"):
         assert not torch.equal(before[key], after[key]), key
+
+
+DIST_CASES = {
+    # micro-batches of one prompt group: the same groups make up each micro-batch at 1 and 2 processes, so the
+    # router loss (a per-micro-batch quantity, not additive over tokens) is the same sum
+    "grpo_kl": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True"],
+    "ppo": ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "critic.ppo_micro_batch_size_per_gpu=4"],
+}
+
+
+def _run_workers(root, model_dir, batch_path, data_file, name, nproc):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = root / name
+    out.mkdir()
+    base = [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={data_file}", "data.train_batch_size=4",
+            "data.max_prompt_length=64", "data.max_response_length=8", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+            "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.model.dtype=fp32",
+            "actor_rollout_ref.rollout.dtype=fp32", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "trainer.logger=['jsonl']", f"trainer.default_local_dir={out / 'run'}", f"trainer.n_gpus_per_node={nproc}"]
+    (out / "spec.json").write_text(json.dumps({"base": base, "cases": DIST_CASES, "batch": str(batch_path),
+                                               "out": str(out)}))
+    worker = Path(__file__).with_name("dist_worker.py")
+    cmd = [sys.executable, str(worker), str(out / "spec.json")] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(worker),
+        str(out / "spec.json")]
+    result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
+
+
+def test_two_processes_equal_one_with_experts_sharded(moe_dirs, tiny_tokenizer, tmp_path):
+    """FSDP2 over 2 processes (gloo, CPU) shards every expert of every decoder layer (the fused expert weights
+    split along the expert dimension) and gives the one-process update: GRPO with the KL loss and the router loss,
+    and PPO with a MoE critic, compared metric by metric (router metrics included) and weight by weight, at the
+    tolerances of tests/test_distributed.py."""
+    import json
+
+    from posttrain.data.dataset import layout_row
+
+    model_dir = moe_dirs["qwen2_moe"]
+    rows = [layout_row("synthetic/arithmetic", f"{a}+{a + 3}=", str(2 * a + 3), {"index": a}) for a in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    batch = _scored_batch(model_dir, tiny_tokenizer, (torch.rand(16, generator=torch.Generator().manual_seed(0)) > 0.5)
+                          .float())
+    torch.save(batch, tmp_path / "batch.pt")
+    one, two = (_run_workers(tmp_path, model_dir, tmp_path / "batch.pt", tmp_path / "train.jsonl", name, n)
+                for name, n in (("one", 1), ("two", 2)))
+    for case in DIST_CASES:
+        want, got = torch.load(one / f"{case}.pt"), torch.load(two / f"{case}.pt")
+        assert "actor/moe/aux_loss" in want["metrics"] and want["metrics"]["actor/grad_norm"] > 0
+        for key, value in want["metrics"].items():
+            if key.startswith(("actor/", "critic/")) and not key.startswith("actor/lr"):
+                assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (case, key)
+        for role, state in want["states"].items():
+            diffs = torch.cat([(got["states"][role][k] - v).abs().flatten() for k, v in state.items()])
+            assert diffs.max() < 1e-5 and diffs.mean() < 1e-8, (case, role, diffs.max().item())
+        shards = got["local_shapes"]["actor"]
+        experts = [name for name in shards if "mlp.experts." in name]
+        assert len(experts) == 2 * 2  # gate_up_proj and down_proj of both layers
+        for name in experts:  # 4 experts over 2 ranks: 2 each
+            assert shards[name][0] == 2, (name, shards[name])
+        assert want["local_shapes"] == {role: {} for role in want["local_shapes"]}  # one process: nothing sharded

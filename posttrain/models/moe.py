@@ -17,7 +17,7 @@ metric; the load metric shows how unevenly the experts are used instead.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -79,16 +79,17 @@ def router_off(config) -> dict:
     return {"output_router_logits": False} if hasattr(_text_config(config), "output_router_logits") else {}
 
 
-@dataclass
 class RouterRecorder:
     """Router logits of the model calls of one log-prob pass, each with its real-token mask. `forward_kwargs` go
-    into each model call; `record(output, mask)` keeps what it returned."""
-
-    spec: MoeSpec
-    logits: list[tuple[torch.Tensor, ...]] = field(default_factory=list)
-    masks: list[torch.Tensor] = field(default_factory=list)
+    into each model call; `record(output, mask)` keeps what it returned. A plain object, not a dataclass: FSDP2
+    rebuilds the dataclasses in a forward's arguments, and the caller must read what the model calls recorded."""
 
     forward_kwargs = {"output_router_logits": True}
+
+    def __init__(self, spec: MoeSpec):
+        self.spec = spec
+        self.logits: list[tuple[torch.Tensor, ...]] = []
+        self.masks: list[torch.Tensor] = []
 
     def record(self, output, mask: torch.Tensor) -> None:
         router_logits = getattr(output, "router_logits", None)
