@@ -275,3 +275,4 @@ def test_two_processes_equal_one_with_experts_sharded(moe_dirs, tiny_tokenizer, 
         for name in experts:  # 4 experts over 2 ranks: 2 each
             assert shards[name][0] == 2, (name, shards[name])
         assert want["local_shapes"] == {role: {} for role in want["local_shapes"]}  # one process: nothing sharded
+
