@@ -34,6 +34,7 @@ __all__ = [
     "build_tiny_model",
     "build_tiny_reward_model",
     "build_tiny_moe_model",
+    "upcycle_to_moe",
     "MOE_ARCHITECTURES",
 ]
 
@@ -207,6 +208,50 @@ def build_tiny_moe_model(out_dir: str | Path, texts: Iterable[str], *, arch: str
                                                pad_token_id=config.pad_token_id, do_sample=False)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    _mark_tokenizer_class(out)
+    return out
+
+
+def upcycle_to_moe(dense_dir: str | Path, out_dir: str | Path, *, num_experts: int = 4, top_k: int = 2,
+                   seed: int = 0) -> Path:
+    """A ``Qwen2MoeForCausalLM`` that computes what the dense Qwen2 model at ``dense_dir`` computes ("sparse
+    upcycling"): every expert is a copy of the layer's MLP, the top-k routing weights are renormalised to sum to 1
+    (``norm_topk_prob``), and the shared expert's output projection is zero; attention, norms and embeddings are
+    copied. The router starts small and random, so training makes the experts diverge. This gives a MoE model with a
+    trained starting point (e.g. an SFT warm start) without training one. Returns ``out_dir``."""
+    from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    dense = Qwen2ForCausalLM.from_pretrained(dense_dir, dtype=torch.float32)
+    d = dense.config
+    config = Qwen2MoeConfig(
+        vocab_size=d.vocab_size, tie_word_embeddings=d.tie_word_embeddings, rms_norm_eps=d.rms_norm_eps,
+        bos_token_id=d.bos_token_id, eos_token_id=d.eos_token_id, pad_token_id=d.pad_token_id,
+        hidden_size=d.hidden_size, num_hidden_layers=d.num_hidden_layers, num_attention_heads=d.num_attention_heads,
+        num_key_value_heads=d.num_key_value_heads, max_position_embeddings=d.max_position_embeddings,
+        rope_parameters=d.rope_parameters, num_experts=num_experts, num_experts_per_tok=top_k, norm_topk_prob=True,
+        moe_intermediate_size=d.intermediate_size, shared_expert_intermediate_size=d.intermediate_size,
+        intermediate_size=d.intermediate_size, decoder_sparse_step=1, output_router_logits=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2MoeForCausalLM(config)
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in dense.state_dict().items():
+            if ".mlp." not in name:
+                state[name].copy_(value)
+        for i, layer in enumerate(dense.model.layers):
+            moe = model.model.layers[i].mlp
+            mlp = layer.mlp
+            moe.experts.gate_up_proj.copy_(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])[None].expand(
+                num_experts, -1, -1))
+            moe.experts.down_proj.copy_(mlp.down_proj.weight[None].expand(num_experts, -1, -1))
+            moe.shared_expert.load_state_dict(mlp.state_dict())
+            moe.shared_expert.down_proj.weight.zero_()
+            torch.nn.init.normal_(moe.gate.weight, std=config.initializer_range)
+    model.generation_config = dense.generation_config
+    out = Path(out_dir)
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(dense_dir).save_pretrained(out)
     _mark_tokenizer_class(out)
     return out
 
