@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MoeSpec", "moe_spec", "RouterRecorder", "router_off"]
+__all__ = ["MoeSpec", "moe_spec", "is_moe_config", "reject_tensor_parallel", "RouterRecorder", "router_off"]
 
 
 @dataclass(frozen=True)
