@@ -2,8 +2,9 @@
 
 `python tests/dist_worker.py SPEC.json`: for each case of the spec, build the trainer's roles from the case's
 overrides, run `RLTrainer.learn` on the fixed batch of the spec (old/ref log-probs, values, advantages, critic and
-actor updates), and rank 0 saves the metrics and the full updated weights to OUT/<case>.pt. With `count_gathers`
-it also records how many parameter all-gathers one generate call makes, for two response lengths.
+actor updates), and rank 0 saves the metrics, the full updated weights and the shapes of its own parameter shards
+to OUT/<case>.pt. With `count_gathers` it also records how many parameter all-gathers one generate call makes, for
+two response lengths.
 """
 
 import json
@@ -44,7 +45,10 @@ def main(spec_path: str) -> None:
         states = {role: full_model_state(obj.model) for role, obj in trainer.roles.items()}
         if par.is_main:
             shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.roles.items()}
-            torch.save({"metrics": metrics, "states": states, "shared": shared, "old_log_probs": batch.get("old_log_probs"),
+            shards = {role: {name: tuple(p.to_local().shape) for name, p in obj.model.named_parameters()
+                             if hasattr(p, "to_local")} for role, obj in trainer.roles.items()}
+            torch.save({"metrics": metrics, "states": states, "shared": shared, "local_shapes": shards,
+                        "old_log_probs": batch.get("old_log_probs"),
                         "ref_log_probs": batch.get("ref_log_probs"), "values": batch.get("values")},
                        out / f"{name}.pt")
         if spec.get("count_gathers") and name == next(iter(spec["cases"])):

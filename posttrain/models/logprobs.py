@@ -212,9 +212,12 @@ def _head(base: nn.Module) -> tuple[Projection, list[Tensor], float | None]:
     return project, params, _softcap(base.config)
 
 
-def _final_hidden(model, base, decoder, project, softcap, **inputs) -> Tensor:
+def _final_hidden(model, base, decoder, project, softcap, router=None, router_mask=None, **inputs) -> Tensor:
     """The decoder's final-normed hidden states of one model call (`logits_to_keep=1`: one position projected,
-    checked against our projection of it)."""
+    checked against our projection of it). A MoE model's router logits go to `router` (a moe.RouterRecorder) with
+    `router_mask`, the call's real tokens; without one, the model collects none."""
+    from .moe import router_off
+
     captured: list[Tensor] = []
 
     def grab(_module, _args, output):
@@ -222,9 +225,12 @@ def _final_hidden(model, base, decoder, project, softcap, **inputs) -> Tensor:
 
     handle = decoder.register_forward_hook(grab)
     try:
-        out = model(use_cache=False, logits_to_keep=1, **inputs)
+        extra = router.forward_kwargs if router is not None else router_off(base.config)
+        out = model(use_cache=False, logits_to_keep=1, **extra, **inputs)
     finally:
         handle.remove()
+    if router is not None:
+        router.record(out, router_mask)
     if len(captured) != 1:
         raise RuntimeError(f"expected one decoder call per forward, saw {len(captured)}")
     _check_head(base, out.logits[:, -1], captured[0][:, -1], project, softcap)
@@ -255,12 +261,16 @@ def response_logprobs(
     with_entropy: bool = True,
     prompts: tuple[Tensor, Tensor] | None = None,
     images: list | None = None,
+    router=None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, L) and entropies (B, L) of the last ``response_length`` tokens of ``input_ids`` (B, P+L).
 
     A vision-language model (vision.py) takes each row's image inputs in ``images`` (None for a row without), runs
     on its own 3-D positions, and its vision tokens get probability 0 (they are never sampled); ``prompts`` must be
     None then.
+
+    ``router`` (a ``moe.RouterRecorder``): a MoE model's router logits of every model call are recorded into it,
+    each with the real tokens of the call, for the router's auxiliary loss.
 
     ``prompts=(prompt_rows, row_prompt)``: a row holding each distinct prompt, and each row's index into those;
     then each distinct prompt is computed once (shared_prompt.py; the model's attention implementation must be
@@ -299,14 +309,24 @@ def response_logprobs(
         if base.config._attn_implementation != ATTENTION_NAME:
             raise ValueError(f"shared prompts need the model's attention implementation set to {ATTENTION_NAME}")
 
+        sharing = torch.bincount(prompts[1].to(input_ids.device), minlength=len(prompts[0]))[:, None]
+
         def run(**inputs):
-            return _final_hidden(model, base, decoder, project, softcap, **inputs)
+            # Router logits count as in the plain forward: a prompt's tokens once per row that shares it (the
+            # aux loss takes a weighted mask); the response call passes no mask (its attention reads the
+            # prompt's), its real tokens are the responses'.
+            real = (inputs["attention_mask"] * sharing if inputs["attention_mask"] is not None
+                    else attention_mask[:, -L:])
+            return _final_hidden(model, base, decoder, project, softcap, router=router, router_mask=real, **inputs)
 
         rows = shared_prompt_hidden(run, input_ids, attention_mask, L, *prompts)
     else:
         if keeps_one_logit(base):
-            hidden = _final_hidden(model, base, decoder, project, softcap, input_ids=input_ids,
-                                   attention_mask=attention_mask, position_ids=position_ids, **extra)
+            hidden = _final_hidden(model, base, decoder, project, softcap, router=router, router_mask=attention_mask,
+                                   input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                   **extra)
+        elif router is not None:
+            raise TypeError(f"{type(base).__name__}: router logits need a forward that takes logits_to_keep")
         else:
             hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              use_cache=False).last_hidden_state

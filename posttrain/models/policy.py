@@ -24,7 +24,8 @@ class PolicyModel(nn.Module):
     """`forward(input_ids, attention_mask, response_length)` -> (log-probs, entropy or None), each (B, L).
 
     With `prompts=(prompt_rows, row_prompt)` (rows that share a prompt, see `response_logprobs`) each distinct
-    prompt is computed once — after a one-time check that this model gives the plain path's log-probs that way."""
+    prompt is computed once — after a one-time check that this model gives the plain path's log-probs that way.
+    A MoE model's router logits go to `router` (a moe.RouterRecorder) when one is given."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
@@ -32,8 +33,8 @@ class PolicyModel(nn.Module):
         self.shared_prompt_ok: bool | None = None
 
     def forward(self, input_ids, attention_mask, response_length: int, temperature: float = 1.0,
-                with_entropy: bool = True, chunk_size: int = 1024, prompts=None, images=None):
-        kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
+                with_entropy: bool = True, chunk_size: int = 1024, prompts=None, images=None, router=None):
+        kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, router=router)
         if prompts is None or len(prompts[0]) == len(input_ids) or not self._shares_prompts():
             prompts = None  # every row its own prompt, or a model that keeps the plain path
         return response_logprobs(self.lm, input_ids, attention_mask, response_length, prompts=prompts,

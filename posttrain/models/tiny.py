@@ -33,6 +33,9 @@ __all__ = [
     "build_tokenizer",
     "build_tiny_model",
     "build_tiny_reward_model",
+    "build_tiny_moe_model",
+    "upcycle_to_moe",
+    "MOE_ARCHITECTURES",
 ]
 
 # Same string as transformers' Qwen2Tokenizer.PRETOKENIZE_REGEX: one digit per piece, letters grouped with at most
@@ -161,6 +164,97 @@ def build_tiny_reward_model(out_dir: str | Path, texts: Iterable[str], *, vocab_
         torch.nn.init.normal_(model.score.weight, std=1.0)  # scores of order 1 (the default init gives ~0.02)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    _mark_tokenizer_class(out)
+    return out
+
+
+MOE_ARCHITECTURES = ("qwen2_moe", "qwen3_moe")
+
+
+def build_tiny_moe_model(out_dir: str | Path, texts: Iterable[str], *, arch: str = "qwen2_moe", vocab_size: int = 512,
+                         hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                         num_experts: int = 4, top_k: int = 2, moe_intermediate_size: int = 64,
+                         shared_expert_intermediate_size: int = 128, max_position_embeddings: int = 512,
+                         seed: int = 0) -> Path:
+    """A randomly initialised mixture-of-experts causal LM with the tokenizer of ``build_tiny_model``: ``arch``
+    ``qwen2_moe`` (``Qwen2MoeForCausalLM``: routed experts plus a gated shared expert) or ``qwen3_moe``
+    (``Qwen3MoeForCausalLM``: routed experts only, top-k weights renormalised). Every decoder layer is sparse.
+    The config asks for the router's auxiliary loss in training (``output_router_logits=True``, the model's own
+    ``router_aux_loss_coef``), as a fine-tuning config of these models does. Returns ``out_dir``."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    if arch not in MOE_ARCHITECTURES:
+        raise ValueError(f"arch must be one of {MOE_ARCHITECTURES}, got {arch!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    common = dict(vocab_size=(len(tokenizer) + 7) // 8 * 8, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                  bos_token_id=None, eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+                  pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN), hidden_size=hidden_size,
+                  num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                  max_position_embeddings=max_position_embeddings, num_experts=num_experts,
+                  num_experts_per_tok=top_k, moe_intermediate_size=moe_intermediate_size, decoder_sparse_step=1,
+                  intermediate_size=moe_intermediate_size * top_k, output_router_logits=True)
+    if arch == "qwen2_moe":
+        config, cls = Qwen2MoeConfig(shared_expert_intermediate_size=shared_expert_intermediate_size, **common), \
+            Qwen2MoeForCausalLM
+    else:
+        config, cls = Qwen3MoeConfig(norm_topk_prob=True, head_dim=hidden_size // num_heads, **common), \
+            Qwen3MoeForCausalLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = cls(config)
+        for name, param in model.named_parameters():  # the router starts at zero in transformers' init
+            if name.endswith("mlp.gate.weight"):
+                torch.nn.init.normal_(param, std=config.initializer_range)
+    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.pad_token_id, do_sample=False)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    _mark_tokenizer_class(out)
+    return out
+
+
+def upcycle_to_moe(dense_dir: str | Path, out_dir: str | Path, *, num_experts: int = 4, top_k: int = 2,
+                   seed: int = 0) -> Path:
+    """A ``Qwen2MoeForCausalLM`` that computes what the dense Qwen2 model at ``dense_dir`` computes ("sparse
+    upcycling"): every expert is a copy of the layer's MLP, the top-k routing weights are renormalised to sum to 1
+    (``norm_topk_prob``), and the shared expert's output projection is zero; attention, norms and embeddings are
+    copied. The router starts small and random, so training makes the experts diverge. This gives a MoE model with a
+    trained starting point (e.g. an SFT warm start) without training one. Returns ``out_dir``."""
+    from transformers import AutoTokenizer, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    dense = Qwen2ForCausalLM.from_pretrained(dense_dir, dtype=torch.float32)
+    d = dense.config
+    config = Qwen2MoeConfig(
+        vocab_size=d.vocab_size, tie_word_embeddings=d.tie_word_embeddings, rms_norm_eps=d.rms_norm_eps,
+        bos_token_id=d.bos_token_id, eos_token_id=d.eos_token_id, pad_token_id=d.pad_token_id,
+        hidden_size=d.hidden_size, num_hidden_layers=d.num_hidden_layers, num_attention_heads=d.num_attention_heads,
+        num_key_value_heads=d.num_key_value_heads, max_position_embeddings=d.max_position_embeddings,
+        rope_parameters=d.rope_parameters, num_experts=num_experts, num_experts_per_tok=top_k, norm_topk_prob=True,
+        moe_intermediate_size=d.intermediate_size, shared_expert_intermediate_size=d.intermediate_size,
+        intermediate_size=d.intermediate_size, decoder_sparse_step=1, output_router_logits=True)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2MoeForCausalLM(config)
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in dense.state_dict().items():
+            if ".mlp." not in name:
+                state[name].copy_(value)
+        for i, layer in enumerate(dense.model.layers):
+            moe = model.model.layers[i].mlp
+            mlp = layer.mlp
+            moe.experts.gate_up_proj.copy_(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])[None].expand(
+                num_experts, -1, -1))
+            moe.experts.down_proj.copy_(mlp.down_proj.weight[None].expand(num_experts, -1, -1))
+            moe.shared_expert.load_state_dict(mlp.state_dict())
+            moe.shared_expert.down_proj.weight.zero_()
+            torch.nn.init.normal_(moe.gate.weight, std=config.initializer_range)
+    model.generation_config = dense.generation_config
+    out = Path(out_dir)
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(dense_dir).save_pretrained(out)
     _mark_tokenizer_class(out)
     return out
 

@@ -61,6 +61,13 @@ def apply_tensor_parallel(model: nn.Module, par: Parallel) -> None:
     if not plan:
         raise ValueError(f"{type(base).__name__} has no tensor-parallel plan (config.base_model_tp_plan); "
                          "use fsdp_config.tp_size=1")
+    from ..models.moe import is_moe_config
+
+    if is_moe_config(config):
+        raise ValueError(f"tensor parallel: {type(base).__name__} is a mixture-of-experts model and posttrain's "
+                         "tensor-parallel plan does not split its experts (fused expert weights, router); use "
+                         "fsdp_config.tp_size=1 — FSDP2 shards the experts with the rest of each decoder layer "
+                         "(docs/scaling.md)")
     tp = par.dims.tp
     for key in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(config, key, None)

@@ -17,6 +17,8 @@ from ..data.batch import Batch
 from ..parallel import gathered_for_generation, set_gradient_sync
 from ..models.load import eval_mode
 from ..models.logprobs import SUM_PI_SQUARED
+from ..models.moe import RouterRecorder, moe_spec
+from ..parallel.shard import base_model
 from .common import Worker, group_rows, make_optimizer
 from .nonfinite import NonFiniteGuard
 
@@ -34,6 +36,7 @@ class Actor:
         self.skipped_steps = 0
         self.offload_optimizer = offload_optimizer
         self.nonfinite = NonFiniteGuard("actor", max_nonfinite_in_a_row)
+        self.moe = moe_spec(base_model(self.model))  # None for a dense model
 
     def generation(self):
         """Around a generate call: the sharded policy gathered once (see parallel.gathered_for_generation)."""
@@ -86,6 +89,7 @@ class Actor:
     def _step(self, mini: Batch, sums) -> None:
         cfg, worker = self.cfg, self.worker
         norm = agg_norm(mini["response_mask"].float(), self.norm_const)  # the whole mini-batch's, on every rank
+        all_tokens = max(float(mini["attention_mask"].sum()), 1.0)  # the router loss's normaliser (every real token)
         need_entropy = cfg.entropy_coeff != 0
         totals = defaultdict(float)
         mine = mini.select(worker.my_rows(mini))
@@ -96,7 +100,8 @@ class Actor:
         for i, mb in enumerate(micros):
             set_gradient_sync(self.model, i == len(micros) - 1)
             mask = mb["response_mask"].float().to(worker.device)
-            logp, ent = worker.logprobs(mb, temperature=self.temperature, with_entropy=True)
+            router = RouterRecorder(self.moe) if self.moe is not None else None
+            logp, ent = worker.logprobs(mb, temperature=self.temperature, with_entropy=True, router=router)
             old = mb["old_log_probs"].to(worker.device) if "old_log_probs" in mb else logp.detach()
             weights = mb["rollout_is_weights"].to(worker.device) if "rollout_is_weights" in mb else None
             advantages = mb["advantages"].to(worker.device)
@@ -116,6 +121,8 @@ class Actor:
                 totals["actor/kl_loss"] += kl.item()
                 watched[-1:-1] = [("ref_log_probs", ref)]
                 watched.append(("kl_loss", kl))
+            if router is not None:
+                loss = self._router_loss(loss, router, float(mb["attention_mask"].sum()) / all_tokens, totals, watched)
             watched = [(name, value) for name, value in watched if value is not None]
             loss_not_finite |= self.nonfinite.loss_not_finite(loss, watched, mask)
             loss.backward()
@@ -135,6 +142,20 @@ class Actor:
             sums["actor/empty_mini_batches"].append(1.0)
         sums["actor/grad_norm"].append(grad_norm)
         sums["actor/skipped_steps"].append(float(self.skipped_steps))
+
+
+    def _router_loss(self, loss, router: RouterRecorder, share: float, totals, watched):
+        """A MoE model's load-balancing loss, as the model adds it in training (`output_router_logits`, times
+        `router_aux_loss_coef`): computed per micro-batch over its real tokens and weighted by the micro-batch's
+        share of the mini-batch's tokens, so the step's loss holds the token-weighted mean over micro-batches and
+        ranks. Router metrics are logged whether the loss is on or not."""
+        aux = router.aux_loss()
+        for key, value in router.metrics(aux).items():
+            totals[f"actor/{key}"] += value * share
+        if self.moe.aux_on and self.moe.aux_coef:
+            watched.append(("router_aux_loss", aux))
+            return loss + self.moe.aux_coef * share * aux
+        return loss
 
 
 def loss_settings(cfg, norm_const: float) -> LossSettings:

@@ -131,12 +131,16 @@ class Worker:
 
     # ------------------------------------------------------------------ forward and optimizer step
 
-    def logprobs(self, mb: Batch, *, temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(b, L) log-probs (and entropy) of one micro-batch's response tokens, padded back to full width."""
+    def logprobs(self, mb: Batch, *, temperature: float, with_entropy: bool,
+                 router=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(b, L) log-probs (and entropy) of one micro-batch's response tokens, padded back to full width; a MoE
+        model's router logits recorded into `router` when given (see models/moe.py)."""
         ids, mask, resp_l, full_l = trimmed(mb)
+        extra = {"router": router} if router is not None else {}
         with self.autocast():
             logp, ent = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
-                                   with_entropy=with_entropy, prompts=shared_prompts(mb), images=images_of(mb))
+                                   with_entropy=with_entropy, prompts=shared_prompts(mb), images=images_of(mb),
+                                   **extra)
         pad = full_l - resp_l
         logp = torch.nn.functional.pad(logp.float(), (0, pad))
         ent = torch.nn.functional.pad(ent.float(), (0, pad)) if ent is not None else None

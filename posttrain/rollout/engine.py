@@ -20,6 +20,7 @@ import logging
 import torch
 
 from ..models.load import autocast, eval_mode
+from ..models.moe import router_off
 from .base import SamplingParams
 from .hf import HFRollout
 from ..models.vision import is_vision_config
@@ -33,8 +34,11 @@ DROP_FINISHED_SHARE = 0.25  # drop finished rows once they are this share of the
 
 
 def _forward(model):
-    """The LM's forward, through the policy wrapper when there is one (a sharded root must see the call)."""
-    return model.lm_forward if hasattr(model, "lm_forward") else model
+    """The LM's forward, through the policy wrapper when there is one (a sharded root must see the call); a MoE
+    model collects no router logits while decoding."""
+    forward = model.lm_forward if hasattr(model, "lm_forward") else model
+    quiet = router_off(model.config)
+    return (lambda **inputs: forward(**inputs, **quiet)) if quiet else forward
 
 
 class DecodeEngine(HFRollout):

@@ -8,6 +8,7 @@ import torch
 from ..data.batch import Batch
 from ..models.load import autocast, eval_mode
 from ..models.logprobs import _unwrap
+from ..models.moe import router_off
 from ..models.vision import MM_KEY, forward_inputs, is_vision_config, vision_token_ids
 from .base import RolloutEngine, SamplingParams
 from .weights import inference_weights
@@ -64,7 +65,7 @@ class HFRollout(RolloutEngine):
         config.use_cache = True
         # synced_gpus=False: a sharded policy is gathered before generate, so ranks decode independently
         kwargs = dict(max_new_tokens=s.max_new_tokens, pad_token_id=self.pad_id, use_cache=True, synced_gpus=False,
-                      eos_token_id=None if s.ignore_eos else sorted(self.eos_ids))
+                      eos_token_id=None if s.ignore_eos else sorted(self.eos_ids), **router_off(model.config))
         if is_vision_config(model.config):
             kwargs["suppress_tokens"] = vision_token_ids(model.config)
             vision = forward_inputs(_unwrap(model.lm if hasattr(model, "lm") else model), model.config,

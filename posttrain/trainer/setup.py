@@ -6,7 +6,8 @@ import torch
 
 from ..algo import estimator_info
 from ..models.hub import resolve_model_source
-from ..models.load import LoraSettings, compute_dtype, load_causal_lm
+from ..models.load import LoraSettings, compute_dtype, load_causal_lm, model_config
+from ..models.moe import reject_tensor_parallel
 from ..models.policy import PolicyModel, ValueModel
 from ..models.vision import freeze_vision_tower
 from ..parallel import Parallel, ShardSettings, init_parallel, prepare_model
@@ -76,6 +77,9 @@ class Roles:
         self.dtype = compute_dtype(arr.model.dtype, par.device)
         temperature = arr.rollout.temperature if arr.rollout.temperature > 0 else 1.0
         model_cfg = arr.model
+        reject_tensor_parallel(model_config(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
+                                            key="actor_rollout_ref.model.path"),
+                               arr.actor.fsdp_config.tp_size, "actor_rollout_ref.actor.fsdp_config.tp_size")
         lora = (LoraSettings(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
                 if model_cfg.lora_rank > 0 else None)
 
