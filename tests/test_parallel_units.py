@@ -72,8 +72,14 @@ def test_the_reported_failure_is_the_rank_that_broke_first():
     failures = {0: failure(100, "DistBackendError: [gloo] Connection closed by peer"),
                 1: failure(100, "RuntimeError: reward module broken")}
     assert root_cause(failures) == (1, "RuntimeError: reward module broken", 1)
-    failures[0] = failure(99, "ValueError: bad row")  # an earlier failure wins whatever it says
+    # the rank that broke was stamped a second later (no error file: stamped when the launcher polled)
+    failures[1] = failure(101, "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html")
+    assert root_cause(failures)[0] == 1
+    failures[0] = failure(99, "ValueError: bad row")  # between errors of their own, the earlier one wins
     assert root_cause(failures)[0] == 0
+    # every rank lost a connection (the one that started it was killed elsewhere): the earliest
+    failures = {0: failure(100, "Connection closed by peer"), 1: failure(99, "Connection reset by peer")}
+    assert root_cause(failures)[0] == 1
 
 
 def test_under_torchrun_the_config_takes_its_layout_before_it_is_checked(monkeypatch):

@@ -97,14 +97,15 @@ COMM_SYMPTOMS = ("DistBackendError", "gloo", "NCCL", "Connection closed", "Conne
 
 
 def root_cause(failures: dict) -> tuple[int, str, int]:
-    """The failure that started it: the earliest one (timestamps are whole seconds), and among those a rank whose
-    error is its own rather than a broken connection to a rank that died first."""
+    """The failure that started it: a rank whose error is its own rather than a broken connection to a rank that
+    died first (whatever the timestamps say: they are whole seconds, and a rank that left no error file is stamped
+    when the launcher next polls, which can be after the rank it took down wrote its own); then the earliest."""
     def message(failure) -> str:
         m = failure.message
         return m if isinstance(m, str) else m.get("message", str(m))
 
-    rank, failure = min(failures.items(), key=lambda kv: (kv[1].timestamp,
-                                                          any(s in message(kv[1]) for s in COMM_SYMPTOMS), kv[0]))
+    rank, failure = min(failures.items(), key=lambda kv: (any(s in message(kv[1]) for s in COMM_SYMPTOMS),
+                                                          kv[1].timestamp, kv[0]))
     return rank, message(failure), failure.exitcode
 
 
