@@ -80,6 +80,10 @@ def test_the_reported_failure_is_the_rank_that_broke_first():
     # every rank lost a connection (the one that started it was killed elsewhere): the earliest
     failures = {0: failure(100, "Connection closed by peer"), 1: failure(99, "Connection reset by peer")}
     assert root_cause(failures)[0] == 1
+    # the rank the launcher stopped with SIGTERM after rank 1 broke is not the cause
+    failures = {0: failure(100, "Signal 15 (SIGTERM) received by PID 7", code=-15),
+                1: failure(100, "DistBackendError: [gloo] Connection closed by peer")}
+    assert root_cause(failures)[0] == 1
 
 
 def test_under_torchrun_the_config_takes_its_layout_before_it_is_checked(monkeypatch):

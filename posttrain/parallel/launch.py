@@ -4,6 +4,7 @@ the config asks for more than one device, and runs unchanged inside an outer `to
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 
@@ -98,14 +99,20 @@ COMM_SYMPTOMS = ("DistBackendError", "gloo", "NCCL", "Connection closed", "Conne
 
 def root_cause(failures: dict) -> tuple[int, str, int]:
     """The failure that started it: a rank whose error is its own rather than a broken connection to a rank that
-    died first (whatever the timestamps say: they are whole seconds, and a rank that left no error file is stamped
-    when the launcher next polls, which can be after the rank it took down wrote its own); then the earliest."""
+    died first or the SIGTERM the launcher sent it (whatever the timestamps say: they are whole seconds, and a rank
+    that left no error file is stamped when the launcher next polls, which can be after the rank it took down wrote
+    its own); then the earliest, and in the same second a broken connection before a rank the launcher stopped."""
     def message(failure) -> str:
         m = failure.message
         return m if isinstance(m, str) else m.get("message", str(m))
 
-    rank, failure = min(failures.items(), key=lambda kv: (any(s in message(kv[1]) for s in COMM_SYMPTOMS),
-                                                          kv[1].timestamp, kv[0]))
+    def order(item):
+        rank, failure = item
+        stopped = failure.exitcode == -signal.SIGTERM  # what the launcher sends the survivors
+        broken = any(s in message(failure) for s in COMM_SYMPTOMS)
+        return broken or stopped, failure.timestamp, stopped, broken, rank
+
+    rank, failure = min(failures.items(), key=order)
     return rank, message(failure), failure.exitcode
 
 
