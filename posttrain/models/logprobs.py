@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from .moe import router_off
 from .vision import forward_inputs, is_vision_config, vision_token_ids
 
 __all__ = ["token_logprobs_and_entropy", "response_logprobs"]
@@ -216,8 +217,6 @@ def _final_hidden(model, base, decoder, project, softcap, router=None, router_ma
     """The decoder's final-normed hidden states of one model call (`logits_to_keep=1`: one position projected,
     checked against our projection of it). A MoE model's router logits go to `router` (a moe.RouterRecorder) with
     `router_mask`, the call's real tokens; without one, the model collects none."""
-    from .moe import router_off
-
     captured: list[Tensor] = []
 
     def grab(_module, _args, output):
