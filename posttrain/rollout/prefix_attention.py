@@ -51,8 +51,9 @@ class SharedPrefixCache:
         suffix = torch.zeros(self.capacity, device=device).masked_fill(unwritten, float("-inf"))
         self.bias = torch.cat([self.prefix_bias, suffix.expand(*self.prefix_bias.shape[:3], -1)], dim=-1)
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
-        """Write the current token's key and value; return the suffix buffers."""
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None, kwargs=None):
+        """Write the current token's key and value; return the suffix buffers. (transformers passes the layer's
+        extra arguments as `cache_kwargs` up to 5.23, as `kwargs` from 5.24; neither matters here.)"""
         k, v = self.keys[layer_idx], self.values[layer_idx]
         if k is None or k.shape[2] < self.capacity:
             k, v = self._grown(key_states, k), self._grown(value_states, v)
