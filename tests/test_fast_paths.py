@@ -21,6 +21,7 @@ from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.engine import DecodeEngine
 from posttrain.rollout.hf import HFRollout
 from posttrain.rollout.prefix_attention import FIRST_CAPACITY
+import posttrain.rollout.prefix_attention as prefix_attention
 from posttrain.rollout.sampling import next_tokens
 from posttrain.rollout.weights import inference_weights
 
@@ -38,16 +39,33 @@ def batch_of(tok, texts) -> Batch:
 
 
 TEXTS = ["1+2=", "33+44=", "5+57=", "What is 12 plus 9?", "7+7=", "80+1="]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# the decoding loop as it runs on a CPU; its static-buffer loop (what CUDA graphs record) run eagerly on the CPU; and
+# the recorded CUDA graphs themselves where a GPU is present
+MODES = ["eager", "static", pytest.param("cuda_graphs", marks=CUDA)]
+
+
+def engine_for(mode, model, tok, monkeypatch, **kwargs) -> DecodeEngine:
+    """The engine in `mode`, with a static first capacity of 8 (so that 40 new tokens double it twice)."""
+    monkeypatch.setattr(prefix_attention, "STATIC_FIRST_CAPACITY", 8)
+    device = torch.device("cuda") if mode == "cuda_graphs" else CPU
+    engine = DecodeEngine(model, tok, device=device, **kwargs)
+    assert engine.cuda_graphs == (mode == "cuda_graphs")
+    engine.static = mode != "eager"
+    return engine
 
 
 # ------------------------------------------------------------------ decoding engine
 
 
-def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(tiny_model_dir, tiny_tokenizer):
+@pytest.mark.parametrize("mode", MODES)
+def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(tiny_model_dir, tiny_tokenizer, mode,
+                                                                               monkeypatch):
     """Greedy decoding: token for token what `generate` gives, with rows finishing at different steps (so the
     engine drops finished rows mid-way), prompts of different lengths, several prompts per call and n > 1, and
     more new tokens than the first cache capacity (so its buffers grow mid-way)."""
-    lm = load_causal_lm(str(tiny_model_dir))
+    device = torch.device("cuda") if mode == "cuda_graphs" else CPU
+    lm = load_causal_lm(str(tiny_model_dir)).to(device)
     torch.manual_seed(0)
     with torch.no_grad():  # larger random weights: greedy text that depends on the prompt (not one repeated token)
         for p in lm.parameters():
@@ -55,10 +73,10 @@ def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(t
                 p.normal_(0, 0.3)
     model = PolicyModel(lm)
     batch = batch_of(tiny_tokenizer, TEXTS)
-    plain = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    plain = HFRollout(model, tiny_tokenizer, device=device, dtype=torch.float32)
     free = plain.generate(batch, SamplingParams(n=1, do_sample=False, max_new_tokens=40, ignore_eos=True))
     stop = set(free["responses"][:3, 2].tolist())  # end tokens: rows then finish at different steps, or never
-    fast = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32, micro_batch_size=4)
+    fast = engine_for(mode, model, tiny_tokenizer, monkeypatch, dtype=torch.float32, micro_batch_size=4)
     plain.eos_ids = fast.eos_ids = stop
     greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=40)
     assert greedy.max_new_tokens > FIRST_CAPACITY
@@ -67,6 +85,8 @@ def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(t
     lengths = a["response_mask"].sum(-1)
     assert len(set(lengths.tolist())) > 1, "the test needs rows that finish at different steps"
     assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["response_mask"], b["response_mask"])
+    if mode == "cuda_graphs":  # the first capacity, two doublings and at least one compaction, in the last call
+        assert fast.cuda_graphs and fast.graphs_recorded >= 4, fast.graphs_recorded
 
 
 def test_engine_bf16_greedy_matches_transformers_generate(tiny_model_dir, tiny_tokenizer):
@@ -78,23 +98,25 @@ def test_engine_bf16_greedy_matches_transformers_generate(tiny_model_dir, tiny_t
     assert (a["responses"] == b["responses"]).float().mean() > 0.95  # bf16 rounding may flip a near-tie
 
 
-def test_engine_samples_the_model_distribution(tiny_model_dir, tiny_tokenizer):
+@pytest.mark.parametrize("mode", ["eager", pytest.param("cuda_graphs", marks=CUDA)])
+def test_engine_samples_the_model_distribution(tiny_model_dir, tiny_tokenizer, mode, monkeypatch):
     """4000 two-token samples of one prompt (temperature 0.8, top-k 6, top-p 0.9): the empirical joint
     distribution of (first, second) token against the exact one from the model's plain forward and
     transformers' warpers — chi-square within its 99.9% bound."""
     from transformers import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    lm = load_causal_lm(str(tiny_model_dir)).eval()
+    device = torch.device("cuda") if mode == "cuda_graphs" else CPU
+    lm = load_causal_lm(str(tiny_model_dir)).to(device).eval()
     model = PolicyModel(lm)
     batch = batch_of(tiny_tokenizer, ["33+44="])
     s = SamplingParams(n=4000, temperature=0.8, top_k=6, top_p=0.9, max_new_tokens=2, ignore_eos=True)
     torch.manual_seed(0)
-    out = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32).generate(batch, s)
+    out = engine_for(mode, model, tiny_tokenizer, monkeypatch, dtype=torch.float32).generate(batch, s)
     warpers = [TemperatureLogitsWarper(0.8), TopKLogitsWarper(6), TopPLogitsWarper(0.9)]
 
     def dist(ids):
         with torch.no_grad():
-            logits = lm(input_ids=ids).logits[:, -1].double()
+            logits = lm(input_ids=ids.to(device)).logits[:, -1].double().cpu()
         for w in warpers:
             logits = w(ids, logits)
         return torch.softmax(logits, -1)[0]

@@ -10,7 +10,7 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 OTHER_ENGINES = ("vllm", "sglang", "trtllm")  # accepted; generation runs on posttrain's engine (a note says so)
 STRATEGIES = ("fsdp", "fsdp2", "megatron")  # megatron: its layout maps onto FSDP2 x tensor parallel (a note says how)
 DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
-ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "enforce_eager", "free_cache_engine",
+ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "free_cache_engine",
                     "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "mode")
 
 

@@ -6,7 +6,9 @@ What it does differently from transformers' `generate` (each measured in docs/pe
 - generated keys and values go into preallocated buffers (no concatenation of the whole cache per token);
 - finished rows are dropped from the batch once a quarter of it has finished;
 - sampling is one inverse-CDF draw per row over filtered logits (sampling.py); decoding runs on weights already in the
-  compute dtype (weights.py).
+  compute dtype (weights.py);
+- on a GPU each decoding step is replayed as a CUDA graph (cuda_graphs.py; `rollout.enforce_eager=True` turns that
+  off); finished rows are then dropped once half the batch has finished, since each compaction records a new graph.
 
 Any model runs: the first call checks, on a few tokens, that this loop gives the logits of the model's own
 forward; a model it does not match (an attention variant the shared-prefix step does not implement) is decoded
@@ -21,7 +23,9 @@ import torch
 
 from ..models.load import autocast, eval_mode
 from ..models.moe import router_off
+from ..parallel import is_sharded
 from .base import SamplingParams
+from .cuda_graphs import DecodeStep
 from .hf import HFRollout
 from ..models.vision import is_vision_config
 from ..models.shared_prompt import attention_implementation
@@ -31,6 +35,7 @@ from .sampling import next_tokens, sampled_logprobs
 log = logging.getLogger(__name__)
 
 DROP_FINISHED_SHARE = 0.25  # drop finished rows once they are this share of the batch
+STATIC_DROP_FINISHED_SHARE = 0.5  # the same with CUDA graphs (a compacted batch is recorded anew)
 
 
 def _forward(model):
@@ -44,9 +49,15 @@ def _forward(model):
 class DecodeEngine(HFRollout):
     """generate(batch, sampling) as `RolloutEngine` says; see the module docstring."""
 
-    def __init__(self, model, tokenizer, *, device, dtype, micro_batch_size: int | None = None):
+    def __init__(self, model, tokenizer, *, device, dtype, micro_batch_size: int | None = None,
+                 cuda_graphs: bool = True):
         super().__init__(model, tokenizer, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
         self.shared_prefix_ok: bool | None = None  # decided by the first call's check
+        # CUDA graphs: on a GPU unless turned off; not for a sharded model (its forward gathers weights). `static`
+        # runs the same static-buffer loop without recording (how the tests drive that loop on a CPU).
+        self.cuda_graphs = cuda_graphs and torch.device(device).type == "cuda" and not is_sharded(model)
+        self.static = self.cuda_graphs
+        self.graphs_recorded = 0  # CUDA graphs recorded by the last call
 
     def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams, *,
                   images: list | None = None):
@@ -60,7 +71,7 @@ class DecodeEngine(HFRollout):
             tokens, logprobs = self._decode(model, prompts[:: s.n], prompt_mask[:: s.n], s, generator)
         return tokens.cpu(), (logprobs.cpu() if logprobs is not None else None)
 
-    def _prefill(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int):
+    def _prefill(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int, static: bool):
         """Last-position logits (prompts, V), and the decoding cache holding the prompts' keys and values."""
         from transformers import DynamicCache
 
@@ -69,7 +80,8 @@ class DecodeEngine(HFRollout):
         out = _forward(model)(input_ids=prompts, attention_mask=mask, position_ids=positions, past_key_values=cache,
                               use_cache=True, logits_to_keep=1)
         return out.logits[:, -1], SharedPrefixCache([layer.keys for layer in cache.layers],
-                                                    [layer.values for layer in cache.layers], mask, n, max_new)
+                                                    [layer.values for layer in cache.layers], mask, n, max_new,
+                                                    static=static)
 
     def _decode(self, model, prompts: torch.Tensor, mask: torch.Tensor, s: SamplingParams,
                 generator: torch.Generator | None = None, forced: torch.Tensor | None = None,
@@ -77,13 +89,15 @@ class DecodeEngine(HFRollout):
         """(prompts * n, max_new) tokens, and their sampling log-probs when `s.logprobs` (else None). `forced`
         (rows, steps) replaces the sampled tokens and `on_logits(t, logits)` sees each step's logits: the check in
         `_check` uses both."""
-        device = self.device
+        device, static = self.device, self.static
+        step = DecodeStep(_forward(model), graphs=self.cuda_graphs) if static else None
+        drop_share = STATIC_DROP_FINISHED_SHARE if static else DROP_FINISHED_SHARE
         prompts, mask = prompts.to(device), mask.to(device)
         used = mask.any(dim=0).nonzero()
         start = int(used[0]) if len(used) else 0  # columns that are padding in every prompt are not computed
         prompts, mask = prompts[:, start:], mask[:, start:]
         n, steps = s.n, s.max_new_tokens
-        logits, cache = self._prefill(model, prompts, mask, n, steps)
+        logits, cache = self._prefill(model, prompts, mask, n, steps, static)
         logits = logits.repeat_interleave(n, dim=0)
         rows = len(prompts) * n
         position = mask.sum(dim=-1).repeat_interleave(n)  # of the next token, per row
@@ -107,15 +121,19 @@ class DecodeEngine(HFRollout):
                     done = int(finished.sum())
                     if done == len(live):
                         break
-                    if done >= DROP_FINISHED_SHARE * len(live):
+                    if done >= drop_share * len(live):
                         keep = (~finished).nonzero().squeeze(1)
                         live, token, position, finished = live[keep], token[keep], position[keep], finished[keep]
                         cache.keep(keep)
-                out = _forward(model)(input_ids=token[:, None], position_ids=position[:, None],
-                                      past_key_values=cache, use_cache=True, shared_prefix=cache)
+                if step is not None:
+                    logits = step(token, position, cache)
+                else:
+                    logits = _forward(model)(input_ids=token[:, None], position_ids=position[:, None],
+                                             past_key_values=cache, use_cache=True, shared_prefix=cache).logits[:, -1]
                 cache.advance()
-                logits = out.logits[:, -1]
                 position = position + 1
+        if step is not None:
+            self.graphs_recorded = step.recorded
         return tokens, logprobs
 
     def _check(self, model) -> bool:
@@ -133,6 +151,23 @@ class DecodeEngine(HFRollout):
             log.warning("posttrain decoding engine: %s has %s layers; generating with transformers' generate",
                         type(model).__name__, ", ".join(sorted(kinds)))
             return False
+        reason = self._compare(model)
+        if reason is not None and self.cuda_graphs:
+            graph_reason, self.cuda_graphs, self.static = reason, False, False
+            reason = self._compare(model)
+            if reason is None:
+                log.warning("posttrain decoding engine: %s does not run as a CUDA graph (%s); decoding eagerly",
+                            type(model).__name__, graph_reason)
+        if reason is None:
+            return True
+        log.warning("posttrain decoding engine: %s does not run with shared-prompt decoding (%s); generating with "
+                    "transformers' generate instead", type(model).__name__, reason)
+        return False
+
+    def _compare(self, model) -> str | None:
+        """None when the loop's logits equal the model's own forward; else why not."""
+        config = model.config.get_text_config()
+        device, vocab = self.device, config.vocab_size
         gen = torch.Generator().manual_seed(0)
         prompts = torch.randint(0, min(vocab, 1000), (2, 5), generator=gen)
         mask = torch.ones_like(prompts)
@@ -142,7 +177,7 @@ class DecodeEngine(HFRollout):
         try:
             with eval_mode(model), torch.no_grad(), autocast(device, self.dtype):
                 self._decode(model, prompts, mask, SamplingParams(n=2, max_new_tokens=3, ignore_eos=True),
-                             forced=forced, on_logits=lambda t, logits: seen.append(logits.float()))
+                             forced=forced, on_logits=lambda t, logits: seen.append(logits.float().clone()))
                 full_ids = torch.cat([prompts.to(device).repeat_interleave(2, 0), forced], dim=1)
                 full_mask = torch.cat([mask.to(device).repeat_interleave(2, 0), torch.ones_like(forced)], dim=1)
                 positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
@@ -152,10 +187,7 @@ class DecodeEngine(HFRollout):
             error = float((got - ref).abs().max() / ref.abs().max().clamp(min=1e-6))
             tolerance = 1e-4 if self.dtype == torch.float32 else 3e-2
             if error <= tolerance:
-                return True
-            reason = f"its logits differ from the model's own forward by {error:.1e} (relative)"
+                return None
+            return f"its logits differ from the model's own forward by {error:.1e} (relative)"
         except Exception as exc:  # an architecture whose modules the loop cannot drive
-            reason = f"{type(exc).__name__}: {exc}"
-        log.warning("posttrain decoding engine: %s does not run with shared-prompt decoding (%s); generating with "
-                    "transformers' generate instead", type(model).__name__, reason)
-        return False
+            return f"{type(exc).__name__}: {exc}"

@@ -19,6 +19,7 @@ from transformers import AttentionInterface
 
 ATTENTION_NAME = "posttrain_shared_prefix"
 FIRST_CAPACITY = 16  # suffix positions at first; the buffers grow by a quarter when full
+STATIC_FIRST_CAPACITY = 256  # the same in static mode (CUDA graphs): doubling from here, each size recorded once
 
 
 class SharedPrefixCache:
@@ -32,24 +33,39 @@ class SharedPrefixCache:
     group rows, None while no row has been dropped (`keep`)."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], prefix_mask: torch.Tensor, group: int,
-                 max_new: int):
+                 max_new: int, *, static: bool = False):
         self.prefix_keys, self.prefix_values, self.group, self.max_new = keys, values, group, max_new
+        self.static = static
         bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=prefix_mask.device)
         self.prefix_bias = bias.masked_fill(prefix_mask == 0, float("-inf")).repeat_interleave(group, 0)[:, None, None]
         self.rows: torch.Tensor | None = None
-        self.length, self.capacity = 0, min(max_new, FIRST_CAPACITY)
+        self.length, self.capacity = 0, min(max_new, STATIC_FIRST_CAPACITY if static else FIRST_CAPACITY)
         self.keys: list[torch.Tensor | None] = [None] * len(keys)
         self.values: list[torch.Tensor | None] = [None] * len(keys)
+        self.position = torch.tensor([0], device=prefix_mask.device)
         self._step_bias()
 
     def _step_bias(self) -> None:
         """`bias` (rows, 1, 1, P + capacity): the prompt's padding and the suffix positions not written yet at
         -inf, the same for every layer of a step; `position`: where this step's key and value go."""
         device = self.prefix_bias.device
-        self.position = torch.tensor([self.length], device=device)
+        if self.static:
+            self.position.fill_(self.length)  # in place: a recorded step reads this very tensor
+        else:
+            self.position = torch.tensor([self.length], device=device)
         unwritten = torch.arange(self.capacity, device=device) > self.length
         suffix = torch.zeros(self.capacity, device=device).masked_fill(unwritten, float("-inf"))
         self.bias = torch.cat([self.prefix_bias, suffix.expand(*self.prefix_bias.shape[:3], -1)], dim=-1)
+
+    def reserve(self) -> None:
+        """Static mode: every layer's buffers at the current capacity before the step (a recorded step cannot
+        allocate them)."""
+        for i, (pk, pv) in enumerate(zip(self.prefix_keys, self.prefix_values)):
+            k = self.keys[i]
+            if k is None or k.shape[2] < self.capacity:
+                rows = len(self.prefix_bias)
+                self.keys[i] = self._grown(pk.new_empty(rows, pk.shape[1], 0, pk.shape[3]), k)
+                self.values[i] = self._grown(pv.new_empty(rows, pv.shape[1], 0, pv.shape[3]), self.values[i])
 
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None, kwargs=None):
         """Write the current token's key and value; return the suffix buffers. (transformers passes the layer's
@@ -72,10 +88,16 @@ class SharedPrefixCache:
         return new
 
     def advance(self) -> None:
-        """The current token is written in every layer: the next step writes the next position."""
+        """The current token is written in every layer: the next step writes the next position. The capacity grows
+        by a quarter when full (static mode: doubles, so that few steps are recorded)."""
         self.length += 1
         if self.length == self.capacity and self.capacity < self.max_new:
-            self.capacity = min(self.max_new, self.capacity + self.capacity // 4)
+            grown = 2 * self.capacity if self.static else self.capacity + self.capacity // 4
+            self.capacity = min(self.max_new, grown)
+        elif self.static:  # the same tensors, one more position unmasked
+            self.position.fill_(self.length)
+            self.bias[..., self.bias.shape[-1] - self.capacity + self.length] = 0.0
+            return
         self._step_bias()
 
     def keep(self, keep: torch.Tensor) -> None:

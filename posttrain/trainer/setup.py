@@ -130,9 +130,11 @@ class Roles:
                              if rm.enable and not rm.judge.enable else None)
         self.judge = Judge.from_config(cfg, par) if rm.enable and rm.judge.enable else None
         r = arr.rollout
-        engine = HFRollout if r.name == "hf" else DecodeEngine  # vllm / sglang name engines posttrain lacks
-        self.rollout = engine(actor_worker.model, tokenizer, device=par.device,
-                              dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size)
+        settings = dict(device=par.device, dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size)
+        if r.name == "hf":
+            self.rollout = HFRollout(actor_worker.model, tokenizer, **settings)
+        else:  # vllm / sglang name engines posttrain lacks: its own engine runs
+            self.rollout = DecodeEngine(actor_worker.model, tokenizer, cuda_graphs=not r.enforce_eager, **settings)
 
     @property
     def trained(self) -> dict:
