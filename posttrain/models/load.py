@@ -48,6 +48,17 @@ def autocast(device: torch.device, dtype: torch.dtype):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def attention_backends(device: torch.device):
+    """On a GPU, sdpa without its cuDNN backend. cuDNN builds an execution plan for every new input shape (about
+    10 ms of CPU per attention call on an H100, torch 2.11: more than half of a training phase's time, measured in
+    docs/performance.md), and RL batches change shape at every step; flash and memory-efficient attention do not."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 @contextlib.contextmanager
 def eval_mode(model):
     """Dropout off for passes that must be deterministic (log-probs, values, decoding), the mode restored after;

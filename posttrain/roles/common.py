@@ -14,7 +14,7 @@ import torch
 
 from ..algo import group_ids
 from ..data.batch import Batch
-from ..models.load import autocast
+from ..models.load import attention_backends, autocast
 from ..models.shared_prompt import prompt_groups
 from ..models.vision import MM_KEY
 from ..parallel import Parallel, balance, clip_grad_norm, is_sharded
@@ -63,9 +63,13 @@ class Worker:
     def device(self) -> torch.device:
         return self.par.device
 
+    @contextlib.contextmanager
     def autocast(self):
-        """Sharded models compute in FSDP's param dtype (MixedPrecisionPolicy); a plain one under autocast."""
-        return contextlib.nullcontext() if self.sharded else autocast(self.device, self.dtype)
+        """Sharded models compute in FSDP's param dtype (MixedPrecisionPolicy); a plain one under autocast. On a
+        GPU, attention without cuDNN's per-shape plans (`attention_backends`)."""
+        with attention_backends(self.device), (contextlib.nullcontext() if self.sharded
+                                                else autocast(self.device, self.dtype)):
+            yield
 
     # ------------------------------------------------------------------ splitting a global batch
 

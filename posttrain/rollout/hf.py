@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..data.batch import Batch
-from ..models.load import autocast, eval_mode
+from ..models.load import attention_backends, autocast, eval_mode
 from ..models.logprobs import _unwrap
 from ..models.moe import router_off
 from ..models.vision import MM_KEY, forward_inputs, is_vision_config, vision_token_ids
@@ -39,7 +39,7 @@ class HFRollout(RolloutEngine):
         out = batch.repeat_interleave(sampling.n)
         chunk = self.micro_batch_size * sampling.n if self.micro_batch_size else len(out)
         images = out.meta.get(MM_KEY)
-        with inference_weights(self.model, self.dtype) as model:
+        with inference_weights(self.model, self.dtype) as model, attention_backends(torch.device(self.device)):
             parts = [self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling,
                                     images=images[i:i + chunk] if images is not None else None)
                      for i in range(0, len(out), chunk)]
