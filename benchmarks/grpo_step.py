@@ -11,7 +11,8 @@ Dr. GRPO (no std scaling, `seq-mean-token-sum-norm` / `dr_grpo`), no reference m
 rollout, no gradient checkpointing, weights in float32 with bf16 autocast for `bf16`. TRL runs with
 `use_cpu=True` on CPU, `report_to="none"`, `num_iterations=1`, `beta=0`, `scale_rewards="none"`.
 `generate` is transformers' `model.generate` on the same prompts (fp32 weights under autocast: what posttrain
-used before its own engine), generation only.
+used before its own engine), generation only. `posttrain-eager` (for `--device cuda`) is posttrain with
+`rollout.enforce_eager=True`: its decoding steps launched one by one instead of replayed as CUDA graphs.
 
 Each (framework, model, dtype) runs in a fresh process, alternating A B A B (`--repeats`), and reports the median
 over its measured steps and repeats: s/step, generation and training seconds (training = the step minus generation
@@ -100,7 +101,7 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def posttrain_trainer(workdir: Path, model: str, dtype: str, steps: int, device: str):
+def posttrain_trainer(workdir: Path, model: str, dtype: str, steps: int, device: str, *extra: str):
     """posttrain's RLTrainer for the workload (also used by benchmarks/shared_prompt.py)."""
     from posttrain.config import load_config
     from posttrain.trainer.rl import RLTrainer
@@ -118,20 +119,27 @@ def posttrain_trainer(workdir: Path, model: str, dtype: str, steps: int, device:
         "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=False", "algorithm.use_kl_in_reward=False",
         f"trainer.total_training_steps={steps}", "trainer.logger=[]", f"trainer.device={device}",
         f"trainer.default_local_dir={workdir / 'run_posttrain'}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+        *extra,
     ]
     return RLTrainer(load_config(None, overrides))
 
 
-def run_posttrain(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
-    trainer = posttrain_trainer(workdir, model, dtype, steps, device)
+def run_posttrain(workdir: Path, model: str, dtype: str, steps: int, device: str, *extra: str) -> list[dict]:
+    trainer = posttrain_trainer(workdir, model, dtype, steps, device, *extra)
     out = []
     for _ in range(steps):
         trainer.global_step += 1
         m = trainer.train_step()
         gen, reward, step = m["timing_s/gen"], m.get("timing_s/reward", 0.0), m["timing_s/step"]
         out.append(dict(step=step, gen=gen, train=step - gen - reward, tokens=m["response_length/mean"] * PROMPTS * N,
-                        all_tokens=(m["response_length/mean"] + m["prompt_length/mean"]) * PROMPTS * N))
+                        all_tokens=(m["response_length/mean"] + m["prompt_length/mean"]) * PROMPTS * N,
+                        graphs=getattr(trainer.rollout, "graphs_recorded", 0)))
     return out
+
+
+def run_posttrain_eager(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
+    """posttrain with `rollout.enforce_eager=True`: on a GPU, decoding without CUDA graphs."""
+    return run_posttrain(workdir, model, dtype, steps, device, "actor_rollout_ref.rollout.enforce_eager=True")
 
 
 def run_trl(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
@@ -226,7 +234,8 @@ def run_generate(workdir: Path, model: str, dtype: str, steps: int, device: str)
     return out
 
 
-RUNNERS = {"posttrain": run_posttrain, "trl": run_trl, "generate": run_generate}
+RUNNERS = {"posttrain": run_posttrain, "posttrain-eager": run_posttrain_eager, "trl": run_trl,
+           "generate": run_generate}
 
 
 def worker(args) -> None:
@@ -239,7 +248,8 @@ def worker(args) -> None:
 
     config = AutoConfig.from_pretrained(Path(args.workdir) / args.model)
     params = _param_count(Path(args.workdir) / args.model)
-    print("RESULT " + json.dumps(dict(steps=record[args.warmup:], params=params, rss=peak_rss_gb(),
+    gpu = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0.0
+    print("RESULT " + json.dumps(dict(steps=record[args.warmup:], params=params, rss=peak_rss_gb(), gpu=gpu,
                                       vocab=config.vocab_size)))
 
 
@@ -262,7 +272,7 @@ def _param_count(path: Path) -> int:
 def summarise(results: list[dict], params: int, ceiling: float) -> dict:
     steps = [s for r in results for s in r["steps"]]
     med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "train", "tokens", "all_tokens")}
-    out = dict(med, rss=max(r["rss"] for r in results))
+    out = dict(med, rss=max(r["rss"] for r in results), gpu=max(r.get("gpu", 0.0) for r in results))
     out["tok_s"] = med["tokens"] / med["step"]
     out["decode_tok_s"] = med["tokens"] / med["gen"]
     out["decode_ceiling"] = 2 * params * med["tokens"] / med["gen"] / 1e9 / ceiling
@@ -318,13 +328,15 @@ def main() -> None:
                     res = json.loads(lines[-1][len("RESULT "):])
                     results.setdefault((model, dtype, fw), []).append(res)
                     step = statistics.median(s["step"] for s in res["steps"])
+                    graphs = res["steps"][-1].get("graphs")
                     print(f"# {fw:9s} {model} {dtype} run {rep + 1}: {step:.2f}"
-                          f" s/step ({time.perf_counter() - start:.0f} s with start-up)", flush=True)
+                          f" s/step ({time.perf_counter() - start:.0f} s with start-up)"
+                          + (f", {graphs} CUDA graphs recorded per generate call" if graphs else ""), flush=True)
     end_ceiling = matmul_ceiling(args.device)
     print(f"# matmul ceiling at the end: fp32 {end_ceiling['fp32']:.0f}, bf16 {end_ceiling['bf16']:.0f} GFLOP/s\n")
     print("| model, dtype | framework | s/step | gen s | train s | completion tok/s | decode tok/s (% ceiling) | "
-          "train GFLOP/s (% ceiling) | peak RSS GB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "train GFLOP/s (% ceiling) | peak RSS GB |" + (" peak GPU GB |" if args.device == "cuda" else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if args.device == "cuda" else ""))
     ratios = []
     for model in models:
         for dtype in dtypes:
@@ -339,7 +351,7 @@ def main() -> None:
                 gflops = f"{s['train_gflops']:.0f} ({100 * s['train_ceiling']:.0f}%)" if fw != "generate" else "-"
                 print(f"| {model} {dtype} ({res[0]['params'] / 1e6:.1f}M) | {fw} | {s['step']:.2f} | {s['gen']:.2f} | "
                       f"{train} | {s['tok_s']:.0f} | {s['decode_tok_s']:.0f} ({100 * s['decode_ceiling']:.1f}%) | "
-                      f"{gflops} | {s['rss']:.2f} |")
+                      f"{gflops} | {s['rss']:.2f} |" + (f" {s['gpu']:.2f} |" if args.device == "cuda" else ""))
             if "posttrain" in rows:
                 pt = rows["posttrain"]
                 line = [f"{model} {dtype}:"]
@@ -352,6 +364,8 @@ def main() -> None:
                 if "generate" in rows:
                     speedup = rows["generate"]["gen"] / pt["gen"]
                     line.append(f"decode tokens/s posttrain / transformers generate {speedup:.2f}x")
+                if "posttrain-eager" in rows:
+                    line.append(f"generation eager / CUDA graphs {rows['posttrain-eager']['gen'] / pt['gen']:.2f}x")
                 ratios.append(" ".join(line))
     print()
     for line in ratios:
