@@ -88,6 +88,37 @@ def test_image_rows_become_image_tokens_and_inputs(vl, tmp_path):
     assert tok.decode(first.prompt_ids).startswith("<|im_start|>user\n<|vision_start|><|image_pad|>")
 
 
+def test_the_models_own_processor_and_the_fallback_build_the_same_inputs(vl_dir, monkeypatch):
+    """With torchvision installed, the model's `AutoProcessor` builds the inputs; without it (Qwen2-VL's processor
+    also builds a video processor), its image processor and tokenizer do: both give the same ids and pixels."""
+    pytest.importorskip("torchvision")
+    import transformers
+    from PIL import Image
+
+    from posttrain.models.vision import image_messages, load_image
+
+    tok = load_tokenizer(str(vl_dir))
+    own = load_vision_processor(str(vl_dir), tok)
+    assert own.processor is not None, "the processor class should build where torchvision is installed"
+
+    def unavailable(*args, **kwargs):
+        raise ImportError("Qwen2VLVideoProcessor requires the Torchvision library but it was not found")
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", unavailable)
+    fallback = load_vision_processor(str(vl_dir), tok)
+    assert fallback.processor is None
+    images = [load_image(png(), "a"), load_image(png((112, 56), "black"), "b"), Image.new("RGB", (30, 90), "red")]
+    messages = image_messages([{"role": "system", "content": "Count."},
+                               {"role": "user", "content": "<image> and <image>, then <image>?"}], 3, "row")
+    ids, inputs = own.encode(messages, images)
+    ids_fb, inputs_fb = fallback.encode(messages, images)
+    assert ids == ids_fb
+    assert inputs["image_grid_thw"].tolist() == inputs_fb["image_grid_thw"].tolist()
+    torch.testing.assert_close(inputs["pixel_values"], inputs_fb["pixel_values"], rtol=0, atol=1e-6)
+    text_ids, none = own.encode([{"role": "user", "content": "no image"}], [])
+    assert none is None and text_ids == fallback.encode([{"role": "user", "content": "no image"}], [])[0]
+
+
 def test_bad_image_rows_are_named(vl, tiny_tokenizer, tmp_path):
     tok, proc = vl
     cases = [(row("no placeholder", [png()]), "0 '<image>' placeholders but the row has 1 images"),
