@@ -10,7 +10,10 @@ every worker, which breaks any script without an `if __name__ == "__main__":` gu
 by reference (a module-level function; `custom_reward_function.path` files are loaded by path), and the worker gets the
 parent's `sys.path`. Workers start at the first call and are kept across calls. Each leads its own process group, so a
 scorer may start processes of its own (a code sandbox does), a timeout kills those too, and Ctrl-C in a terminal
-reaches only the trainer. On Linux a worker also dies with its parent. This module imports only the standard library.
+reaches only the trainer. The group (a session of its own) is made before the interpreter starts, not by the worker
+once it has started: a launcher stops a rank of a multi-process job by signalling the rank's process group, and a worker
+still starting up in it died of that SIGTERM (the rank then failed sending it the scorer). On Linux a worker also dies
+with its parent. This module imports only the standard library.
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ class _Worker:
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
         self.proc = subprocess.Popen([sys.executable, "-m", "posttrain.reward.pool", str(theirs.fileno())],
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+                                     start_new_session=True)
         theirs.close()
         self.conn = Connection(ours.detach())
         self.conn.send((path, payload))  # buffered by the socket; the worker reads it once it has started
@@ -85,7 +89,7 @@ class _Worker:
             try:
                 kill()
                 break
-            except OSError:  # not a group leader yet, or already gone
+            except OSError:  # already gone
                 continue
         self.proc.wait()
         self.conn.close()
@@ -184,6 +188,5 @@ class ScorerPool:
 
 
 if __name__ == "__main__":
-    os.setpgrp()
     _die_with_parent()
     _serve(Connection(int(sys.argv[1])))
