@@ -4,6 +4,9 @@ training run with a faulty reward function under the default settings."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -232,6 +235,40 @@ def test_a_timeout_also_kills_the_processes_the_scorer_started(tmp_path):
         assert _gone(pid)
     finally:
         rm.close()
+
+
+SIGNALLED_WHILE_STARTING = """
+import os, signal, subprocess, sys, time
+import faulty_scorers
+from posttrain.reward.pool import ScorerPool
+noted = []
+signal.signal(signal.SIGTERM, lambda *_: noted.append(1))  # a rank notes it and finishes its step
+# how a launcher (torch's) signals a rank: its whole process group; here every 0.5 ms, all through the workers' start
+me = os.getpid()  # also this process group's id (a session of its own)
+storm = subprocess.Popen([sys.executable, "-c", f"import os, signal, time\\nwhile os.getppid() == {me}:\\n"
+                          f"    os.killpg({me}, signal.SIGTERM)\\n    time.sleep(0.0005)"],
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+try:
+    while not noted:
+        time.sleep(0.01)
+    pool = ScorerPool(faulty_scorers.by_extra, 4)
+    pool.start()
+    results = pool.map([("s", "x" * k, "", {}) for k in range(8)], 60.0)
+finally:
+    storm.kill()
+print(bool(noted), results == [("ok", float(k)) for k in range(8)], pool.replaced, results)
+pool.close()
+"""
+
+
+def test_a_signal_to_the_ranks_process_group_does_not_reach_starting_workers():
+    """A multi-process job's launcher signals each rank's process group; a scorer worker being started must not die
+    of it (one did, and the rank then failed sending it the scorer, so the job did not save its step)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FAULTY.parent), *sys.path])}
+    result = subprocess.run([sys.executable, "-c", SIGNALLED_WHILE_STARTING], capture_output=True, text=True,
+                            timeout=120, env=env, start_new_session=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("True True 0 "), result.stdout
 
 
 # ---------------------------------------------------------------- training with a faulty reward function

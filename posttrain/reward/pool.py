@@ -10,7 +10,11 @@ every worker, which breaks any script without an `if __name__ == "__main__":` gu
 by reference (a module-level function; `custom_reward_function.path` files are loaded by path), and the worker gets the
 parent's `sys.path`. Workers start at the first call and are kept across calls. Each leads its own process group, so a
 scorer may start processes of its own (a code sandbox does), a timeout kills those too, and Ctrl-C in a terminal
-reaches only the trainer. On Linux a worker also dies with its parent. This module imports only the standard library.
+reaches only the trainer. A launcher stops a rank of a multi-process job by signalling the rank's process group, so a
+worker must never die of a signal sent to the trainer's group (it did while starting up, and the rank then failed
+sending it the scorer): the session is made before the interpreter starts, not by the worker once running, and the
+worker is started with SIGTERM and SIGINT blocked, dropping one that reached it before it left the group (see
+`_spawn`). On Linux a worker also dies with its parent. This module imports only the standard library.
 """
 
 from __future__ import annotations
@@ -69,12 +73,35 @@ def _serve(conn: Connection) -> None:
             conn.send((ERROR, f"the scorer returned a value that cannot be sent back ({type(result[1]).__name__}): {e}"))
 
 
+_HELD = {signal.SIGTERM, signal.SIGINT}  # what a launcher or a terminal sends the trainer's process group
+
+
+def _spawn(argv: list[str], **kwargs) -> subprocess.Popen:
+    """Start a worker in a session of its own, with SIGTERM and SIGINT blocked. The child is made in the caller's
+    process group and only then leaves it (setsid): a signal sent to that group in between would reach the child with
+    the default action already restored, and kill it (measured: a group signalled every 0.5 ms killed 93 of 200 such
+    children; none with the signals blocked). Blocked, it stays pending until the worker drops it (`_drop_held`)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD)  # this thread only; the child inherits it through exec
+    try:
+        return subprocess.Popen(argv, start_new_session=True, **kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _drop_held() -> None:
+    """In the worker: discard a SIGTERM/SIGINT meant for the trainer's group that arrived while this process was
+    still in it (setting a pending signal to ignored discards it), then take signals as usual."""
+    for s in _HELD:
+        signal.signal(s, signal.signal(s, signal.SIG_IGN))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD)
+
+
 class _Worker:
     def __init__(self, path: list[str], payload: bytes):
         ours, theirs = socket.socketpair()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]))
-        self.proc = subprocess.Popen([sys.executable, "-m", "posttrain.reward.pool", str(theirs.fileno())],
-                                     pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
+        self.proc = _spawn([sys.executable, "-m", "posttrain.reward.pool", str(theirs.fileno())],
+                           pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         self.conn = Connection(ours.detach())
         self.conn.send((path, payload))  # buffered by the socket; the worker reads it once it has started
@@ -85,7 +112,7 @@ class _Worker:
             try:
                 kill()
                 break
-            except OSError:  # not a group leader yet, or already gone
+            except OSError:  # already gone
                 continue
         self.proc.wait()
         self.conn.close()
@@ -184,6 +211,6 @@ class ScorerPool:
 
 
 if __name__ == "__main__":
-    os.setpgrp()
+    _drop_held()
     _die_with_parent()
     _serve(Connection(int(sys.argv[1])))

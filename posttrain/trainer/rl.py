@@ -78,8 +78,23 @@ class RLTrainer:
     def __init__(self, cfg, par: Parallel | None = None):
         preflight(cfg)
         self.cfg = cfg
-        arr, tr = cfg.actor_rollout_ref, cfg.trainer
         self.par = par if par is not None else parallel_for(cfg)
+        # A rank of a multi-process job notes SIGTERM/SIGINT from the moment the process group exists, not only once
+        # fit() starts: the launcher signals every rank at once, and a rank still setting up (rank 0 can be in the
+        # loop while rank 1 is between the barrier below and fit()) would die of the signal's default action; the
+        # ranks that noted it then fail in the step's first collective and nothing is saved. A signal noted during
+        # setup stops the run after its first step. One process has no peer to lose: it keeps the default until fit().
+        self.stop = StopOnSignal().__enter__() if self.par.distributed and self.par.world > 1 else None
+        try:
+            self._build()
+        except BaseException:
+            if self.stop is not None:
+                self.stop.__exit__()
+            raise
+
+    def _build(self) -> None:
+        cfg = self.cfg
+        arr, tr = cfg.actor_rollout_ref, cfg.trainer
         self.run_dir = Path(tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}")
         check_run_dir(cfg, self.run_dir)  # before any model loads; rank 0 writes there only further down
         torch.manual_seed(tr.seed)
@@ -359,7 +374,8 @@ class RLTrainer:
 
     def fit(self) -> dict[str, float]:
         tr = self.cfg.trainer
-        stop = StopOnSignal().__enter__()  # from here on a signal stops the run after a step, with a checkpoint
+        # from here on a signal stops the run after a step, with a checkpoint (in a multi-process job, from __init__ on)
+        stop, self.stop = self.stop or StopOnSignal().__enter__(), None
         try:
             self._maybe_resume()
         except BaseException:
