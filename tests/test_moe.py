@@ -309,3 +309,16 @@ def test_grpo_with_an_upcycled_moe_learns(small_task, tmp_path):
     first, last = sum(scores[:4]) / 4, sum(scores[-10:]) / 10
     assert last > first + 0.07, [round(s, 3) for s in scores]
     assert all(m["actor/moe/aux_loss"] > 0 for m in metrics)
+
+
+def test_moe_models_decode_without_cuda_graphs(moe_dirs, tiny_model_dir):
+    """A MoE model's expert loop asks the CPU which experts were hit (`nonzero`), which a CUDA graph cannot record:
+    the engine would decode it eagerly on a GPU; a dense model gets graphs. (Building an engine touches no device.)"""
+    from posttrain.models.load import load_tokenizer
+
+    cuda = torch.device("cuda")
+    for path, graphs in [(moe_dirs[ARCHS[0]], False), (tiny_model_dir, True)]:
+        engine = DecodeEngine(load_causal_lm(str(path)), load_tokenizer(str(path)), device=cuda, dtype=torch.float32)
+        assert engine.cuda_graphs is graphs
+        assert DecodeEngine(load_causal_lm(str(path)), load_tokenizer(str(path)), device=cuda, dtype=torch.float32,
+                            cuda_graphs=False).cuda_graphs is False

@@ -591,8 +591,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.rollout.gpu_memory_utilization':
         'engine-only (see above)',
     'actor_rollout_ref.rollout.enforce_eager':
-        "False: on a GPU, posttrain's engine replays each decoding step as a CUDA graph (one process; a sharded "
-        'model decodes eagerly); True: eager steps',
+        "False: on a GPU, posttrain's engine replays each decoding step as a CUDA graph (one process; sharded and "
+        'MoE models decode eagerly); True: eager steps',
     'actor_rollout_ref.rollout.free_cache_engine':
         'engine-only (see above)',
     'actor_rollout_ref.rollout.load_format':

@@ -53,9 +53,11 @@ class DecodeEngine(HFRollout):
                  cuda_graphs: bool = True):
         super().__init__(model, tokenizer, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
         self.shared_prefix_ok: bool | None = None  # decided by the first call's check
-        # CUDA graphs: on a GPU unless turned off; not for a sharded model (its forward gathers weights). `static`
-        # runs the same static-buffer loop without recording (how the tests drive that loop on a CPU).
-        self.cuda_graphs = cuda_graphs and torch.device(device).type == "cuda" and not is_sharded(model)
+        # CUDA graphs: on a GPU unless turned off; not for a sharded model (its forward gathers weights) nor a MoE
+        # model (its expert loop asks the CPU which experts were hit: `nonzero`, which a graph cannot record).
+        # `static` runs the same static-buffer loop without recording (how the tests drive that loop on a CPU).
+        self.cuda_graphs = (cuda_graphs and torch.device(device).type == "cuda" and not is_sharded(model)
+                            and not router_off(model.config))
         self.static = self.cuda_graphs
         self.graphs_recorded = 0  # CUDA graphs recorded by the last call
 
