@@ -6,10 +6,13 @@ The workload of benchmarks/grpo_step.py (16 GSM8K prompts x 8 samples x 64 new t
 models S and M), in one process, each variant timed alternately, best of `--repeats`:
 - `generate`: transformers' `model.generate` on fp32 weights under autocast (posttrain's generation before its
   engine), and `posttrain`: the engine's whole call (weights cast, prefill, decoding loop, sampling);
-- the engine's call split by timing every model call: prefill, the 63 decoding forwards, and the rest (sampling,
-  bookkeeping); then the same forwards with an attention function that does no work: what the model's own modules
-  (embedding, norms, projections, rotary, MLP, cache writes, LM head) cost. Any loop that drives those modules
-  spends at least prefill + that, so `generate` divided by it bounds the speed-up such a loop can reach;
+- the engine's call split by timing every model call: prefill (one call per length bucket), the 63 decoding
+  forwards, and the rest (sampling, bookkeeping); then the same forwards with an attention function that does no
+  work: what the model's own modules (embedding, norms, projections, rotary, MLP, cache writes, LM head) cost.
+  Any loop that drives those modules spends at least prefill + that, so `generate` divided by it bounds the
+  speed-up such a loop can reach;
+- the decoding attention's bare matrix products at the same shapes (prompts at their mean length, no padding):
+  added to the above, the floor of any attention built from torch's batched products;
 - inside one decoding forward: how many aten operations it dispatches, what one small operation costs here
   (dispatch floor), and how long its linear layers take as bare matmuls of the same shapes (arithmetic floor).
 """
@@ -33,7 +36,8 @@ import posttrain.rollout.engine as engine_module  # noqa: E402
 from posttrain.data.dataset import RLDataset, collate_prompts  # noqa: E402
 from posttrain.models.load import autocast, load_causal_lm, load_tokenizer  # noqa: E402
 from posttrain.rollout.base import SamplingParams  # noqa: E402
-from posttrain.rollout.engine import DecodeEngine  # noqa: E402
+from posttrain.rollout.engine import DecodeEngine, prefill_buckets  # noqa: E402
+from posttrain.rollout.prefix_attention import FIRST_CAPACITY  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 NULL_ATTENTION = "posttrain_benchmark_no_attention"
@@ -59,7 +63,7 @@ class _OpCounter(TorchDispatchMode):
 
 
 def _timed(forward, calls: list):
-    """The engine's model call, timed into `calls`: the first of a generate is the prefill, the others decoding."""
+    """The engine's model call, timed into `calls`: a generate's first calls are the prefill, the others decoding."""
     def call(*args, **kwargs):
         start = time.perf_counter()
         out = forward(*args, **kwargs)
@@ -102,6 +106,39 @@ def linear_floor_ms(model, rows: int, dtype: torch.dtype) -> float:
     return _best(step, 20) * 1e3
 
 
+def attention_products_s(config, prompt_lengths: torch.Tensor, steps: int, dtype: torch.dtype) -> float:
+    """Seconds a generate call's decoding attention spends in its bare matrix products alone (all layers and
+    steps): each prompt's queries against its keys at the prompts' mean length (their real arithmetic, no padding),
+    each row's against its own generated positions at the capacities the cache takes. What any attention made of
+    torch's batched products needs at least."""
+    heads, kv, layers = config.num_attention_heads, config.num_key_value_heads, config.num_hidden_layers
+    dim = config.hidden_size // heads
+    prompts, g, rows = len(prompt_lengths), heads // kv, len(prompt_lengths) * N
+    length = int(prompt_lengths.float().mean().round())
+    q_prompt = torch.randn(prompts, kv, N * g, dim, dtype=dtype)
+    k_prompt = torch.randn(prompts, kv, length, dim, dtype=dtype)
+    p_prompt = torch.randn(prompts, kv, N * g, length, dtype=dtype)
+    q_own = torch.randn(rows * kv, g, dim, dtype=dtype)
+    capacity, widths = min(steps, FIRST_CAPACITY), []
+    for t in range(1, steps):  # the capacity at each decoding step, grown as the engine's cache grows it
+        widths.append(capacity)
+        if t == capacity and capacity < steps:
+            capacity = min(steps, capacity + capacity // 4)
+    total = 0.0
+    for width in sorted(set(widths)):
+        k_own = torch.randn(rows * kv, width, dim, dtype=dtype)
+        p_own = torch.randn(rows * kv, g, width, dtype=dtype)
+
+        def products():
+            torch.matmul(q_prompt, k_prompt.transpose(-1, -2))
+            torch.matmul(p_prompt, k_prompt)
+            torch.bmm(q_own, k_own.transpose(1, 2))
+            torch.bmm(p_own, k_own)
+        products()
+        total += _best(products, 20) * widths.count(width)
+    return total * layers
+
+
 def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
     dtype = DTYPES[dtype_name]
     tokenizer = load_tokenizer(str(workdir / name))
@@ -132,7 +169,8 @@ def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
             fn()
             times[key].append(time.perf_counter() - start)
 
-    # the engine's call split into its model calls and the rest, best of `repeats`
+    # the engine's call split into its model calls and the rest, best of `repeats`; the first `k` are the prefill's
+    k = len(prefill_buckets(mask.sum(-1)))
     original = engine_module._forward
     splits = []
     try:
@@ -142,7 +180,7 @@ def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
             start = time.perf_counter()
             run_engine()
             total = time.perf_counter() - start
-            splits.append((total, calls[0], sum(calls[1:]), len(calls) - 1))
+            splits.append((total, sum(calls[:k]), sum(calls[k:]), len(calls) - k))
     finally:
         engine_module._forward = original
     total, prefill, forwards, steps = min(splits)
@@ -157,7 +195,7 @@ def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
         for _ in range(repeats):
             calls_null.clear()
             run_engine()
-            no_attention = min(no_attention, sum(calls_null[1:]))
+            no_attention = min(no_attention, sum(calls_null[k:]))
     finally:
         engine_module._forward, engine_module.ATTENTION_NAME = original, name_before
 
@@ -167,7 +205,7 @@ def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
         cast.load_state_dict(lm.state_dict())
     counter = _OpCounter()
     seen: list[int] = []
-    engine_module._forward = lambda model: _count_second(original(model), counter, seen)
+    engine_module._forward = lambda model: _count_first_step(original(model), counter, seen, 1)
     try:
         with torch.no_grad():
             engine._decode(cast, prompts[:1], mask[:1], SamplingParams(n=N, max_new_tokens=2, ignore_eos=True))
@@ -178,14 +216,15 @@ def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
                 split_total=total, prefill=prefill, forwards=forwards, steps=steps, ops=counter.ops,
                 no_attention=no_attention,
                 op_us=dispatch_cost_us(rows, lm.config.hidden_size, dtype),
-                linear_ms=linear_floor_ms(cast, rows, dtype))
+                linear_ms=linear_floor_ms(cast, rows, dtype),
+                products=attention_products_s(lm.config, mask.sum(-1), NEW_TOKENS, dtype))
 
 
-def _count_second(forward, counter: _OpCounter, calls: list):
-    """Counts the operations of the second model call (a decoding step; the first is the prefill)."""
+def _count_first_step(forward, counter: _OpCounter, calls: list, prefill_calls: int):
+    """Counts the operations of the first decoding step (the model call after the prefill's)."""
     def call(*args, **kwargs):
         calls.append(1)
-        if len(calls) != 2:
+        if len(calls) != prefill_calls + 1:
             return forward(*args, **kwargs)
         with counter:
             return forward(*args, **kwargs)
@@ -208,8 +247,10 @@ def main() -> None:
           f"{NEW_TOKENS} new tokens; best of {args.repeats}")
     print("| model, dtype | generate s | posttrain s | generate / posttrain | prefill s | decoding forwards s "
           "(per step ms) | rest s | forwards without attention s | generate / (prefill + forwards without "
-          "attention) | ops per forward | us per small op | ops x us per step ms | linear matmuls per step ms |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "attention) | attention products s | generate / (prefill + forwards without attention + attention "
+          "products) | "
+          "ops per forward | us per small op | ops x us per step ms | linear matmuls per step ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in models:
         for dtype_name in args.dtypes.split(","):
             r = measure(workdir, name, dtype_name, args.repeats)
@@ -218,7 +259,8 @@ def main() -> None:
             print(f"| {name} {dtype_name} | {r['generate']:.3f} | {r['posttrain']:.3f} | "
                   f"{r['generate'] / r['posttrain']:.2f}x | {r['prefill']:.3f} | {r['forwards']:.3f} "
                   f"({per_step:.2f}) | {rest:.3f} | {r['no_attention']:.3f} | "
-                  f"{r['generate'] / (r['prefill'] + r['no_attention']):.2f}x | "
+                  f"{r['generate'] / (r['prefill'] + r['no_attention']):.2f}x | {r['products']:.3f} | "
+                  f"{r['generate'] / (r['prefill'] + r['no_attention'] + r['products']):.2f}x | "
                   f"{r['ops']} | {r['op_us']:.1f} | {r['ops'] * r['op_us'] / 1e3:.2f} | {r['linear_ms']:.2f} |",
                   flush=True)
 

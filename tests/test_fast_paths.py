@@ -18,7 +18,8 @@ from posttrain.models.logprobs import response_logprobs
 from posttrain.models.policy import PolicyModel
 from posttrain.models.shared_prompt import ATTENTION_NAME, prompt_groups
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.engine import DecodeEngine
+from posttrain.rollout.engine import DecodeEngine, prefill_buckets
+import posttrain.rollout.engine as engine_module
 from posttrain.rollout.hf import HFRollout
 from posttrain.rollout.prefix_attention import FIRST_CAPACITY
 import posttrain.rollout.prefix_attention as prefix_attention
@@ -46,8 +47,10 @@ MODES = ["eager", "static", pytest.param("cuda_graphs", marks=CUDA)]
 
 
 def engine_for(mode, model, tok, monkeypatch, **kwargs) -> DecodeEngine:
-    """The engine in `mode`, with a static first capacity of 8 (so that 40 new tokens double it twice)."""
+    """The engine in `mode`, with a static first capacity of 8 (so that 40 new tokens double it twice) and prompts
+    prefilled in as many length buckets as there are (up to 4), however short."""
     monkeypatch.setattr(prefix_attention, "STATIC_FIRST_CAPACITY", 8)
+    monkeypatch.setattr(engine_module, "PREFILL_CALL_COST", 0)
     device = torch.device("cuda") if mode == "cuda_graphs" else CPU
     engine = DecodeEngine(model, tok, device=device, **kwargs)
     assert engine.cuda_graphs == (mode == "cuda_graphs")
@@ -87,6 +90,40 @@ def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(t
     assert torch.equal(a["responses"], b["responses"]) and torch.equal(a["response_mask"], b["response_mask"])
     if mode == "cuda_graphs":  # the first capacity, two doublings and at least one compaction, in the last call
         assert fast.cuda_graphs and fast.graphs_recorded >= 4, fast.graphs_recorded
+
+
+def test_prefill_buckets_cover_every_prompt_once_in_length_order():
+    lengths = torch.tensor([62, 49, 86, 73, 42, 83, 73, 138, 150, 92, 118, 119, 57, 91, 42, 89])  # 16 GSM8K prompts
+    buckets = prefill_buckets(lengths)
+    assert sorted(torch.cat(buckets).tolist()) == list(range(16))
+    in_order = lengths[torch.cat(buckets)]
+    assert torch.equal(in_order, in_order.sort().values)
+    # 2 buckets: 8 x 83 + 8 x 150 positions + 2 calls, against 16 x 150 + 1 call (PREFILL_CALL_COST = 256)
+    assert [len(b) for b in buckets] == [8, 8]
+    assert len(prefill_buckets(torch.full((16,), 90))) == 1  # nothing to save
+    assert len(prefill_buckets(torch.tensor([300] * 8 + [10] * 8))) == 2
+    assert [b.tolist() for b in prefill_buckets(torch.tensor([7]))] == [[0]]
+
+
+def test_bucketed_prefill_gives_the_one_call_prefill(tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """Prompts prefilled in length buckets: the same last logits and cached keys / values as one call over the
+    padded batch, and zeros on every padded position (which enter the decoding products masked)."""
+    model = load_causal_lm(str(tiny_model_dir)).eval()
+    batch = batch_of(tiny_tokenizer, ["1+2=", "What is 12 plus 9, and then 30 more?", "5+57=", "Add 4 and 4 and 1."])
+    prompts, mask = batch["prompts"], batch["prompt_mask"]
+    engine = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    results = {}
+    for cost, calls in ((10**9, 1), (0, 4)):
+        monkeypatch.setattr(engine_module, "PREFILL_CALL_COST", cost)
+        assert len(prefill_buckets(mask.sum(-1))) == calls
+        with torch.no_grad():
+            results[calls] = engine._prefill(model, prompts, mask, 2, 4, False)
+    (one_logits, one), (logits, bucketed) = results[1], results[4]
+    torch.testing.assert_close(logits, one_logits, rtol=1e-5, atol=1e-5)
+    pad = (mask == 0)[:, None, :, None]
+    for a, b in zip(one.prefix_keys + one.prefix_values, bucketed.prefix_keys + bucketed.prefix_values):
+        torch.testing.assert_close(b.masked_fill(pad, 0), a.masked_fill(pad, 0), rtol=1e-5, atol=1e-5)
+        assert not b.masked_select(pad).any()
 
 
 def test_engine_bf16_greedy_matches_transformers_generate(tiny_model_dir, tiny_tokenizer):

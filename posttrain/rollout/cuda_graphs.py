@@ -33,7 +33,7 @@ class DecodeStep:
         self.recorded = 0  # graphs recorded by this step (reported in the tests and the benchmark)
 
     def _run(self, cache: SharedPrefixCache) -> torch.Tensor:
-        out = self.forward(input_ids=self.token[:, None], position_ids=self.position[:, None], past_key_values=cache,
+        out = self.forward(input_ids=self.token[:, None], position_ids=self.position[:, None], cache=cache,
                            use_cache=True, shared_prefix=cache)
         return out.logits[:, -1]
 

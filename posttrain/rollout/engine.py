@@ -3,6 +3,7 @@
 What it does differently from transformers' `generate` (each measured in docs/performance.md):
 - the `n` samples of a prompt share it: the prompt is prefilled once, and its keys and values are read once per
   step for all `n` samples (prefix_attention.py);
+- prompts are prefilled in buckets of similar length, not all padded to the longest (`prefill_buckets`);
 - generated keys and values go into preallocated buffers (no concatenation of the whole cache per token);
 - finished rows are dropped from the batch once a quarter of it has finished;
 - sampling is one inverse-CDF draw per row over filtered logits (sampling.py); decoding runs on weights already in the
@@ -17,11 +18,14 @@ by transformers' `generate` instead, with one note.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 
 import torch
 
 from ..models.load import autocast, eval_mode
+from ..models.logprobs import _unwrap
 from ..models.moe import router_off
 from ..parallel import is_sharded
 from .base import SamplingParams
@@ -36,14 +40,39 @@ log = logging.getLogger(__name__)
 
 DROP_FINISHED_SHARE = 0.25  # drop finished rows once they are this share of the batch
 STATIC_DROP_FINISHED_SHARE = 0.5  # the same with CUDA graphs (a compacted batch is recorded anew)
+MAX_PREFILL_BUCKETS = 4  # prompts sorted by length are prefilled in up to this many calls ...
+PREFILL_CALL_COST = 256  # ... each call counted as this many positions (its dispatch cost on small models)
 
 
 def _forward(model):
-    """The LM's forward, through the policy wrapper when there is one (a sharded root must see the call); a MoE
-    model collects no router logits while decoding."""
+    """The LM's forward, through the policy wrapper when there is one (a sharded root must see the call), taking the
+    decoding cache as `cache=` (`_cache_keyword`); a MoE model collects no router logits while decoding."""
     forward = model.lm_forward if hasattr(model, "lm_forward") else model
+    keyword = _cache_keyword(type(_unwrap(model.lm if hasattr(model, "lm_forward") else model)))
     quiet = router_off(model.config)
-    return (lambda **inputs: forward(**inputs, **quiet)) if quiet else forward
+
+    def call(*, cache=None, **inputs):
+        return forward(**inputs, **({} if cache is None else {keyword: cache}), **quiet)
+    return call
+
+
+@functools.cache
+def _cache_keyword(lm_class) -> str:
+    """transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns; it goes in 5.40)."""
+    return "cache" if "cache" in inspect.signature(lm_class.forward).parameters else "past_key_values"
+
+
+def prefill_buckets(lengths: torch.Tensor) -> list[torch.Tensor]:
+    """Prompt indices sorted by length, split into 1 to `MAX_PREFILL_BUCKETS` buckets of equal count: the split with
+    the fewest padded positions, each call counted as `PREFILL_CALL_COST` more (16 GSM8K prompts: 2 buckets)."""
+    order = torch.argsort(lengths, stable=True)
+    best_cost, best = None, [order]
+    for count in range(1, min(MAX_PREFILL_BUCKETS, len(order)) + 1):
+        parts = order.tensor_split(count)
+        cost = sum(len(p) * int(lengths[p].max()) for p in parts) + PREFILL_CALL_COST * count
+        if best_cost is None or cost < best_cost:
+            best_cost, best = cost, parts
+    return best
 
 
 class DecodeEngine(HFRollout):
@@ -74,16 +103,35 @@ class DecodeEngine(HFRollout):
         return tokens.cpu(), (logprobs.cpu() if logprobs is not None else None)
 
     def _prefill(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int, static: bool):
-        """Last-position logits (prompts, V), and the decoding cache holding the prompts' keys and values."""
+        """Last-position logits (prompts, V), and the decoding cache holding the prompts' keys and values.
+
+        Prompts are prefilled in buckets of similar length (`prefill_buckets`), each as wide as its longest prompt:
+        padding to the batch's longest prompt is ~40% of a GSM8K batch's positions. The cache keeps the batch's
+        width (zeros on padding, which the prefix bias masks)."""
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=model.config)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = _forward(model)(input_ids=prompts, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                              use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1], SharedPrefixCache([layer.keys for layer in cache.layers],
-                                                    [layer.values for layer in cache.layers], mask, n, max_new,
-                                                    static=static)
+        used = mask.bool()
+        width = prompts.shape[1]
+        logits, keys, values = None, [], []
+        for rows in prefill_buckets(used.sum(-1)):
+            columns = used[rows].any(dim=0).nonzero()
+            start = int(columns[0]) if len(columns) else width - 1  # columns that are padding in every row: skipped
+            ids, part_mask = prompts[rows, start:], mask[rows, start:]
+            cache = DynamicCache(config=model.config)
+            positions = (part_mask.cumsum(-1) - 1).clamp(min=0)
+            out = _forward(model)(input_ids=ids, attention_mask=part_mask, position_ids=positions, cache=cache,
+                                  use_cache=True, logits_to_keep=1)
+            if logits is None:
+                logits = out.logits.new_empty(len(prompts), out.logits.shape[-1])
+                for layer in cache.layers:
+                    keys.append(layer.keys.new_zeros(len(prompts), layer.keys.shape[1], width, layer.keys.shape[3]))
+                    values.append(layer.values.new_zeros(len(prompts), layer.values.shape[1], width,
+                                                         layer.values.shape[3]))
+            logits[rows] = out.logits[:, -1]
+            for layer, k, v in zip(cache.layers, keys, values):
+                k[rows, :, start:] = layer.keys
+                v[rows, :, start:] = layer.values
+        return logits, SharedPrefixCache(keys, values, mask, n, max_new, static=static)
 
     def _decode(self, model, prompts: torch.Tensor, mask: torch.Tensor, s: SamplingParams,
                 generator: torch.Generator | None = None, forced: torch.Tensor | None = None,
@@ -130,8 +178,8 @@ class DecodeEngine(HFRollout):
                 if step is not None:
                     logits = step(token, position, cache)
                 else:
-                    logits = _forward(model)(input_ids=token[:, None], position_ids=position[:, None],
-                                             past_key_values=cache, use_cache=True, shared_prefix=cache).logits[:, -1]
+                    logits = _forward(model)(input_ids=token[:, None], position_ids=position[:, None], cache=cache,
+                                             use_cache=True, shared_prefix=cache).logits[:, -1]
                 cache.advance()
                 position = position + 1
         if step is not None:
