@@ -13,6 +13,7 @@ models S and M), in one process, each variant timed alternately, best of `--repe
   speed-up such a loop can reach;
 - the decoding attention's bare matrix products at the same shapes (prompts at their mean length, no padding):
   added to the above, the floor of any attention built from torch's batched products;
+- the prefill alone, one call over the padded batch against the engine's length buckets (a second table);
 - inside one decoding forward: how many aten operations it dispatches, what one small operation costs here
   (dispatch floor), and how long its linear layers take as bare matmuls of the same shapes (arithmetic floor).
 """
@@ -38,6 +39,7 @@ from posttrain.models.load import autocast, load_causal_lm, load_tokenizer  # no
 from posttrain.rollout.base import SamplingParams  # noqa: E402
 from posttrain.rollout.engine import DecodeEngine, prefill_buckets  # noqa: E402
 from posttrain.rollout.prefix_attention import FIRST_CAPACITY  # noqa: E402
+from posttrain.rollout.weights import inference_weights  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 NULL_ATTENTION = "posttrain_benchmark_no_attention"
@@ -220,6 +222,35 @@ def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
                 products=attention_products_s(lm.config, mask.sum(-1), NEW_TOKENS, dtype))
 
 
+def prefill_comparison(workdir: Path, name: str, dtype_name: str, repeats: int = 7) -> dict:
+    """The engine's prefill alone: one call over the batch padded to its longest prompt, against the length buckets
+    it uses (`prefill_buckets`); alternating, median of `repeats`."""
+    dtype = DTYPES[dtype_name]
+    tokenizer = load_tokenizer(str(workdir / name))
+    data = RLDataset([str(workdir / "train.jsonl")], tokenizer, max_prompt_length=512)
+    prompts, mask = collate_prompts(data.items[:PROMPTS], tokenizer.pad_token_id)
+    lm = load_causal_lm(str(workdir / name), device="cpu").eval()
+    engine = DecodeEngine(lm, tokenizer, device=torch.device("cpu"), dtype=dtype)
+    default = engine_module.MAX_PREFILL_BUCKETS
+    times: dict[int, list[float]] = {1: [], default: []}
+    try:
+        with inference_weights(lm, dtype) as model, torch.no_grad(), autocast(torch.device("cpu"), dtype):
+            for _ in range(repeats + 1):  # the first round warms up
+                for most in times:
+                    engine_module.MAX_PREFILL_BUCKETS = most
+                    start = time.perf_counter()
+                    engine._prefill(model, prompts, mask, N, NEW_TOKENS, False)
+                    times[most].append(time.perf_counter() - start)
+    finally:
+        engine_module.MAX_PREFILL_BUCKETS = default
+    lengths = mask.sum(-1)
+    median = {most: sorted(t[1:])[len(t[1:]) // 2] for most, t in times.items()}
+    return dict(model=name, dtype=dtype_name, one=median[1], buckets=median[default],
+                calls=len(prefill_buckets(lengths)), positions=int(lengths.sum()),
+                padded=len(lengths) * int(lengths.max()),
+                bucketed=sum(len(b) * int(lengths[b].max()) for b in prefill_buckets(lengths)))
+
+
 def _count_first_step(forward, counter: _OpCounter, calls: list, prefill_calls: int):
     """Counts the operations of the first decoding step (the model call after the prefill's)."""
     def call(*args, **kwargs):
@@ -263,6 +294,16 @@ def main() -> None:
                   f"{r['generate'] / (r['prefill'] + r['no_attention'] + r['products']):.2f}x | "
                   f"{r['ops']} | {r['op_us']:.1f} | {r['ops'] * r['op_us'] / 1e3:.2f} | {r['linear_ms']:.2f} |",
                   flush=True)
+    print("\nPrefill alone: one call over the padded batch against the length buckets "
+          "(median of 7, alternating)")
+    print("| model, dtype | prompt tokens | positions, one call | positions, buckets (calls) | one call ms | "
+          "buckets ms | buckets / one call |")
+    print("|---|---|---|---|---|---|---|")
+    for name in models:
+        for dtype_name in args.dtypes.split(","):
+            r = prefill_comparison(workdir, name, dtype_name)
+            print(f"| {name} {dtype_name} | {r['positions']} | {r['padded']} | {r['bucketed']} ({r['calls']}) | "
+                  f"{r['one'] * 1e3:.1f} | {r['buckets'] * 1e3:.1f} | {r['buckets'] / r['one']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

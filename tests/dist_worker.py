@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from posttrain.config import load_config
 from posttrain.parallel.checkpoint import full_model_state
+from posttrain.parallel.context import shutdown
 from posttrain.trainer.rl import RLTrainer
 from posttrain.trainer.setup import parallel_for
 
@@ -62,7 +63,9 @@ def main(spec_path: str) -> None:
             if par.is_main:
                 (out / "gathers.json").write_text(json.dumps({"counts": counts, "units": units}))
         trainer.reward.close()
-    par.barrier()
+    # leave together, as `posttrain` itself does: without it each rank tore down its gloo connections at exit
+    # while others could still be using them
+    shutdown()
 
 
 if __name__ == "__main__":
