@@ -66,13 +66,24 @@ def prefill_buckets(lengths: torch.Tensor) -> list[torch.Tensor]:
     """Prompt indices sorted by length, split into 1 to `MAX_PREFILL_BUCKETS` buckets of equal count: the split with
     the fewest padded positions, each call counted as `PREFILL_CALL_COST` more (16 GSM8K prompts: 2 buckets)."""
     order = torch.argsort(lengths, stable=True)
-    best_cost, best = None, [order]
+    best_cost, best = None, [torch.arange(len(lengths))]  # one bucket: the prompts in their own order
     for count in range(1, min(MAX_PREFILL_BUCKETS, len(order)) + 1):
         parts = order.tensor_split(count)
         cost = sum(len(p) * int(lengths[p].max()) for p in parts) + PREFILL_CALL_COST * count
         if best_cost is None or cost < best_cost:
-            best_cost, best = cost, parts
+            best_cost, best = cost, (parts if count > 1 else best)
     return best
+
+
+def _prefill_call(model, ids: torch.Tensor, mask: torch.Tensor):
+    """One prefill forward: the last position's logits (rows, V) and the transformers cache it filled."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = _forward(model)(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True,
+                          logits_to_keep=1)
+    return out.logits[:, -1], cache
 
 
 class DecodeEngine(HFRollout):
@@ -108,26 +119,24 @@ class DecodeEngine(HFRollout):
         Prompts are prefilled in buckets of similar length (`prefill_buckets`), each as wide as its longest prompt:
         padding to the batch's longest prompt is ~40% of a GSM8K batch's positions. The cache keeps the batch's
         width (zeros on padding, which the prefix bias masks)."""
-        from transformers import DynamicCache
-
-        used = mask.bool()
+        buckets = prefill_buckets(mask.sum(-1))
+        if len(buckets) == 1:  # the call's own cache is the prefix (no copy)
+            logits, cache = _prefill_call(model, prompts, mask)
+            return logits, SharedPrefixCache([layer.keys for layer in cache.layers],
+                                             [layer.values for layer in cache.layers], mask, n, max_new, static=static)
         width = prompts.shape[1]
         logits, keys, values = None, [], []
-        for rows in prefill_buckets(used.sum(-1)):
-            columns = used[rows].any(dim=0).nonzero()
+        for rows in buckets:
+            columns = mask[rows].bool().any(dim=0).nonzero()
             start = int(columns[0]) if len(columns) else width - 1  # columns that are padding in every row: skipped
-            ids, part_mask = prompts[rows, start:], mask[rows, start:]
-            cache = DynamicCache(config=model.config)
-            positions = (part_mask.cumsum(-1) - 1).clamp(min=0)
-            out = _forward(model)(input_ids=ids, attention_mask=part_mask, position_ids=positions, cache=cache,
-                                  use_cache=True, logits_to_keep=1)
+            part_logits, cache = _prefill_call(model, prompts[rows, start:], mask[rows, start:])
             if logits is None:
-                logits = out.logits.new_empty(len(prompts), out.logits.shape[-1])
+                logits = part_logits.new_empty(len(prompts), part_logits.shape[-1])
                 for layer in cache.layers:
                     keys.append(layer.keys.new_zeros(len(prompts), layer.keys.shape[1], width, layer.keys.shape[3]))
                     values.append(layer.values.new_zeros(len(prompts), layer.values.shape[1], width,
                                                          layer.values.shape[3]))
-            logits[rows] = out.logits[:, -1]
+            logits[rows] = part_logits
             for layer, k, v in zip(cache.layers, keys, values):
                 k[rows, :, start:] = layer.keys
                 v[rows, :, start:] = layer.values
