@@ -141,13 +141,18 @@ def attention_products_s(config, prompt_lengths: torch.Tensor, steps: int, dtype
     return total * layers
 
 
-def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
-    dtype = DTYPES[dtype_name]
+def _workload(workdir: Path, name: str, dtype: torch.dtype):
+    """The tokenizer, the benchmark's prompts and mask, the model and the engine in `dtype`."""
     tokenizer = load_tokenizer(str(workdir / name))
     data = RLDataset([str(workdir / "train.jsonl")], tokenizer, max_prompt_length=512)
     prompts, mask = collate_prompts(data.items[:PROMPTS], tokenizer.pad_token_id)
     lm = load_causal_lm(str(workdir / name), device="cpu").eval()
-    engine = DecodeEngine(lm, tokenizer, device=torch.device("cpu"), dtype=dtype)
+    return tokenizer, prompts, mask, lm, DecodeEngine(lm, tokenizer, device=torch.device("cpu"), dtype=dtype)
+
+
+def measure(workdir: Path, name: str, dtype_name: str, repeats: int) -> dict:
+    dtype = DTYPES[dtype_name]
+    tokenizer, prompts, mask, lm, engine = _workload(workdir, name, dtype)
     sampling = SamplingParams(n=N, max_new_tokens=NEW_TOKENS, ignore_eos=True, temperature=1.0)
     batch_prompts, batch_mask = prompts.repeat_interleave(N, 0), mask.repeat_interleave(N, 0)
 
@@ -226,11 +231,7 @@ def prefill_comparison(workdir: Path, name: str, dtype_name: str, repeats: int =
     """The engine's prefill alone: one call over the batch padded to its longest prompt, against the length buckets
     it uses (`prefill_buckets`); alternating, median of `repeats`."""
     dtype = DTYPES[dtype_name]
-    tokenizer = load_tokenizer(str(workdir / name))
-    data = RLDataset([str(workdir / "train.jsonl")], tokenizer, max_prompt_length=512)
-    prompts, mask = collate_prompts(data.items[:PROMPTS], tokenizer.pad_token_id)
-    lm = load_causal_lm(str(workdir / name), device="cpu").eval()
-    engine = DecodeEngine(lm, tokenizer, device=torch.device("cpu"), dtype=dtype)
+    tokenizer, prompts, mask, lm, engine = _workload(workdir, name, dtype)
     default = engine_module.MAX_PREFILL_BUCKETS
     times: dict[int, list[float]] = {1: [], default: []}
     try:
