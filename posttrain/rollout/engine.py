@@ -75,6 +75,12 @@ def prefill_buckets(lengths: torch.Tensor) -> list[torch.Tensor]:
     return best
 
 
+def _leading_padding(mask: torch.Tensor) -> int:
+    """How many leading columns are padding in every row (leaving at least one column)."""
+    used = mask.bool().any(dim=0).nonzero()
+    return min(int(used[0]) if len(used) else mask.shape[1], mask.shape[1] - 1)
+
+
 def _prefill_call(model, ids: torch.Tensor, mask: torch.Tensor):
     """One prefill forward: the last position's logits (rows, V) and the transformers cache it filled."""
     from transformers import DynamicCache
@@ -127,8 +133,7 @@ class DecodeEngine(HFRollout):
         width = prompts.shape[1]
         logits, keys, values = None, [], []
         for rows in buckets:
-            columns = mask[rows].bool().any(dim=0).nonzero()
-            start = int(columns[0]) if len(columns) else width - 1  # columns that are padding in every row: skipped
+            start = _leading_padding(mask[rows])
             part_logits, cache = _prefill_call(model, prompts[rows, start:], mask[rows, start:])
             if logits is None:
                 logits = part_logits.new_empty(len(prompts), part_logits.shape[-1])
@@ -152,8 +157,7 @@ class DecodeEngine(HFRollout):
         step = DecodeStep(_forward(model), graphs=self.cuda_graphs) if static else None
         drop_share = STATIC_DROP_FINISHED_SHARE if static else DROP_FINISHED_SHARE
         prompts, mask = prompts.to(device), mask.to(device)
-        used = mask.any(dim=0).nonzero()
-        start = int(used[0]) if len(used) else 0  # columns that are padding in every prompt are not computed
+        start = _leading_padding(mask)  # columns that are padding in every prompt are not computed
         prompts, mask = prompts[:, start:], mask[:, start:]
         n, steps = s.n, s.max_new_tokens
         logits, cache = self._prefill(model, prompts, mask, n, steps, static)
