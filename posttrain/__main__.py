@@ -1,7 +1,5 @@
 """`python -m posttrain ...` runs the same command line as `posttrain ...`."""
 
-import sys
+from .cli import entry
 
-from .cli import main
-
-sys.exit(main())
+entry()

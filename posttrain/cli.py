@@ -322,8 +322,18 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped(e)
 
 
+def entry() -> None:
+    """The `posttrain` command: `main`, then `exit_process` (a process that ran collectives ends without the
+    interpreter's teardown; `main` itself returns, for callers in the same process)."""
+    from .parallel.context import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
     from torch.distributed.elastic.multiprocessing.errors import record
 
+    from .parallel.context import exit_process
+
     # under a launcher, record() writes a failing rank's error where the launcher reports it from
-    sys.exit(record(main)())
+    exit_process(record(main)())

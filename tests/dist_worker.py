@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from posttrain.config import load_config
 from posttrain.parallel.checkpoint import full_model_state
-from posttrain.parallel.context import shutdown
+from posttrain.parallel.context import exit_process, shutdown
 from posttrain.trainer.rl import RLTrainer
 from posttrain.trainer.setup import parallel_for
 
@@ -70,3 +70,4 @@ def main(spec_path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    exit_process(0)  # as `posttrain` ends: no interpreter teardown racing gloo's worker threads

@@ -102,3 +102,40 @@ def test_under_torchrun_the_config_takes_its_layout_before_it_is_checked(monkeyp
         _load(Namespace(config=None, overrides=["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"]))
     with pytest.raises(ConfigError, match="torchrun started 2 processes .* trainer.n_gpus_per_node=4 = 4"):
         _load(Namespace(config=None, overrides=["trainer.n_gpus_per_node=4"]))
+
+
+EXIT_SCRIPT = """
+import atexit, sys, threading, time
+from pathlib import Path
+from posttrain.parallel import context
+out, join = Path(sys.argv[1]), sys.argv[2] == "join"
+if join:
+    context.init_parallel(device_name="cpu", need_sharding=True)  # a one-process group of its own
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+def late():
+    time.sleep(0.3)
+    (out / "thread").write_text("joined")
+threading.Thread(target=late).start()
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(1)  # never shut down: its idle worker must not hold the exit
+pool.submit(time.sleep, 0.1)
+print("no newline", end="")
+context.shutdown()
+context.exit_process(3)
+"""
+
+
+@pytest.mark.parametrize("joined", [True, False], ids=["process group", "none"])
+def test_exit_process_keeps_the_exit_code_handlers_threads_and_output(tmp_path, joined):
+    """A process that joined a process group ends without the interpreter's teardown (gloo's worker threads race
+    it); what the teardown would do first still happens: other threads finished (an idle thread pool's too), exit
+    handlers run, output flushed."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), "join" if joined else "plain"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert result.stdout == "no newline"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "thread").read_text() == "joined"

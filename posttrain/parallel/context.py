@@ -8,13 +8,19 @@ the ranks of one tensor-parallel group hold the same rows, so counting them agai
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+import threading
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 from ..config import ConfigError
+
+_joined_process_group = False  # this process has run collectives: see exit_process
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,8 @@ def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1
         return Parallel(device=torch.device("cuda") if use_cuda else device)
     dims = ParallelDims.of(world, fsdp_size=fsdp_size, tp=tp)
     if not dist.is_initialized():
+        global _joined_process_group
+        _joined_process_group = True
         backend = "nccl" if use_cuda else "gloo"
         if use_cuda:
             torch.cuda.set_device(device)
@@ -169,3 +177,25 @@ def shutdown() -> None:
         if dist.get_world_size() > 1:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_process(code: int | None) -> NoReturn:
+    """End the process with `code`; one that joined a process group skips the interpreter's teardown.
+
+    gloo's worker threads free each finished collective's tensors, and a barrier holds on to the collectives before
+    it, so a worker may still be freeing them after the main thread has returned. Freeing a tensor that a Python
+    object owns takes the GIL, which a finalizing interpreter answers by ending the thread, and that aborts the
+    process in C++ ("terminate called without an active exception", SIGABRT) after a run that succeeded. So such a
+    process waits for its other threads, runs its exit handlers, flushes its output and exits at once."""
+    if not _joined_process_group:
+        sys.exit(code)
+    # the first two steps of the interpreter's own teardown, in its order: wait for the other threads (after
+    # running what they registered to be stopped, e.g. thread pools), then the exit handlers
+    threading._shutdown()  # noqa: SLF001
+    atexit._run_exitfuncs()  # noqa: SLF001
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing left to write
+            pass
+    os._exit(code or 0)
