@@ -63,9 +63,7 @@ def main(spec_path: str) -> None:
             if par.is_main:
                 (out / "gathers.json").write_text(json.dumps({"counts": counts, "units": units}))
         trainer.reward.close()
-    # leave together, as `posttrain` itself does: without it each rank tore down its gloo connections at exit
-    # while others could still be using them
-    shutdown()
+    shutdown()  # leave together (barrier, destroy the process group), as `posttrain` itself does
 
 
 if __name__ == "__main__":

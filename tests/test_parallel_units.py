@@ -1,8 +1,10 @@
-"""The pure parts of posttrain.parallel: splitting work over ranks and micro-batches, process layouts, and which
-rank's error a failed job reports."""
+"""The parts of posttrain.parallel that need no multi-process job: splitting work over ranks and micro-batches,
+process layouts, which rank's error a failed job reports, and how a process that joined a process group exits."""
 
 import itertools
 import random
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -130,9 +132,6 @@ def test_exit_process_keeps_the_exit_code_handlers_threads_and_output(tmp_path, 
     """A process that joined a process group ends without the interpreter's teardown (gloo's worker threads race
     it); what the teardown would do first still happens: other threads finished (an idle thread pool's too), exit
     handlers run, output flushed."""
-    import subprocess
-    import sys
-
     result = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), "join" if joined else "plain"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 3, result.stderr[-2000:]
