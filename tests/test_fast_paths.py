@@ -16,6 +16,7 @@ from posttrain.data.batch import Batch
 from posttrain.models.load import enable_checkpointing, load_causal_lm
 from posttrain.models.logprobs import response_logprobs
 from posttrain.models.policy import PolicyModel
+from posttrain.models import shared_prompt
 from posttrain.models.shared_prompt import ATTENTION_NAME, prompt_groups
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.engine import DecodeEngine, prefill_buckets
@@ -250,8 +251,12 @@ def _shared_case(vocab: int):
     return ids, mask, L, uids
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward(tiny_model_dir, checkpointing):
+@pytest.mark.parametrize("checkpointing,grouped_heads", [(False, True), (True, True), (False, False)])
+def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward(tiny_model_dir, checkpointing, grouped_heads,
+                                                                       monkeypatch):
+    """`grouped_heads=False` runs the keys-repeated-per-head form a GPU takes (the tiny model has 2 query heads per
+    key/value head)."""
+    monkeypatch.setattr(shared_prompt, "grouped_heads_in_sdpa", lambda keys: grouped_heads)
     lm = load_causal_lm(str(tiny_model_dir))
     if checkpointing:
         enable_checkpointing(lm)
@@ -272,6 +277,13 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward(tiny_model
     assert torch.allclose(lp0, lp1, atol=1e-5) and torch.allclose(e0, e1, atol=1e-5)
     for k in g0:
         assert torch.allclose(g0[k], g1[k], atol=1e-6, rtol=1e-4), k
+
+
+def test_grouped_heads_go_to_sdpa_on_a_cpu_only():
+    """Elsewhere a mask with grouped heads leaves sdpa only its math kernel, which stores every attention weight."""
+    keys = torch.zeros(2, 1, 5, 4)
+    assert shared_prompt.grouped_heads_in_sdpa(keys)
+    assert not shared_prompt.grouped_heads_in_sdpa(keys.to("meta"))
 
 
 def test_policy_model_shares_prompts_after_its_check_and_gives_the_same_logprobs(tiny_model_dir):
