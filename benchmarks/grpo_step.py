@@ -1,15 +1,16 @@
 """One GRPO step, side by side: posttrain vs TRL's GRPOTrainer (and transformers' plain `generate`).
 
     python benchmarks/grpo_step.py [--models S,M] [--dtypes fp32,bf16] [--steps 3] [--warmup 1] [--repeats 2]
-                                   [--frameworks posttrain,trl,generate] [--device cpu|cuda] [--workdir DIR]
+                                   [--frameworks posttrain,trl,generate] [--device cpu|cuda] [--new-tokens 64]
+                                   [--workdir DIR]
 
 Workload (the same for both frameworks): random Qwen2 models built offline — S (hidden 256, 4 layers, 3.5M
 parameters), M (hidden 512, 8 layers, 24.7M), and on `--device cuda` also L (a Qwen2.5-0.5B-shaped config, 0.5B)
 — with a byte-level BPE tokenizer of 2048 entries trained on GSM8K; 16 GSM8K questions per step (chat template)
-x 8 samples x exactly 64 new tokens (EOS ignored / `min_new_tokens`), temperature 1, scored by the GSM8K scorer;
-Dr. GRPO (no std scaling, `seq-mean-token-sum-norm` / `dr_grpo`), no reference model, one optimizer step per
-rollout, no gradient checkpointing, weights in float32 with bf16 autocast for `bf16`. TRL runs with
-`use_cpu=True` on CPU, `report_to="none"`, `num_iterations=1`, `beta=0`, `scale_rewards="none"`.
+x 8 samples x exactly 64 new tokens (`--new-tokens`; EOS ignored / `min_new_tokens`), temperature 1, scored by the
+GSM8K scorer; Dr. GRPO (no std scaling, `seq-mean-token-sum-norm` / `dr_grpo`), no reference model, one
+optimizer step per rollout, no gradient checkpointing, weights in float32 with bf16 autocast for `bf16`. TRL runs
+with `use_cpu=True` on CPU, `report_to="none"`, `num_iterations=1`, `beta=0`, `scale_rewards="none"`.
 `generate` is transformers' `model.generate` on the same prompts (fp32 weights under autocast: what posttrain
 used before its own engine), generation only. `posttrain-eager` (for `--device cuda`) is posttrain with
 `rollout.enforce_eager=True`: its decoding steps launched one by one instead of replayed as CUDA graphs.
@@ -282,6 +283,7 @@ def summarise(results: list[dict], params: int, ceiling: float) -> dict:
 
 
 def main() -> None:
+    global NEW_TOKENS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="S,M")
     p.add_argument("--dtypes", default="fp32,bf16")
@@ -290,11 +292,13 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--new-tokens", type=int, default=NEW_TOKENS, help="tokens generated per sample")
     p.add_argument("--workdir")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--dtype", help=argparse.SUPPRESS)
     args = p.parse_args()
+    NEW_TOKENS = args.new_tokens  # the workload's constant, set for this process (and passed to each worker)
     if args.worker:
         return worker(args)
 
@@ -317,7 +321,7 @@ def main() -> None:
                 for fw in order:
                     cmd = [sys.executable, __file__, "--worker", fw, "--model", model, "--dtype", dtype,
                            "--workdir", str(workdir), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                           "--device", args.device]
+                           "--device", args.device, "--new-tokens", str(args.new_tokens)]
                     start = time.perf_counter()
                     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ,
                                                                                     "TOKENIZERS_PARALLELISM": "false"})
@@ -360,7 +364,9 @@ def main() -> None:
                     line.append(f"step TRL/posttrain {t['step'] / pt['step']:.2f}x, "
                                 f"generation {t['gen'] / pt['gen']:.2f}x, "
                                 f"training GFLOP/s posttrain/TRL {pt['train_gflops'] / t['train_gflops']:.2f}x, "
-                                f"peak RSS posttrain/TRL {pt['rss'] / t['rss']:.2f}")
+                                f"peak RSS posttrain/TRL {pt['rss'] / t['rss']:.2f}"
+                                + (f", peak GPU posttrain/TRL {pt['gpu'] / t['gpu']:.2f}" if args.device == "cuda"
+                                   else ""))
                 if "generate" in rows:
                     speedup = rows["generate"]["gen"] / pt["gen"]
                     line.append(f"decode tokens/s posttrain / transformers generate {speedup:.2f}x")
