@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import repeat_kv
 
+from posttrain.models.load import attention_backends
+
 ROWS, LENGTH, PROMPT, HEAD_DIM = 128, 64, 150, 64
 HEADS = {"M": (8, 4), "L": (14, 2)}
 
@@ -81,18 +83,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=12)
     args = p.parse_args()
     cuda = args.device == "cuda"
-    if cuda:  # the backends posttrain runs sdpa with on a GPU (models/load.py: attention_backends)
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        backends = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-        backends.__enter__()
     print("| heads, dtype | form | fwd + bwd ms |" + (" peak MiB | memory-efficient kernel |" if cuda else ""))
     print("|---|---|---|" + ("---|---|" if cuda else ""))
     for name, (heads, kv_heads) in HEADS.items():
         for dtype in (torch.bfloat16, torch.float32):
             q, k, v, mask = case(heads, kv_heads, dtype, args.device)
             for form, fn in forms(q, k, v, mask).items():
-                ms, peak = measure(fn, (q, k, v), args.device, args.repeats)
+                with attention_backends(torch.device(args.device)):  # the sdpa backends posttrain runs with
+                    ms, peak = measure(fn, (q, k, v), args.device, args.repeats)
                 extra = f" {peak:.0f} | {'yes' if memory_efficient_takes(fn) else 'no'} |" if cuda else ""
                 print(f"| {name} ({heads}/{kv_heads}), {str(dtype)[6:]} | {form} | {ms:.2f} |{extra}", flush=True)
 
