@@ -98,7 +98,7 @@ def grouped_heads_in_sdpa(keys) -> bool:
     """Whether sdpa gets the grouped key/value heads (`enable_gqa`) rather than keys repeated per query head
     (benchmarks/grouped_heads.py). On a CPU, yes: forward + backward 1.3-2.1x faster than with repeated keys. On a
     GPU, a mask with grouped heads leaves sdpa only its math kernel, which stores every attention weight for the
-    backward pass (H100: 1.2-2.3x the time and memory of repeated keys, which the memory-efficient kernel takes),
+    backward pass (H100: 1.1-2.3x the time and memory of repeated keys, which the memory-efficient kernel takes),
     and transformers' sdpa path repeats the keys of a masked call too."""
     return keys.device.type == "cpu"
 
