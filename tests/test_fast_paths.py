@@ -279,6 +279,12 @@ def test_shared_prompt_logprobs_and_gradients_equal_the_plain_forward(tiny_model
         assert torch.allclose(g0[k], g1[k], atol=1e-6, rtol=1e-4), k
 
 
+def test_leading_padding_counts_the_columns_padded_in_every_row_and_keeps_one():
+    assert shared_prompt.leading_padding(torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1]])) == 1
+    assert shared_prompt.leading_padding(torch.ones(2, 3, dtype=torch.long)) == 0
+    assert shared_prompt.leading_padding(torch.zeros(2, 3, dtype=torch.long)) == 2
+
+
 def test_grouped_heads_go_to_sdpa_on_a_cpu_only():
     """Elsewhere a mask with grouped heads leaves sdpa only its math kernel, which stores every attention weight."""
     keys = torch.zeros(2, 1, 5, 4)

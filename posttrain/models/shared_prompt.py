@@ -83,7 +83,7 @@ def shared_prompt_attention(module, query, key, value, attention_mask, dropout: 
     if not ctx.attend:  # the prompts: ordinary attention, keys and values kept (a recompute overwrites them)
         ctx.stored.keys[layer], ctx.stored.values[layer] = key, value
         return sdpa_attention_forward(module, query, key, value, attention_mask, **plain)
-    rows, _, length, _ = query.shape
+    length = query.shape[2]
     keys = torch.cat([ctx.stored.keys[layer].index_select(0, ctx.row_prompt), key], dim=2)
     values = torch.cat([ctx.stored.values[layer].index_select(0, ctx.row_prompt), value], dim=2)
     groups = query.shape[1] // key.shape[1]
@@ -115,8 +115,7 @@ def shared_prompt_hidden(run, input_ids, attention_mask, response_length: int, p
     L, device = int(response_length), input_ids.device
     prompt_rows, row_prompt = prompt_rows.to(device), row_prompt.to(device)
     prompts, prompt_mask = input_ids[prompt_rows, :-L], attention_mask[prompt_rows, :-L]
-    used = prompt_mask.any(dim=0).nonzero()
-    start = int(used[0]) if len(used) else 0  # columns that are padding in every distinct prompt
+    start = leading_padding(prompt_mask)
     prompts, prompt_mask = prompts[:, start:], prompt_mask[:, start:]
     ctx = PromptContext(row_prompt=row_prompt, prompt_mask=prompt_mask.bool())
     prompt_hidden = run(input_ids=prompts, attention_mask=prompt_mask,
@@ -160,6 +159,13 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
     if reason:
         log.warning("%s of %s: computed without sharing prompts (%s)", what, type(module).__name__, reason)
     return reason is None
+
+
+def leading_padding(mask: torch.Tensor) -> int:
+    """How many leading columns of a left-padded (rows, T) mask are padding in every row, leaving at least one
+    column: what a pass over those rows need not compute."""
+    used = mask.bool().any(dim=0).nonzero()
+    return min(int(used[0]) if len(used) else mask.shape[1], mask.shape[1] - 1)
 
 
 def prompt_groups(uids: list) -> tuple[torch.Tensor, torch.Tensor]:

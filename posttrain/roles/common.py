@@ -15,7 +15,7 @@ import torch
 from ..algo import group_ids
 from ..data.batch import Batch
 from ..models.load import attention_backends, autocast
-from ..models.shared_prompt import prompt_groups
+from ..models.shared_prompt import leading_padding, prompt_groups
 from ..models.vision import MM_KEY
 from ..parallel import Parallel, balance, clip_grad_norm, is_sharded
 
@@ -35,7 +35,7 @@ def trimmed(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     prompts_w = batch["prompts"].shape[1]
     full_l = batch["responses"].shape[1]
     mask = batch["attention_mask"]
-    start = int((mask[:, :prompts_w].sum(0) > 0).nonzero().min()) if mask[:, :prompts_w].any() else prompts_w - 1
+    start = leading_padding(mask[:, :prompts_w])
     resp_l = max(int(batch["response_mask"].sum(-1).max()), 1)
     end = prompts_w + resp_l
     return batch["input_ids"][:, start:end], mask[:, start:end], resp_l, full_l

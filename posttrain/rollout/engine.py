@@ -32,7 +32,7 @@ from .base import SamplingParams
 from .cuda_graphs import DecodeStep
 from .hf import HFRollout
 from ..models.vision import is_vision_config
-from ..models.shared_prompt import attention_implementation
+from ..models.shared_prompt import attention_implementation, leading_padding
 from .prefix_attention import ATTENTION_NAME, SharedPrefixCache
 from .sampling import next_tokens, sampled_logprobs
 
@@ -73,12 +73,6 @@ def prefill_buckets(lengths: torch.Tensor) -> list[torch.Tensor]:
         if best_cost is None or cost < best_cost:
             best_cost, best = cost, (parts if count > 1 else best)
     return best
-
-
-def _leading_padding(mask: torch.Tensor) -> int:
-    """How many leading columns are padding in every row (leaving at least one column)."""
-    used = mask.bool().any(dim=0).nonzero()
-    return min(int(used[0]) if len(used) else mask.shape[1], mask.shape[1] - 1)
 
 
 def _prefill_call(model, ids: torch.Tensor, mask: torch.Tensor):
@@ -133,7 +127,7 @@ class DecodeEngine(HFRollout):
         width = prompts.shape[1]
         logits, keys, values = None, [], []
         for rows in buckets:
-            start = _leading_padding(mask[rows])
+            start = leading_padding(mask[rows])
             part_logits, cache = _prefill_call(model, prompts[rows, start:], mask[rows, start:])
             if logits is None:
                 logits = part_logits.new_empty(len(prompts), part_logits.shape[-1])
@@ -157,7 +151,7 @@ class DecodeEngine(HFRollout):
         step = DecodeStep(_forward(model), graphs=self.cuda_graphs) if static else None
         drop_share = STATIC_DROP_FINISHED_SHARE if static else DROP_FINISHED_SHARE
         prompts, mask = prompts.to(device), mask.to(device)
-        start = _leading_padding(mask)  # columns that are padding in every prompt are not computed
+        start = leading_padding(mask)  # columns that are padding in every prompt are not computed
         prompts, mask = prompts[:, start:], mask[:, start:]
         n, steps = s.n, s.max_new_tokens
         logits, cache = self._prefill(model, prompts, mask, n, steps, static)
