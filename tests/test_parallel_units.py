@@ -8,10 +8,11 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from posttrain.config import ConfigError
 from posttrain.parallel import ParallelDims
-from posttrain.parallel.balance import (balanced_parts, contiguous_parts, micro_batch_parts, token_budget_count)
+from posttrain.parallel.balance import balanced_parts, contiguous_parts, padded_packs, split_packs
 from posttrain.parallel.launch import root_cause
 
 
@@ -45,15 +46,77 @@ def test_balanced_parts_cover_everything_once_and_come_close_to_the_best(equal_c
         balanced_parts([1, 2, 3], 2, equal_count=True)
 
 
-def test_contiguous_parts_and_micro_batch_counts():
+def padded(rows, prompt_lens, response_lens):
+    """Positions of a forward over `rows`: every row padded to the longest prompt plus the longest response."""
+    if not rows:
+        return 0
+    longest_prompt, longest_response = 0, 0
+    for i in rows:
+        longest_prompt, longest_response = max(longest_prompt, prompt_lens[i]), max(longest_response, response_lens[i])
+    return len(rows) * (longest_prompt + longest_response)
+
+
+def test_contiguous_parts():
     assert contiguous_parts(7, 3) == [[0, 1, 2], [3, 4], [5, 6]]
-    assert token_budget_count([3, 3, 3, 7, 1], 6) == 4  # [3,3] [3] [7] [1]: a long row gets its own
-    assert token_budget_count([10], 4) == 1
-    parts = micro_batch_parts([5, 1, 4, 2, 3, 3], 3)
-    assert sorted(i for p in parts for i in p) == list(range(6)) and len(parts) == 3
-    assert sorted(sum([5, 1, 4, 2, 3, 3][i] for i in p) for p in parts) == [6, 6, 6]
-    with pytest.raises(ValueError, match="cannot fill"):
-        micro_batch_parts([1, 2], 3)
+
+
+def test_token_budget_bounds_padded_positions_not_real_tokens():
+    """4 rows of 4,000 tokens and 60 of 250 under an 8,000 budget: the long rows go two by two and the short ones
+    32 at a time, never a long row padding short ones (that would be micro-batches of 64,000 positions)."""
+    prompt_lens, response_lens = [0] * 64, [4000] * 4 + [250] * 60
+    parts = split_packs(padded_packs(prompt_lens, response_lens, 8000), 0, prompt_lens, response_lens)
+    assert sorted(i for p in parts for i in p) == list(range(64))
+    assert sorted(len(p) for p in parts) == [2, 2, 28, 32]
+    assert max(padded(p, prompt_lens, response_lens) for p in parts) == 8000
+    # a row over the budget alone gets a micro-batch of its own; prompt and response widths pad separately
+    assert padded_packs([0, 0, 0], [10, 3, 3], 8) == [[0], [1, 2]]
+    assert sorted(map(sorted, padded_packs([5, 1, 1], [1, 5, 1], 12))) == [[0], [1, 2]]  # rows 0 and 1: 2 x (5 + 5) > 12
+
+
+def test_token_budget_micro_batches_stay_in_budget_at_any_count():
+    """Another rank may need more micro-batches: splitting further keeps every one within the budget, covers every
+    row once, and leaves empty micro-batches only when rows run out."""
+    rng = random.Random(1)
+    for _ in range(200):
+        n, budget = rng.randint(1, 30), rng.randint(10, 200)
+        prompt_lens = [rng.randint(0, 40) for _ in range(n)]
+        response_lens = [rng.randint(1, 60) for _ in range(n)]
+        packs = padded_packs(prompt_lens, response_lens, budget)
+        for count in (len(packs), len(packs) + rng.randint(1, 5)):
+            parts = split_packs(packs, count, prompt_lens, response_lens)
+            assert len(parts) == count and sorted(i for p in parts for i in p) == list(range(n))
+            assert all(p == sorted(p) for p in parts)
+            assert all(padded(p, prompt_lens, response_lens) <= budget or len(p) == 1 for p in parts)
+            assert sum(1 for p in parts if not p) == max(0, count - n)
+
+
+def test_worker_micro_batches_forward_within_the_token_budget():
+    """What a forward computes on (rows x trimmed width, roles.common.trimmed) stays within the token budget
+    for left-padded prompts and right-padded responses of very different lengths."""
+    from posttrain.data.batch import Batch
+    from posttrain.parallel import Parallel
+    from posttrain.roles.common import Worker, trimmed
+
+    prompt_w, response_w = 64, 3950
+    prompt_real = [50] * 4 + [10] * 60
+    response_real = [3950] * 4 + [240] * 60  # rows of 4,000 and 250 tokens
+    n = len(prompt_real)
+    prompt_mask = torch.zeros(n, prompt_w, dtype=torch.long)
+    response_mask = torch.zeros(n, response_w, dtype=torch.long)
+    for i in range(n):
+        prompt_mask[i, prompt_w - prompt_real[i]:] = 1
+        response_mask[i, : response_real[i]] = 1
+    batch = Batch({"prompts": torch.ones(n, prompt_w, dtype=torch.long), "responses": torch.ones(n, response_w,
+                                                                                                  dtype=torch.long),
+                   "input_ids": torch.ones(n, prompt_w + response_w, dtype=torch.long),
+                   "attention_mask": torch.cat([prompt_mask, response_mask], 1), "response_mask": response_mask},
+                  {"uid": [str(i) for i in range(n)]})
+    worker = Worker(torch.nn.Linear(1, 1), Parallel(), dtype=torch.float32)
+    parts = worker.micro_parts(batch, None, max_tokens=8000)
+    assert sorted(i for p in parts for i in p) == list(range(n))
+    sizes = [trimmed(batch.select(p))[0].numel() for p in parts]
+    assert max(sizes) <= 8000, sizes
+    assert len(parts) == 4  # 2 x 4,000 twice, then 32 and 28 rows of 250 (prompts padded to 10, not 50)
 
 
 def test_parallel_dims():

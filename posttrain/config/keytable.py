@@ -164,7 +164,8 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.actor.calculate_sum_pi_squared", "note", "computed when the estimator needs it"),
     Rule("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "note", TRANSFORMERS),
     Rule("actor_rollout_ref.actor.use_fused_kernels", "note", "follows actor_rollout_ref.model.use_fused_kernels"),
-    Rule("actor_rollout_ref.actor.use_remove_padding", "note", TRANSFORMERS + "; only real tokens are scored"),
+    Rule("actor_rollout_ref.actor.use_remove_padding", "note", TRANSFORMERS + " on padded rows (no packed "
+         "forward); only real tokens are scored"),
     Rule("actor_rollout_ref.actor.use_prefix_grouper", "note", "posttrain always computes a prompt once for its "
          "rollout.n responses (shared-prompt passes, docs/performance.md)"),
     Rule("actor_rollout_ref.ref.strategy", "note", "the reference uses the actor's strategy"),
@@ -405,7 +406,9 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.model.trust_remote_code':
         'passed to `from_pretrained`',
     'actor_rollout_ref.model.use_remove_padding':
-        'accepted for portability: log-probs are computed only on real response tokens either way',
+        'accepted for portability, no effect: there is no padding-free (packed) forward; each forward runs on '
+        'padded rows, cut to the longest prompt and the longest response of its micro-batch. Log-probs, losses '
+        'and metrics count only real response tokens either way',
     'actor_rollout_ref.model.enable_gradient_checkpointing':
         'activation checkpointing in the actor (and critic) forward',
     'actor_rollout_ref.model.lora_rank':
@@ -427,10 +430,11 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu':
         'responses per forward/backward; null = whole mini-batch',
     'actor_rollout_ref.actor.use_dynamic_bsz':
-        'micro-batches packed to about `ppo_max_token_len_per_gpu` tokens, near-equal in tokens, as many on '
-        'every rank',
+        'micro-batches of rows of similar length, each at most `ppo_max_token_len_per_gpu` padded positions (rows '
+        'x (longest prompt + longest response): the forward runs on padded rows; a longer row alone gets its own), '
+        'as many on every rank',
     'actor_rollout_ref.actor.ppo_max_token_len_per_gpu':
-        'token budget of a dynamic micro-batch',
+        'token budget of a dynamic micro-batch, in padded positions (rows x padded width)',
     'actor_rollout_ref.actor.ppo_epochs':
         'passes over each batch',
     'actor_rollout_ref.actor.shuffle':
@@ -705,7 +709,8 @@ DESCRIPTIONS: dict[str, str] = {
     'reward_model.use_dynamic_bsz':
         'token-budget micro-batches for the reward model',
     'reward_model.forward_max_token_len_per_gpu':
-        'token budget of one reward-model micro-batch (with `use_dynamic_bsz`)',
+        'token budget of one reward-model micro-batch (with `use_dynamic_bsz`), in padded positions (rows x '
+        'longest row)',
     'reward_model.reward_manager':
         '`naive` / `dapo`: the scorer is called per response (`dapo` is the same call; the overlong shaping is '
         '`overlong_buffer.*`); `batch`: called once per step with lists (`data_sources`, `solution_strs`, '

@@ -2,7 +2,9 @@
 `trainer.balance_batch`), and micro-batches whose count is the same on every rank (FSDP runs one collective per
 forward, so a rank with fewer micro-batches would leave the others waiting).
 
-Pure functions of lists of ints; the roles call them with token counts read off the batch.
+Pure functions of lists of ints; the roles call them with token counts read off the batch. A token budget
+(`use_dynamic_bsz`) bounds the positions the forward computes — a micro-batch's rows times its padded width — not
+its real tokens: the forward runs on padded rows.
 """
 
 from __future__ import annotations
@@ -41,19 +43,42 @@ def contiguous_parts(n: int, k: int) -> list[list[int]]:
     return out
 
 
-def token_budget_count(lengths: list[int], max_tokens: int) -> int:
-    """How many micro-batches greedy in-order packing needs so that none holds more than `max_tokens` tokens
-    (a single longer row still gets a micro-batch of its own)."""
-    count, used = 0, 0
-    for n in lengths:
-        if count == 0 or (used + n > max_tokens and used > 0):
-            count, used = count + 1, 0
-        used += n
-    return count
+def padded_size(rows: list[int], prompt_lens: list[int], response_lens: list[int]) -> int:
+    """Positions a forward over these rows computes: each row is padded to the longest prompt and the longest
+    response among them (roles/common.trimmed)."""
+    if not rows:
+        return 0
+    return len(rows) * (max(prompt_lens[i] for i in rows) + max(response_lens[i] for i in rows))
 
 
-def micro_batch_parts(lengths: list[int], count: int) -> list[list[int]]:
-    """`count` micro-batches over rows with these token counts, near-equal in tokens (order kept inside each)."""
-    if count > len(lengths):
-        raise ValueError(f"{len(lengths)} rows cannot fill {count} micro-batches")
-    return balanced_parts(lengths, count, equal_count=False)
+def padded_packs(prompt_lens: list[int], response_lens: list[int], max_tokens: int) -> list[list[int]]:
+    """The fewest micro-batches, for rows taken longest first, whose padded size (rows x (longest prompt + longest
+    response)) is at most `max_tokens`; a row longer than that alone gets a micro-batch of its own. Taking rows by
+    length keeps a long row from padding many short ones. Each part lists its rows longest first."""
+    order = sorted(range(len(prompt_lens)), key=lambda i: (-(prompt_lens[i] + response_lens[i]), i))
+    parts: list[list[int]] = []
+    longest_p = longest_r = 0
+    for i in order:
+        p, r = max(longest_p, prompt_lens[i]), max(longest_r, response_lens[i])
+        if not parts or (len(parts[-1]) + 1) * (p + r) > max_tokens:
+            parts.append([])
+            p, r = prompt_lens[i], response_lens[i]
+        parts[-1].append(i)
+        longest_p, longest_r = p, r
+    return parts
+
+
+def split_packs(parts: list[list[int]], count: int, prompt_lens: list[int], response_lens: list[int]) -> list[list[int]]:
+    """`parts` split until there are `count` (another rank needs that many): the part with the largest padded size
+    is halved, which never makes a part larger; with fewer rows than `count`, the last parts are empty (the rank
+    still joins a sharded model's passes). Rows come back in ascending order inside each part."""
+    parts = [list(p) for p in parts]
+    while len(parts) < count:
+        splittable = [p for p in parts if len(p) > 1]
+        if not splittable:
+            parts += [[] for _ in range(count - len(parts))]
+            break
+        big = max(splittable, key=lambda p: padded_size(p, prompt_lens, response_lens))
+        at = parts.index(big)
+        parts[at:at + 1] = [big[: len(big) // 2], big[len(big) // 2:]]
+    return [sorted(p) for p in parts]

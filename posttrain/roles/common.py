@@ -41,6 +41,19 @@ def trimmed(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     return batch["input_ids"][:, start:end], mask[:, start:end], resp_l, full_l
 
 
+def padded_widths(batch: Batch) -> tuple[list[int], list[int]]:
+    """Each row's prompt and response width as a forward pads them (`trimmed`): the prompt from its first real
+    token (left padding), the response by its real tokens. Rows without prompts (the reward model's re-encoded,
+    right-padded rows) are all response."""
+    mask = batch["attention_mask"]
+    if "prompts" not in batch:
+        return [0] * len(mask), mask.sum(-1).tolist()
+    prompts_w = batch["prompts"].shape[1]
+    real = mask[:, :prompts_w].bool()
+    first = torch.where(real.any(-1), real.int().argmax(-1), torch.full_like(real[:, 0], prompts_w, dtype=torch.long))
+    return (prompts_w - first).tolist(), batch["response_mask"].sum(-1).tolist()
+
+
 def images_of(mb: Batch):
     """Each row's image inputs (vision-language rows, models/vision.py), or None for a text-only batch."""
     return mb.meta.get(MM_KEY)
@@ -93,13 +106,14 @@ class Worker:
         return [batch.select(p) for p in self.micro_parts(batch, size, max_tokens=max_tokens)]
 
     def micro_parts(self, batch: Batch, size: int | None, *, max_tokens: int | None = None) -> list[list[int]]:
-        """Row indices of micro-batches of `size` rows, or (with `max_tokens`) of packs near-equal in tokens of at
-        most about that many; as many on every rank (the most any rank needs)."""
+        """Row indices of micro-batches of `size` rows, or (with `max_tokens`) of rows of similar length whose
+        padded size — rows x padded width, what the forward computes on — is at most `max_tokens` (a longer row
+        alone gets its own); as many on every rank (the most any rank needs)."""
         n = len(batch)
         if max_tokens:
-            lengths = batch["attention_mask"].sum(-1).tolist()
-            count = self.par.max(balance.token_budget_count(lengths, max_tokens))
-            parts = balance.micro_batch_parts(lengths, count)
+            prompt_lens, response_lens = padded_widths(batch)
+            packs = balance.padded_packs(prompt_lens, response_lens, max_tokens)
+            parts = balance.split_packs(packs, self.par.max(len(packs)), prompt_lens, response_lens)
         else:
             size = size or n
             mine = math.ceil(n / size)
