@@ -139,9 +139,19 @@ def test_wrong_type_names_key_and_type():
     (["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0"], "clip_cov_ratio"),
     (["actor_rollout_ref.actor.policy_loss.clip_cov_lb=6"], "clip_cov_lb"),
     (["actor_rollout_ref.actor.tau_neg=0"], "tau_pos and tau_neg"),
+    (["actor_rollout_ref.rollout.response_length=1024", "data.max_response_length=512"],
+     "rollout.response_length=1024 differs from data.max_response_length=512"),
 ])
 def test_inconsistent_settings_are_rejected(overrides, fragment):
     rejects(OK + overrides, fragment)
+
+
+def test_one_response_length_bounds_generation_and_the_penalties():
+    """rollout.response_length may only repeat data.max_response_length: generation, DAPO's overlong window and
+    Dr. GRPO's constant then all read the same length."""
+    cfg = load_config(None, OK + ["actor_rollout_ref.rollout.response_length=700", "data.max_response_length=700"])
+    assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_response_length == 700
+    assert load_config(None, OK + ["data.max_response_length=700"]).actor_rollout_ref.rollout.response_length is None
 
 
 def test_kl_plus_variant_accepted():

@@ -571,7 +571,8 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.rollout.do_sample':
         'False = greedy',
     'actor_rollout_ref.rollout.response_length':
-        'generated tokens; null = `data.max_response_length`',
+        'generated tokens: null or equal to `data.max_response_length`, which bounds generation, the overlong '
+        'penalty and the `seq-mean-token-sum-norm` constant alike; another value is rejected',
     'actor_rollout_ref.rollout.prompt_length':
         'null or equal to `data.max_prompt_length` (which bounds prompts); another value is rejected',
     'actor_rollout_ref.rollout.dtype':

@@ -151,6 +151,11 @@ def _validate(cfg: Config) -> None:
     _check(rollout.prompt_length in (None, d.max_prompt_length),
            "actor_rollout_ref.rollout.prompt_length differs from data.max_prompt_length; prompts are cut by "
            "data.max_prompt_length, set that instead")
+    _check(rollout.response_length in (None, d.max_response_length),
+           f"actor_rollout_ref.rollout.response_length={rollout.response_length} differs from "
+           f"data.max_response_length={d.max_response_length}; one length bounds generation, the overlong "
+           "penalty's window and the seq-mean-token-sum-norm constant: set data.max_response_length (the rollout "
+           "follows it, as in verl)")
     _check(rollout.temperature >= 0, "actor_rollout_ref.rollout.temperature must be >= 0")
     _check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must lie in (0, 1]")
     _check(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n must be >= 1")
