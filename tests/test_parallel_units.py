@@ -2,6 +2,8 @@
 process layouts, which rank's error a failed job reports, and how a process that joined a process group exits."""
 
 import itertools
+import json
+import os
 import random
 import subprocess
 import sys
@@ -201,3 +203,47 @@ def test_exit_process_keeps_the_exit_code_handlers_threads_and_output(tmp_path, 
     assert result.stdout == "no newline"
     assert (tmp_path / "atexit").read_text() == "ran"
     assert (tmp_path / "thread").read_text() == "joined"
+
+
+GENERATION_THEN_FORWARD = """
+import json, sys
+import torch
+from torch.distributed.tensor import DTensor
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from posttrain.parallel.context import init_parallel, shutdown
+from posttrain.parallel.shard import ShardSettings, decoder_layers, gathered_for_generation, parallelize
+
+par = init_parallel(device_name="cpu", need_sharding=True)
+out = {}
+for reshard in (False, True):
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                         num_key_value_heads=1, intermediate_size=32))
+    layers = decoder_layers(model)
+    parallelize(model, par, ShardSettings(reshard_after_forward=reshard))
+    ids = torch.randint(0, 64, (2, 5))
+
+    def layers_kept_gathered():
+        loss = model(input_ids=ids).logits.sum()
+        kept = [not any(isinstance(p, DTensor) for p in layer.parameters()) for layer in layers]
+        loss.backward()
+        return kept
+
+    before = layers_kept_gathered()
+    with torch.no_grad(), gathered_for_generation(model):
+        model(input_ids=ids)
+    out[str(reshard)] = {"before": before, "after": layers_kept_gathered()}
+shutdown()
+print(json.dumps(out))
+"""
+
+
+def test_generation_keeps_each_layers_reshard_after_forward():
+    """fsdp_config.reshard_after_forward=False keeps a layer's gathered weights after the training forward, before
+    and after a generation (which gathers every layer for decoding and frees them at the end); True frees them."""
+    result = subprocess.run([sys.executable, "-c", GENERATION_THEN_FORWARD], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["False"] == {"before": [True, True], "after": [True, True]}
+    assert out["True"] == {"before": [False, False], "after": [False, False]}

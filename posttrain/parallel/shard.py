@@ -29,6 +29,11 @@ class ShardSettings:
     reshard_after_forward: bool = True  # free gathered layers after forward (False trades memory for speed)
 
 
+# A sharded layer's own reshard_after_forward, which generation turns off and back on: FSDP2 can set it but not
+# report it.
+RESHARD_AFTER_FORWARD = "posttrain_reshard_after_forward"
+
+
 # ------------------------------------------------------------------ structure of a transformers model
 
 
@@ -106,6 +111,7 @@ def parallelize(model: nn.Module, par: Parallel, settings: ShardSettings) -> nn.
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=par.fsdp_mesh, mp_policy=mp, offload_policy=offload,
                     reshard_after_forward=settings.reshard_after_forward)
+        setattr(layer, RESHARD_AFTER_FORWARD, settings.reshard_after_forward)
     fully_shard(model, mesh=par.fsdp_mesh, mp_policy=mp, offload_policy=offload)
     from torch.distributed.fsdp import register_fsdp_forward_method
 
@@ -174,7 +180,7 @@ def gathered_for_generation(model: nn.Module):
         for unit in units:
             unit.reshard()
         for unit in units[1:]:  # the root (first) keeps FSDP's own root setting (no reshard after forward)
-            unit.set_reshard_after_forward(True, recurse=False)
+            unit.set_reshard_after_forward(getattr(unit, RESHARD_AFTER_FORWARD, True), recurse=False)
 
 
 def set_gradient_sync(model: nn.Module, enabled: bool) -> None:
