@@ -1,7 +1,9 @@
 """optimal_token_baseline, gdpo, the *_vectorized aliases, token-sum aggregation and rollout-IS weights against
 the float64 re-derivations in algo_reference.py."""
 
+import math
 import random
+import statistics
 
 import algo_reference as ref
 import pytest
@@ -15,6 +17,7 @@ from posttrain.algo import (
     estimator_info,
     rollout_is_weights,
 )
+from posttrain.algo.rollout_correction import rollout_probs_diff
 
 F64 = torch.float64
 
@@ -175,3 +178,20 @@ def test_rollout_is_weights_hand():
     assert_close(w, [[1.0, 1.0, 0.0]])  # the log-ratios cancel over the response
     with pytest.raises(ValueError, match="rollout_is='tokens'"):
         rollout_is_weights(old, roll, m, level="tokens", threshold=2.0)
+
+
+def test_rollout_probs_diff_hand():
+    """The rollout-vs-trainer probability gap over response tokens only: |p_old - p_rollout| of 0.1, 0 and 0.2."""
+    old = t([[0.5, 0.25, 0.125], [0.8, 0.1, 0.3]]).log()
+    roll = t([[0.4, 0.25, 0.9], [0.6, 0.3, 0.3]]).log()
+    m = t([[1, 1, 0], [1, 0, 0]])
+    out = rollout_probs_diff(old, roll, m)
+    assert out["training/rollout_probs_diff_valid"] == 1.0
+    assert math.isclose(out["training/rollout_probs_diff_max"], 0.2, rel_tol=1e-12)
+    assert math.isclose(out["training/rollout_probs_diff_mean"], 0.1, rel_tol=1e-12)
+    assert math.isclose(out["training/rollout_probs_diff_std"], 0.1, rel_tol=1e-12)  # sample std of 0.1, 0, 0.2
+    assert math.isclose(out["training/rollout_actor_probs_pearson_corr"],
+                        statistics.correlation([0.5, 0.25, 0.8], [0.4, 0.25, 0.6]), rel_tol=1e-12)
+    assert rollout_probs_diff(old, roll, torch.zeros_like(m)) == {"training/rollout_probs_diff_valid": 0.0}
+    one = rollout_probs_diff(old, roll, t([[1, 0, 0], [0, 0, 0]]))  # one token: no spread, no correlation
+    assert one["training/rollout_probs_diff_std"] == 0.0 and "training/rollout_actor_probs_pearson_corr" not in one

@@ -3,6 +3,7 @@ sum_pi_squared from the old-log-prob pass, reward components for gdpo, rollout-I
 are the model's own plain forward and the formulas written out here."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -91,6 +92,26 @@ def test_sum_pi_squared_and_rollout_is_weights_in_a_training_run(small_task):
     assert abs(metrics["rollout_corr/rollout_is_mean"] - 1.0) < 1e-3 and abs(metrics["rollout_corr/kl"]) < 1e-4
     assert torch.allclose(batch["rollout_is_weights"].double(), m, atol=1e-3)
     assert "sum_pi_squared" in batch and torch.isfinite(batch["advantages"]).all()
+
+
+def test_calculate_log_probs_logs_the_rollout_probability_gap(small_task):
+    """rollout.calculate_log_probs: the step's metrics hold the gap between the engine's and the trainer's token
+    probabilities, computed from the two log-probs the run produced (about 0 on-policy in fp32)."""
+    out, files = small_task
+    cfg = run_config(out, files, "calc_logp", "algorithm.adv_estimator=grpo",
+                     "actor_rollout_ref.rollout.calculate_log_probs=True", "actor_rollout_ref.model.dtype=fp32",
+                     "actor_rollout_ref.rollout.dtype=fp32")
+    trainer = RLTrainer(cfg)
+    batch, _ = trainer._rollout({})
+    metrics = trainer.learn(batch)
+    diffs = [abs(math.exp(o) - math.exp(r))
+             for orow, rrow, mrow in zip(batch["old_log_probs"].tolist(), batch["rollout_log_probs"].tolist(),
+                                         batch["response_mask"].tolist())
+             for o, r, keep in zip(orow, rrow, mrow) if keep]
+    assert metrics["training/rollout_probs_diff_valid"] == 1.0
+    assert metrics["training/rollout_probs_diff_max"] == pytest.approx(max(diffs), abs=1e-9)
+    assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-9)
+    assert metrics["training/rollout_probs_diff_max"] < 1e-4
 
 
 def test_gdpo_reads_the_reward_components_and_bypass_mode_skips_the_old_pass(small_task):

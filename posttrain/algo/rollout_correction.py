@@ -46,3 +46,22 @@ def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, respons
             w = w / mean
         metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(mean) if float(mean) > 1e-8 else 1.0
     return w, metrics
+
+
+def rollout_probs_diff(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor) -> dict[str, float]:
+    """How far the engine's token probabilities are from the trainer's, over the response tokens (verl's
+    `training/rollout_probs_diff_*` with `rollout.calculate_log_probs`): max, mean and sample std of
+    |exp(logp_old) - exp(logp_rollout)|, and the Pearson correlation of the two probabilities (left out where it is
+    undefined: fewer than two tokens, or one side constant). `_valid` is 0 when there is no response token."""
+    m = response_mask.bool()
+    if not m.any():
+        return {"training/rollout_probs_diff_valid": 0.0}
+    old = old_log_probs.double()[m].exp()
+    rollout = rollout_log_probs.double()[m].exp()
+    diff = (old - rollout).abs()
+    out = {"training/rollout_probs_diff_valid": 1.0, "training/rollout_probs_diff_max": float(diff.max()),
+           "training/rollout_probs_diff_mean": float(diff.mean()),
+           "training/rollout_probs_diff_std": float(diff.std()) if diff.numel() > 1 else 0.0}
+    if diff.numel() > 1 and float(old.std()) > 0 and float(rollout.std()) > 0:
+        out["training/rollout_actor_probs_pearson_corr"] = float(torch.corrcoef(torch.stack([old, rollout]))[0, 1])
+    return out

@@ -582,7 +582,9 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.rollout.calculate_log_probs':
         "the engine also returns each sampled token's log-prob under the distribution it was drawn from "
         '(`rollout_log_probs`), and `logp_old` is computed in its own pass (otherwise skipped when one '
-        'mini-batch and one epoch make it `sg(logp)`)',
+        'mini-batch and one epoch make it `sg(logp)`); the gap between the two is logged as '
+        '`training/rollout_probs_diff_max` / `_mean` / `_std` and `training/rollout_actor_probs_pearson_corr` '
+        '(docs/algorithms.md)',
     'actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu':
         'responses per old-log-prob forward',
     'actor_rollout_ref.rollout.log_prob_use_dynamic_bsz':

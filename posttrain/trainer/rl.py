@@ -12,7 +12,7 @@ import torch
 
 from ..algo import compute_advantage, estimator_info, make_kl_controller
 from ..algo.kl import apply_kl_in_reward
-from ..algo.rollout_correction import rollout_is_weights
+from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff
 from ..config import ConfigError, to_yaml
 from ..data.batch import Batch
 from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_batches
@@ -305,18 +305,22 @@ class RLTrainer:
         return metrics
 
     def _rollout_correction(self, batch: Batch) -> dict[str, float]:
-        """Bypass mode: the rollout's log-probs become the old policy's. Otherwise, with `rollout_is`, truncated IS
-        weights pi_old / pi_rollout that the policy loss multiplies in."""
+        """Bypass mode: the rollout's log-probs become the old policy's. Otherwise the gap between the rollout's
+        and the trainer's probabilities as metrics, and with `rollout_is`, truncated IS weights pi_old / pi_rollout
+        that the policy loss multiplies in."""
         rc = self.cfg.algorithm.rollout_correction
         if rc.bypass_mode:
             batch["old_log_probs"] = batch["rollout_log_probs"]
             return {}
-        if rc.rollout_is is None:
+        if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
             return {}
-        batch["rollout_is_weights"], metrics = rollout_is_weights(
+        metrics = rollout_probs_diff(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
+        if rc.rollout_is is None:
+            return metrics
+        batch["rollout_is_weights"], is_metrics = rollout_is_weights(
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"].float(), level=rc.rollout_is,
             threshold=rc.rollout_is_threshold, batch_normalize=rc.rollout_is_batch_normalize)
-        return metrics
+        return metrics | is_metrics
 
     def _reward_components(self, batch: Batch) -> torch.Tensor | None:
         """(B, K) reward components for gdpo, from the keys the reward function returned (algorithm.gdpo_reward_keys)."""
