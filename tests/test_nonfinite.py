@@ -105,6 +105,32 @@ def test_actor_skips_counts_and_stops_naming_the_input(tiny_model_dir, rollouts,
     assert actor.skipped_steps == 3
 
 
+def test_actor_metrics_count_skipped_and_empty_updates(tiny_model_dir, rollouts):
+    """Three updates per step (one prompt group each): `actor/skipped_steps` is the run's total of skipped updates
+    and `actor/empty_mini_batches` the step's number of updates without a response token (0 when none)."""
+    from posttrain.roles.common import group_rows
+
+    cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                             "actor_rollout_ref.actor.shuffle=False"])
+    actor = Actor(Worker(PolicyModel(load_causal_lm(str(tiny_model_dir), device=CPU)), Parallel(), dtype=torch.float32),
+                  cfg.actor_rollout_ref.actor, temperature=1.0, max_response_length=5, total_steps=10,
+                  max_nonfinite_in_a_row=0)
+    groups = group_rows(rollouts.meta["uid"])
+    assert len(groups) == 3
+    last_nan = rollouts.select(list(range(len(rollouts))))
+    last_nan["advantages"] = last_nan["advantages"].clone()
+    last_nan["advantages"][groups[2][0], 0] = math.nan  # only the step's last update is skipped
+    metrics = actor.update(last_nan)
+    assert metrics["actor/skipped_steps"] == 1.0 and metrics["actor/empty_mini_batches"] == 0.0
+    two_empty = rollouts.select(list(range(len(rollouts))))
+    two_empty["response_mask"] = two_empty["response_mask"].clone()
+    two_empty["response_mask"][groups[0] + groups[1]] = 0
+    metrics = actor.update(two_empty)
+    assert metrics["actor/empty_mini_batches"] == 2.0 and metrics["actor/skipped_steps"] == 1.0
+    actor.update(with_nan(rollouts, "advantages"))
+    assert actor.update(rollouts)["actor/skipped_steps"] == 2.0
+
+
 def test_actor_names_the_log_probs_when_the_model_outputs_nan(tiny_model_dir, rollouts):
     actor = make_actor(tiny_model_dir, limit=1)
     with torch.no_grad():

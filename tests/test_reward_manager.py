@@ -329,3 +329,22 @@ def test_a_reward_model_score_that_is_not_finite_is_contained():
     with pytest.warns(RuntimeWarning, match="reward model gave 2 non-finite scores"):
         scores, extras = manager(rows("len", "len", "len"))
     assert scores.sum(-1).tolist() == [0.0, 0.5, 0.0] and extras["errors"] == [1.0, 0.0, 1.0]
+
+
+def test_integer_and_bool_reward_extras_are_averaged(tiny_model_dir, tmp_path):
+    """A reward extra whose values are ints (a count of characters) or bools (a flag) gets `reward/<name>/mean`,
+    the plain mean over the step's responses, like a float extra, whatever type its first value has."""
+    from posttrain.trainer.rl import RLTrainer
+
+    trainer = RLTrainer(load_config(None, _train_overrides(tiny_model_dir, tmp_path, "by_extra", 1)
+                                    + ["reward_model.num_workers=0"]))
+    batch, _ = trainer._rollout({})
+    texts = batch.meta["reward:response_text"]
+    batch.meta["reward:chars"] = [len(t) for t in texts]
+    batch.meta["reward:short"] = [len(t) < 4 for t in texts]
+    batch.meta["reward:mixed"] = [1] + [0.5] * (len(texts) - 1)
+    metrics = trainer.learn(batch)
+    assert metrics["reward/chars/mean"] == pytest.approx(sum(len(t) for t in texts) / len(texts))
+    assert metrics["reward/short/mean"] == pytest.approx(sum(len(t) < 4 for t in texts) / len(texts))
+    assert metrics["reward/mixed/mean"] == pytest.approx((1 + 0.5 * (len(texts) - 1)) / len(texts))
+    assert "reward/response_text/mean" not in metrics

@@ -86,6 +86,49 @@ def test_wandb_offline_run_holds_the_same_history(finished_run):
         assert history[step] == pytest.approx(row), step
 
 
+def run_config(run: Path) -> dict:
+    """The config the run wrote to its folder (config.yaml), as nested plain values."""
+    import yaml
+
+    return yaml.safe_load((run / "config.yaml").read_text())
+
+
+def test_wandb_offline_run_holds_the_run_config(finished_run):
+    """The hyperparameters reach wandb: its run record's config is the run's config, section by section."""
+    [path] = (finished_run["run"] / "wandb").glob("offline-run-*/run-*.wandb")
+    config = {}
+    for record in wandb_records(path):
+        if record.WhichOneof("record_type") == "run":
+            config |= {i.key: json.loads(i.value_json) for i in record.run.config.update if i.key != "_wandb"}
+        if record.WhichOneof("record_type") == "config":
+            config |= {i.key: json.loads(i.value_json) for i in record.config.update if i.key != "_wandb"}
+    assert config == run_config(finished_run["run"])
+    assert config["actor_rollout_ref"]["actor"]["optim"]["lr"] == 3e-4 and config["data"]["train_batch_size"] == 8
+
+
+def test_mlflow_run_holds_the_run_config_as_params(finished_run, monkeypatch):
+    """The hyperparameters reach mlflow as params with dotted keys, one per config key."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    client = MlflowClient(finished_run["mlflow_uri"])
+    [run] = client.search_runs([client.get_experiment_by_name(finished_run["project"]).experiment_id])
+    params = run.data.params
+    assert params["actor_rollout_ref.actor.optim.lr"] == "0.0003" and params["data.train_batch_size"] == "8"
+    assert params["algorithm.adv_estimator"] == "grpo" and params["trainer.experiment_name"] == "finished"
+    leaves, todo = {}, [("", run_config(finished_run["run"]))]
+    while todo:
+        prefix, section = todo.pop()
+        for key, value in section.items():
+            if isinstance(value, dict) and value:
+                todo.append((f"{prefix}{key}.", value))
+            else:
+                leaves[f"{prefix}{key}"] = value
+    assert set(params) == set(leaves)
+    assert all(params[k] == str(v) for k, v in leaves.items()), [(k, params[k], v) for k, v in leaves.items()
+                                                                 if params[k] != str(v)][:5]
+
+
 def test_mlflow_file_store_holds_the_same_metrics(finished_run, monkeypatch):
     from mlflow.tracking import MlflowClient
 

@@ -23,6 +23,9 @@ from .common import Worker, group_rows, make_optimizer
 from .nonfinite import NonFiniteGuard
 
 
+COUNTS = ("actor/empty_mini_batches",)  # summed over the step's updates; every other metric is their mean
+
+
 class Actor:
     def __init__(self, worker: Worker, cfg, *, temperature: float, max_response_length: int, total_steps: int,
                  seed: int = 0, offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5):
@@ -81,7 +84,8 @@ class Actor:
             for start in range(0, len(groups), cfg.ppo_mini_batch_size):
                 rows = [r for g in order[start:start + cfg.ppo_mini_batch_size] for r in groups[g]]
                 self._step(batch.select(rows), sums)
-        out = {k: sum(v) / len(v) for k, v in sums.items() if v}
+        out = {k: sum(v) if k in COUNTS else sum(v) / len(v) for k, v in sums.items() if v}
+        out["actor/skipped_steps"] = float(self.skipped_steps)  # the run's total so far, not a per-update value
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         return out
@@ -138,10 +142,8 @@ class Actor:
         self.nonfinite.after_update(stepped, grad_norm)
         for k, v in worker.sum_metrics(totals).items():
             sums[k].append(v)
-        if norm.tokens == 0:  # nothing to learn from; the loss is 0 by construction, say so
-            sums["actor/empty_mini_batches"].append(1.0)
+        sums["actor/empty_mini_batches"].append(float(norm.tokens == 0))  # nothing to learn from: the loss is 0
         sums["actor/grad_norm"].append(grad_norm)
-        sums["actor/skipped_steps"].append(float(self.skipped_steps))
 
 
     def _router_loss(self, loss, router: RouterRecorder, share: float, totals, watched):

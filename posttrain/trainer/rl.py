@@ -13,7 +13,7 @@ import torch
 from ..algo import compute_advantage, estimator_info, make_kl_controller
 from ..algo.kl import apply_kl_in_reward
 from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff
-from ..config import ConfigError, to_yaml
+from ..config import ConfigError, to_dict, to_yaml
 from ..data.batch import Batch
 from ..data.dataset import RLDataset, batches_per_epoch, collate_prompts, epoch_batches
 from ..models.load import load_tokenizer
@@ -300,7 +300,7 @@ class RLTrainer:
             name = key.split(":", 1)[1]
             if name in ("errors", "timeouts"):
                 metrics[f"reward/{name}"] = sum(values)
-            elif values and isinstance(values[0], float):
+            elif values and all(isinstance(v, (int, float)) for v in values):  # ints and bools too
                 metrics[f"reward/{name}/mean"] = sum(values) / len(values)
         return metrics
 
@@ -386,7 +386,8 @@ class RLTrainer:
             stop.__exit__()
             raise
         tracker = (Tracker(tr.logger, self.run_dir, self.total_steps, project=tr.project_name,
-                           name=tr.experiment_name, resumed_step=self.global_step) if self.par.is_main else NullTracker())
+                           name=tr.experiment_name, config=to_dict(self.cfg), resumed_step=self.global_step)
+                   if self.par.is_main else NullTracker())
         last_val: dict[str, float] = {}
         try:
             self.rule_reward.start()  # scorer workers start up while the first batch generates

@@ -1,6 +1,7 @@
 """Metric sinks: a JSONL file in the run folder (always), the console (progress bar with ETA and a compact
 per-step table), tensorboard, and wandb / mlflow when installed (the `tracking` extra). Every sink gets the same
-metric names; mlflow alone spells `@` as `_at_` (it refuses the character)."""
+metric names; mlflow alone spells `@` as `_at_` (it refuses the character). wandb and mlflow also get the run's
+config (wandb as its nested config, mlflow as params with dotted keys)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class Tracker:
                         raise ConfigError(f"trainer.logger=wandb: wandb could not start ({e}); log in with `wandb "
                                           "login`, set WANDB_API_KEY, or WANDB_MODE=offline") from None
                 if "mlflow" in loggers:
-                    self.mlflow = _start_mlflow(project, name)
+                    self.mlflow = _start_mlflow(project, name, config)
             except ImportError as e:
                 raise RuntimeError(f"trainer.logger asks for {e.name}; install it with pip install 'posttrain[tracking]'") from None
         self._progress = ProgressBar("step", total_steps, completed=resumed_step) if self.console else None
@@ -122,15 +123,29 @@ def mlflow_name(key: str) -> str:
     return key.replace("@", "_at_")
 
 
-def _start_mlflow(project: str, name: str):
-    """mlflow with its run started, where MLFLOW_TRACKING_URI points (a server, sqlite:///mlflow.db, or a folder);
-    a store it cannot open is a setup problem, said in one line."""
+def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config as mlflow's flat params: dotted keys (`actor_rollout_ref.actor.optim.lr`), values as text."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out |= flat_params(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = str(value)
+    return out
+
+
+def _start_mlflow(project: str, name: str, config: dict | None = None):
+    """mlflow with its run started, where MLFLOW_TRACKING_URI points (a server, sqlite:///mlflow.db, or a folder),
+    and the run's config logged as its params; a store it cannot open is a setup problem, said in one line."""
     import mlflow
     from mlflow.exceptions import MlflowException
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     try:
         mlflow.set_experiment(project)
         mlflow.start_run(run_name=name)
+        if config:
+            mlflow.log_params({k: v[:MAX_PARAM_VAL_LENGTH] for k, v in flat_params(config).items()})
     except (MlflowException, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"trainer.logger=mlflow: mlflow could not open its tracking store "
