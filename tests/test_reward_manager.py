@@ -59,7 +59,8 @@ def test_scores_land_on_last_valid_token():
     with pytest.warns(RuntimeWarning, match="reward function raised"):
         scores, extras = rm(batch)
     assert scores.tolist() == [[0, 1.0, 0], [0.5, 0, 0], [0, 0, 0], [0, 0, 0]]
-    assert extras["errors"] == [0, 0, 1, 0] and extras["format_ok"] == [0, 1.0, 0, 0]
+    # an extra key is None where the row's scorer did not return it (its metric averages the rows that have it)
+    assert extras["errors"] == [0, 0, 1, 0] and extras["format_ok"] == [None, 1.0, None, None]
     assert extras["response_text"] == ["ab", "c", "d", ""]
 
 

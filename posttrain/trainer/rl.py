@@ -300,8 +300,8 @@ class RLTrainer:
             name = key.split(":", 1)[1]
             if name in ("errors", "timeouts"):
                 metrics[f"reward/{name}"] = sum(values)
-            elif values and isinstance(values[0], float):
-                metrics[f"reward/{name}/mean"] = sum(values) / len(values)
+            elif (present := [v for v in values if v is not None]) and isinstance(present[0], float):
+                metrics[f"reward/{name}/mean"] = sum(present) / len(present)  # over the rows that returned the key
         return metrics
 
     def _rollout_correction(self, batch: Batch) -> dict[str, float]:
@@ -319,7 +319,8 @@ class RLTrainer:
         return metrics
 
     def _reward_components(self, batch: Batch) -> torch.Tensor | None:
-        """(B, K) reward components for gdpo, from the keys the reward function returned (algorithm.gdpo_reward_keys)."""
+        """(B, K) reward components for gdpo, from the keys the reward function returned (algorithm.gdpo_reward_keys);
+        a row whose scorer returned no such key (another data source's scorer, or a failed one) counts 0."""
         if not self.info.needs_reward_components:
             return None
         keys = self.cfg.algorithm.gdpo_reward_keys
@@ -328,7 +329,8 @@ class RLTrainer:
         if missing:
             raise ConfigError(f"algorithm.gdpo_reward_keys {missing}: the reward function returned no such key "
                               f"(it returned {have}); return a dict with these keys from compute_score")
-        return torch.tensor([batch.meta[f"reward:{k}"] for k in keys], dtype=torch.float32).T
+        return torch.tensor([[0.0 if v is None else v for v in batch.meta[f"reward:{k}"]] for k in keys],
+                            dtype=torch.float32).T
 
     # ------------------------------------------------------------------ validation
 
