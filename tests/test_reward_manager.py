@@ -214,6 +214,21 @@ def test_pool_contains_raise_hang_and_crashes_and_replaces_workers():
     assert all(p.poll() is not None for p in workers), "close() leaves no worker behind"
 
 
+def test_a_replacement_workers_start_up_does_not_count_against_the_time_limit(monkeypatch):
+    """A scorer module that takes 1.5 s to import, timeout_s=1: the hung job times out and the jobs after it, sent
+    to the replacement worker while it still imports the scorer, score (no cascade of timeouts)."""
+    from posttrain.reward.pool import OK, TIMEOUT, ScorerPool
+
+    monkeypatch.setenv("FAULTY_SCORER_IMPORT_S", "1.5")  # read by each worker as it imports faulty_scorers
+    pool = ScorerPool(faulty_scorers.by_extra, 1)
+    try:
+        results = pool.map([("s", "x", "", {"do": "hang"})] + [("s", "abc", "", {})] * 3, timeout_s=1.0)
+    finally:
+        pool.close()
+    assert results == [(TIMEOUT, None)] + [(OK, 3.0)] * 3
+    assert pool.replaced == 1
+
+
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/status").read_text()
