@@ -120,3 +120,41 @@ def test_new_losses_train_a_step(small_task):
                              "trainer.total_training_steps=1")).fit()
         metrics = json.loads((out / run / "metrics.jsonl").read_text().splitlines()[0])
         assert all(torch.isfinite(torch.tensor(metrics[k])) for k in ("actor/pg_loss", "actor/grad_norm")), loss
+
+
+def test_remax_greedy_baseline_keeps_ignore_eos_and_counts_its_scoring_errors(tmp_path, tiny_model_dir):
+    """ReMax's greedy baseline rollout decodes with the rollout's `ignore_eos` (full-length responses, as the
+    sampled ones), and a greedy response that fails to score is counted in `reward/errors` like a sampled one; the
+    error-rate check counts the greedy responses in its total (all failing is a rate of 1, which
+    `max_error_rate=1` allows)."""
+    from posttrain.data.dataset import layout_row
+
+    rows = [layout_row("synthetic/arithmetic", f"{a}+{a}=", str(2 * a), {"index": a}) for a in range(3)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "reward.py").write_text("def compute_score(*args):\n    raise ValueError('always')\n")
+    cfg = load_config(None, [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
+        "data.train_batch_size=3", "data.max_prompt_length=32", "data.max_response_length=5",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.ignore_eos=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=3", "algorithm.adv_estimator=remax",
+        f"custom_reward_function.path={tmp_path / 'reward.py'}", "reward_model.num_workers=0",
+        "reward_model.max_error_rate=1", "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.logger=['jsonl']", "trainer.val_before_train=False"])
+    trainer = RLTrainer(cfg)
+    calls = []
+    generate = trainer.rollout.generate
+
+    def recorded(batch, sampling):
+        out = generate(batch, sampling)
+        calls.append((sampling, out["response_mask"].sum(-1).tolist()))
+        return out
+
+    trainer.rollout.generate = recorded
+    with pytest.warns(RuntimeWarning, match="reward function raised"):
+        batch, _ = trainer._rollout({})
+    (sampled, sampled_lengths), (greedy, greedy_lengths) = calls
+    assert greedy.greedy and greedy.n == 1 and greedy.ignore_eos
+    assert sampled_lengths == [5] * 6 and greedy_lengths == [5] * 3
+    metrics = trainer.learn(batch)
+    assert metrics["reward/errors"] == 6 + 3  # 3 prompts x 2 sampled responses, and the 3 greedy ones
+    trainer.reward.close()

@@ -190,20 +190,27 @@ class RLTrainer:
         reward extras travel in `meta` under `reward:<name>` so they follow any later row selection."""
         share = self.par.my_slice(len(items))
         batch = _to_batch(items[share], self.rollout.pad_id, uid_prefix, share.start, vision=self.vision)
+        n, greedy_extras = self.sampling.n, None
         with _timer(timing, "gen"), self.actor.generation():
             batch = self.rollout.generate(batch, self.sampling)
-            if estimator_info(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
+            if self.info.needs_greedy_baseline:
                 greedy = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, "greedy",
                                                          vision=self.vision),
-                                               SamplingParams(n=1, do_sample=False, max_new_tokens=self.max_new))
-                baseline, _ = self.reward(greedy)
-                batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(self.sampling.n)
+                                               SamplingParams(n=1, do_sample=False, max_new_tokens=self.max_new,
+                                                              ignore_eos=self.sampling.ignore_eos))
+                baseline, greedy_extras = self.reward(greedy)
+                batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         with _timer(timing, "reward"):
             batch["token_level_scores"], extras = self.reward(batch)
+        if greedy_extras is not None:  # a greedy response that failed to score counts on its prompt's first row
+            for key in ("errors", "timeouts"):
+                for g, failed in enumerate(greedy_extras[key]):
+                    extras[key][g * n] += failed
         batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
         out = concat_rollouts(self.par.gather(batch), self.rollout.pad_id)
         check_error_rate(out.meta.get("reward:errors", []), out.meta.get("reward:timeouts", []),
-                         self.cfg.reward_model.max_error_rate)
+                         self.cfg.reward_model.max_error_rate,
+                         responses=len(out) + (len(out) // n if greedy_extras is not None else 0))
         return out
 
     def _rollout(self, timing: dict) -> tuple[Batch, dict]:
