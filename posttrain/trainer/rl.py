@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..algo import compute_advantage, estimator_info, make_kl_controller
-from ..algo.kl import apply_kl_in_reward
+from ..algo.kl import apply_kl_in_reward, kl_penalty
 from ..algo.rollout_correction import rollout_is_weights
 from ..config import ConfigError, to_yaml
 from ..data.batch import Batch
@@ -225,8 +225,7 @@ class RLTrainer:
         while n_prompts < want:
             n_gen += 1
             batch = self._generate_scored(self._next_items(), f"s{self.global_step}g{n_gen}", timing)
-            # acc: correct or not; score / seq_reward / seq_final_reward: the sequence reward incl. shaping
-            metric = batch.meta["reward:acc"] if fg.metric == "acc" else batch["token_level_scores"].sum(-1).tolist()
+            metric = self._filter_metric(batch)
             groups: dict = {}
             for i, (uid, value) in enumerate(zip(batch.meta["uid"], metric)):
                 groups.setdefault(uid, []).append((i, value))
@@ -244,6 +243,27 @@ class RLTrainer:
         elif usable < n_prompts:
             out, n_prompts = out.select([r for g in group_rows(out.meta["uid"])[:usable] for r in g]), usable
         return out, {"batch/num_gen_batches": n_gen, "batch/kept_prompts": n_prompts}
+
+    def _filter_metric(self, batch: Batch) -> list[float]:
+        """Each response's value for DAPO's group filter (algorithm.filter_groups.metric), as verl defines them:
+        `acc` / `score`: the reward extras (the scorer's own, before overlong shaping); `seq_reward`: the sum of the
+        token-level scores (overlong shaping included); `seq_final_reward`: the sum of the token-level rewards, the
+        scores minus the KL penalty when `use_kl_in_reward` (at the current beta; the controller steps in learn())."""
+        metric = self.cfg.algorithm.filter_groups.metric
+        if metric in ("acc", "score"):
+            return batch.meta[f"reward:{metric}"]
+        rewards = batch["token_level_scores"]
+        if metric == "seq_final_reward" and self.cfg.algorithm.use_kl_in_reward:
+            if self.cfg.algorithm.rollout_correction.bypass_mode:
+                old = batch["rollout_log_probs"]
+            else:
+                r = self.cfg.actor_rollout_ref.rollout
+                old, _ = self.actor.compute_log_prob(
+                    batch, micro_batch_size=r.log_prob_micro_batch_size_per_gpu,
+                    max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None)
+            kl = kl_penalty(old, self.reference.compute_log_prob(batch), self.cfg.algorithm.kl_penalty)
+            rewards = rewards - self.kl_ctrl.value * kl * batch["response_mask"]
+        return rewards.sum(-1).tolist()
 
     def train_step(self) -> dict[str, float]:
         timing = {}
