@@ -141,3 +141,112 @@ def test_new_losses_train_a_step(small_task):
                              "trainer.total_training_steps=1")).fit()
         metrics = json.loads((out / run / "metrics.jsonl").read_text().splitlines()[0])
         assert all(torch.isfinite(torch.tensor(metrics[k])) for k in ("actor/pg_loss", "actor/grad_norm")), loss
+
+
+def test_remax_greedy_baseline_keeps_ignore_eos_and_counts_its_scoring_errors(tmp_path, tiny_model_dir):
+    """ReMax's greedy baseline rollout decodes with the rollout's `ignore_eos` (full-length responses, as the
+    sampled ones), and a greedy response that fails to score is counted in `reward/errors` like a sampled one; the
+    error-rate check counts the greedy responses in its total (all failing is a rate of 1, which
+    `max_error_rate=1` allows)."""
+    from posttrain.data.dataset import layout_row
+
+    rows = [layout_row("synthetic/arithmetic", f"{a}+{a}=", str(2 * a), {"index": a}) for a in range(3)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "reward.py").write_text("def compute_score(*args):\n    raise ValueError('always')\n")
+    cfg = load_config(None, [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
+        "data.train_batch_size=3", "data.max_prompt_length=32", "data.max_response_length=5",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.ignore_eos=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=3", "algorithm.adv_estimator=remax",
+        f"custom_reward_function.path={tmp_path / 'reward.py'}", "reward_model.num_workers=0",
+        "reward_model.max_error_rate=1", "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.logger=['jsonl']", "trainer.val_before_train=False"])
+    trainer = RLTrainer(cfg)
+    calls = []
+    generate = trainer.rollout.generate
+
+    def recorded(batch, sampling):
+        out = generate(batch, sampling)
+        calls.append((sampling, out["response_mask"].sum(-1).tolist()))
+        return out
+
+    trainer.rollout.generate = recorded
+    with pytest.warns(RuntimeWarning, match="reward function raised"):
+        batch, _ = trainer._rollout({})
+    (sampled, sampled_lengths), (greedy, greedy_lengths) = calls
+    assert greedy.greedy and greedy.n == 1 and greedy.ignore_eos
+    assert sampled_lengths == [5] * 6 and greedy_lengths == [5] * 3
+    metrics = trainer.learn(batch)
+    assert metrics["reward/errors"] == 6 + 3  # 3 prompts x 2 sampled responses, and the 3 greedy ones
+    trainer.reward.close()
+
+
+def test_dapo_filter_metrics_follow_verls_definitions(tmp_path, tiny_model_dir):
+    """DAPO's group filter compares, per algorithm.filter_groups.metric: `score` the scorer's own score (groups tied
+    on it are dropped even when overlong shaping makes their rewards differ), `seq_reward` the summed token-level
+    scores (shaping included), `seq_final_reward` the summed token-level rewards (the in-reward KL penalty
+    subtracted, so groups tied on the scores are kept when the KL differs). Every response scores 1.0 here."""
+    from posttrain.data.dataset import layout_row
+    from posttrain.models.load import load_causal_lm
+
+    rows = [layout_row("synthetic/arithmetic", f"{a}+{a}=", str(2 * a), {"index": a}) for a in range(3)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "reward.py").write_text("def compute_score(*args):\n    return 1.0\n")
+    cfg = load_config(None, [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
+        "data.train_batch_size=3", "data.max_prompt_length=32", "data.max_response_length=5",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.ignore_eos=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=3", "algorithm.adv_estimator=grpo",
+        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=score",
+        "algorithm.filter_groups.max_num_gen_batches=2", "algorithm.use_kl_in_reward=True",
+        "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_penalty=kl",
+        "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=4",  # penalty -(len - 1) / 4
+        f"custom_reward_function.path={tmp_path / 'reward.py'}", "reward_model.num_workers=0",
+        "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
+        "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=['jsonl']",
+        "trainer.val_before_train=False"])
+    trainer = RLTrainer(cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():  # the policy moves away from the reference: the in-reward KL differs by response
+        for p in trainer.actor.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    generate, lengths = trainer.rollout.generate, []
+
+    def with_lengths(batch, sampling):  # responses that ended early at the given lengths (all of them 5 if none)
+        out = generate(batch, sampling)
+        if lengths and sampling.n > 1:
+            m = (torch.arange(5) < torch.tensor(lengths)[:, None]).to(out["response_mask"].dtype)
+            out["response_mask"], out["attention_mask"] = m, torch.cat([out["prompt_mask"], m], 1)
+        return out
+
+    trainer.rollout.generate = with_lengths
+
+    def rounds(metric, response_lengths=()):
+        cfg.algorithm.filter_groups.metric = metric
+        lengths[:] = response_lengths
+        return trainer._rollout({})[1]["batch/num_gen_batches"]
+
+    varied = [2, 5, 3, 5, 1, 4]  # within each group the lengths (so the overlong penalties) differ
+    assert rounds("score", varied) == 2  # tied on the score: every group dropped, up to the cap
+    assert rounds("acc", varied) == 2
+    assert rounds("seq_reward", varied) == 1  # the shaped scores differ: kept at once
+    assert rounds("seq_reward") == 2  # full length: every score is 1 - 1
+    assert rounds("seq_final_reward") == 1  # the KL penalty differs: kept at once
+
+    # seq_final_reward's values: 1 + overlong penalty - beta * sum_t (logp_actor - logp_ref), re-derived in float64
+    batch = trainer._generate_scored(trainer._next_items(), "check", {})
+    ids, mask, L = batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1]
+
+    def logp(lm):
+        with torch.no_grad():
+            z = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        lp = torch.log_softmax(z[:, -(L + 1):-1].double(), -1)
+        return lp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+
+    m = batch["response_mask"].double()
+    kl = ((logp(trainer.actor.model.lm) - logp(load_causal_lm(str(tiny_model_dir)))) * m).sum(-1)
+    shaped = [1.0 - (int(n) - 1) / 4 for n in batch["response_mask"].sum(-1)]
+    assert kl.abs().min() > 1e-3
+    cfg.algorithm.filter_groups.metric = "seq_final_reward"
+    assert trainer._filter_metric(batch) == pytest.approx([s - 0.5 * k for s, k in zip(shaped, kl.tolist())], abs=1e-4)
+    trainer.reward.close()

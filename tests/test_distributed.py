@@ -148,3 +148,42 @@ def test_fsdp_by_tp_mesh_equals_one(fixed_batch, tiny_model_dir, one_process):
     mesh = run_layout(fixed_batch, tiny_model_dir, "fsdp2_tp2", 4, ["actor_rollout_ref.actor.fsdp_config.tp_size=2",
                                                                       "trainer.balance_batch=False"])
     assert_same_update(one_process, mesh)
+
+
+# ---------------------------------------------------------------- reward extras that only some ranks return
+
+EXTRA_KEY_REWARD = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    """A code-like scorer beside a math-like one: only the rows marked "code" report a pass rate."""
+    if extra_info.get("code"):
+        return {"score": 1.0, "pass_rate": 0.25}
+    return {"score": 0.0}
+'''
+
+
+def test_reward_key_returned_on_one_rank_only_is_kept_and_averaged_over_its_rows(tmp_path, tiny_model_dir):
+    """Two processes: at step 1 only rank 0's rows return `pass_rate`, at step 2 only rank 1's. The key set is the
+    union over the ranks (no KeyError, no metric lost), `reward/pass_rate/mean` is the mean over the rows that have
+    it (0.25, not diluted by the rows without it), and gdpo reads it as a component (0 where a row lacks it)."""
+    from posttrain.data.dataset import layout_row
+
+    rows = [layout_row("synthetic/arithmetic", f"{a}+1=", str(a + 1), {"index": a, "code": a in (0, 3)})
+            for a in range(4)]  # train_batch_size=2, no shuffle: step 1 = rows 0 (rank 0), 1 (rank 1); step 2 = 2, 3
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "reward.py").write_text(EXTRA_KEY_REWARD)
+    run = tmp_path / "run"
+    args = [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
+            "data.train_batch_size=2", "data.shuffle=False", "data.max_prompt_length=64", "data.max_response_length=4",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False", "algorithm.adv_estimator=gdpo",
+            "algorithm.gdpo_reward_keys=[score,pass_rate]", f"custom_reward_function.path={tmp_path / 'reward.py'}",
+            "reward_model.num_workers=0", "trainer.total_training_steps=2", "trainer.val_before_train=False",
+            "trainer.n_gpus_per_node=2", "trainer.logger=['jsonl']", f"trainer.default_local_dir={run}"]
+    result = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", *args], capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["reward/pass_rate/mean"] == pytest.approx(0.25), m
+        assert m["critic/score/mean"] == pytest.approx(0.5), m  # 2 of the 4 responses score 1

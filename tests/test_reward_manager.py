@@ -59,7 +59,8 @@ def test_scores_land_on_last_valid_token():
     with pytest.warns(RuntimeWarning, match="reward function raised"):
         scores, extras = rm(batch)
     assert scores.tolist() == [[0, 1.0, 0], [0.5, 0, 0], [0, 0, 0], [0, 0, 0]]
-    assert extras["errors"] == [0, 0, 1, 0] and extras["format_ok"] == [0, 1.0, 0, 0]
+    # an extra key is None where the row's scorer did not return it (its metric averages the rows that have it)
+    assert extras["errors"] == [0, 0, 1, 0] and extras["format_ok"] == [None, 1.0, None, None]
     assert extras["response_text"] == ["ab", "c", "d", ""]
 
 
@@ -211,6 +212,21 @@ def test_pool_contains_raise_hang_and_crashes_and_replaces_workers():
     finally:
         rm.close()
     assert all(p.poll() is not None for p in workers), "close() leaves no worker behind"
+
+
+def test_a_replacement_workers_start_up_does_not_count_against_the_time_limit(monkeypatch):
+    """A scorer module that takes 1.5 s to import, timeout_s=1: the hung job times out and the jobs after it, sent
+    to the replacement worker while it still imports the scorer, score (no cascade of timeouts)."""
+    from posttrain.reward.pool import OK, TIMEOUT, ScorerPool
+
+    monkeypatch.setenv("FAULTY_SCORER_IMPORT_S", "1.5")  # read by each worker as it imports faulty_scorers
+    pool = ScorerPool(faulty_scorers.by_extra, 1)
+    try:
+        results = pool.map([("s", "x", "", {"do": "hang"})] + [("s", "abc", "", {})] * 3, timeout_s=1.0)
+    finally:
+        pool.close()
+    assert results == [(TIMEOUT, None)] + [(OK, 3.0)] * 3
+    assert pool.replaced == 1
 
 
 def _gone(pid: int) -> bool:

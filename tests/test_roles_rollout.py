@@ -114,3 +114,23 @@ def test_concat_rollouts_repads_prompts_left_and_responses_right():
     assert out["input_ids"].tolist() == [[0, 7, 8, 3, 0, 0], [0, 9, 9, 4, 5, 6]]
     assert out["attention_mask"].tolist() == [[0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]
     assert out["reward_baselines"].tolist() == [0.5, 0.5] and out.meta["uid"] == ["a", "a"]
+
+
+def test_concat_over_rounds_keeps_every_reward_key():
+    """A reward key that only a later DAPO round (or another rank) returned is kept, None on the rows without it;
+    a key only the first round returned is kept too."""
+    def scored(uids, **extras):
+        n = len(uids)
+        return Batch({"prompts": torch.ones(n, 2, dtype=torch.long), "prompt_mask": torch.ones(n, 2, dtype=torch.long),
+                      "responses": torch.ones(n, 3, dtype=torch.long), "response_mask": torch.ones(n, 3, dtype=torch.long)},
+                     {"uid": uids, **{f"reward:{k}": v for k, v in extras.items()}})
+
+    from posttrain.rollout.hf import concat_rollouts
+
+    rounds = [scored(["a", "a"], acc=[1.0, 0.0], fmt=[1.0, 1.0]), scored(["b", "b"], acc=[0.0, 1.0]),
+              scored(["c"], acc=[1.0], pass_rate=[0.5])]
+    for out in (concat_rollouts(rounds, pad_id=0), Batch.concat(rounds)):
+        assert out.meta["uid"] == ["a", "a", "b", "b", "c"]
+        assert out.meta["reward:acc"] == [1.0, 0.0, 0.0, 1.0, 1.0]
+        assert out.meta["reward:fmt"] == [1.0, 1.0, None, None, None]
+        assert out.meta["reward:pass_rate"] == [None, None, None, None, 0.5]

@@ -817,7 +817,9 @@ DESCRIPTIONS: dict[str, str] = {
     'algorithm.filter_groups.enable':
         'DAPO dynamic sampling',
     'algorithm.filter_groups.metric':
-        'DAPO dynamic sampling',
+        "DAPO dynamic sampling: a group is kept when this differs among its responses: `score` / `acc` (the scorer's "
+        'own, before overlong shaping), `seq_reward` (summed token-level scores, shaping included), `seq_final_reward` '
+        '(summed token-level rewards, the in-reward KL penalty subtracted); see docs/algorithms.md',
     'algorithm.filter_groups.max_num_gen_batches':
         'DAPO dynamic sampling',
     'algorithm.gdpo_reward_keys':

@@ -46,9 +46,12 @@ class Batch:
 
     @staticmethod
     def concat(batches: Sequence["Batch"]) -> "Batch":
+        """Rows of all `batches` in order. Meta keys are the union over the batches (a reward function's extra keys
+        exist only where some row returned them: other ranks, other DAPO rounds); a row without a key holds None."""
         first = batches[0]
         tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
-        meta = {k: [x for b in batches for x in b.meta[k]] for k in first.meta}
+        keys = dict.fromkeys(k for b in batches for k in b.meta)
+        meta = {k: [x for b in batches for x in b.meta.get(k, [None] * len(b))] for k in keys}
         return Batch(tensors, meta)
 
     def get(self, key: str, default: Any = None) -> Any:

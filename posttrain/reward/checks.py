@@ -58,10 +58,11 @@ def unpack(value) -> tuple[float, dict[str, float], str | None]:
     return score, {}, None
 
 
-def check_error_rate(errors: list[float], timeouts: list[float], max_rate: float) -> None:
+def check_error_rate(errors: list[float], timeouts: list[float], max_rate: float, responses: int | None = None) -> None:
     """Raise RewardError when more than `max_rate` of the responses failed to score (raised, hung, crashed or
-    returned something that is not a finite number). Called on the whole step's batch, the same on every rank."""
-    total = max(len(errors), len(timeouts))
+    returned something that is not a finite number). Called on the whole step's batch, the same on every rank;
+    `responses`: how many were scored, when more than the rows (ReMax's greedy responses count on their rows)."""
+    total = responses or max(len(errors), len(timeouts))
     failed = sum(errors) + sum(timeouts)
     if total and failed / total > max_rate:
         raise RewardError(

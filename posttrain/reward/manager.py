@@ -6,7 +6,8 @@ count from the CPU cores) scorers run in a pool of worker processes (pool.py) wi
 they run in the training process's main thread with no limit. A scorer that raises, hangs, crashes its worker or
 returns something that is not a finite number (checks.py) scores 0 and is counted (`reward/errors`,
 `reward/timeouts`); the first failure of each kind is logged with its sample, and training goes on. Each rank scores
-its own rows with its own pool.
+its own rows with its own pool. An extra key a scorer returns (`pass_rate`, ...) is None on the rows whose scorer
+did not return it, so that its metric `reward/<key>/mean` averages the rows that have it.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class RewardManager:
                 if key == "acc":
                     own_acc[i] = v
                 else:
-                    extras.setdefault(key, [0.0] * len(rows))[i] = v
+                    extras.setdefault(key, [None] * len(rows))[i] = v  # None: this row's scorer gave no such key
             scores[i] = score
         extras["acc"] = [own_acc.get(i, float(s > 0)) for i, s in enumerate(scores.tolist())]
         extras["score"] = scores.tolist()  # the task's own score; shaping below changes only the training reward

@@ -33,6 +33,8 @@ from collections import deque
 from multiprocessing.connection import Connection, wait
 
 OK, ERROR, TIMEOUT, CRASH = "ok", "error", "timeout", "crash"
+READY = "ready"  # a worker's first message: the scorer is imported, time limits start now
+START_LIMIT_S = 120.0  # how long a worker may take to import the scorer before its job fails
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds this posttrain
 _LIVE: "weakref.WeakSet[ScorerPool]" = weakref.WeakSet()
 
@@ -48,13 +50,15 @@ def _die_with_parent() -> None:
 
 
 def _serve(conn: Connection) -> None:
-    """Worker loop: (sys.path, pickled scorer) first, then args -> (status, value) until the parent closes the pipe."""
+    """Worker loop: (sys.path, pickled scorer) first, READY once it is loaded, then args -> (status, value) until the
+    parent closes the pipe."""
     path, payload = conn.recv()
     sys.path[:] = path
     try:
         fn, load_error = pickle.loads(payload), None
     except BaseException:  # e.g. the scorer's module does not import here: every task reports why
         fn, load_error = None, "the scorer could not be loaded in a worker process:\n" + traceback.format_exc(limit=4)
+    conn.send(READY)
     while True:
         try:
             args = conn.recv()
@@ -105,6 +109,7 @@ class _Worker:
         theirs.close()
         self.conn = Connection(ours.detach())
         self.conn.send((path, payload))  # buffered by the socket; the worker reads it once it has started
+        self.ready = False  # until its READY message is read
 
     def kill(self) -> None:
         """SIGKILL the worker's whole process group (the processes its scorer started too), then reap it."""
@@ -130,6 +135,8 @@ class ScorerPool:
     """`map(jobs, timeout_s)` calls `fn(*job)` for each job in worker processes; results keep the jobs' order.
 
     Each result is (OK, value), (ERROR, traceback text), (TIMEOUT, None) or (CRASH, how the worker ended).
+    A job's `timeout_s` counts from when its worker is ready (has imported the scorer), so a replacement worker's
+    start-up never counts against the job it takes over; start-up itself may take up to START_LIMIT_S.
     """
 
     def __init__(self, fn, num_workers: int):
@@ -174,14 +181,20 @@ class ScorerPool:
                     results[i] = (ERROR, f"the sample cannot be sent to a scorer worker: {e}")
                     idle.append(worker)
                     continue
-                busy[worker.conn] = (worker, i, time.monotonic() + timeout_s)
+                # a worker not known to be ready gets START_LIMIT_S to import the scorer; its READY restarts the clock
+                busy[worker.conn] = (worker, i, time.monotonic() + (timeout_s if worker.ready else START_LIMIT_S))
             if not busy:
                 continue
             next_deadline = min(d for _, _, d in busy.values())
             for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
                 worker, i, _ = busy.pop(conn)
                 try:
-                    results[i] = conn.recv()
+                    message = conn.recv()
+                    if message == READY:  # a fresh worker has imported the scorer: its job's time starts now
+                        worker.ready = True
+                        busy[conn] = (worker, i, time.monotonic() + timeout_s)
+                        continue
+                    results[i] = message
                     idle.append(worker)
                 except (EOFError, OSError):
                     code = worker.proc.wait()
@@ -192,7 +205,9 @@ class ScorerPool:
             for conn, (worker, i, deadline) in list(busy.items()):
                 if deadline <= now:
                     del busy[conn]
-                    results[i] = (TIMEOUT, None)
+                    results[i] = ((TIMEOUT, None) if worker.ready else
+                                  (ERROR, f"the scorer's worker process did not start within {START_LIMIT_S:g} s "
+                                          "(importing the scorer's module)"))
                     idle.append(self._replace(worker))
         return results
 

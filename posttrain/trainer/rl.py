@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..algo import compute_advantage, estimator_info, make_kl_controller
-from ..algo.kl import apply_kl_in_reward
+from ..algo.kl import apply_kl_in_reward, kl_penalty
 from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff
 from ..config import ConfigError, to_dict, to_yaml
 from ..data.batch import Batch
@@ -190,20 +190,27 @@ class RLTrainer:
         reward extras travel in `meta` under `reward:<name>` so they follow any later row selection."""
         share = self.par.my_slice(len(items))
         batch = _to_batch(items[share], self.rollout.pad_id, uid_prefix, share.start, vision=self.vision)
+        n, greedy_extras = self.sampling.n, None
         with _timer(timing, "gen"), self.actor.generation():
             batch = self.rollout.generate(batch, self.sampling)
-            if estimator_info(self.cfg.algorithm.adv_estimator).needs_greedy_baseline:
+            if self.info.needs_greedy_baseline:
                 greedy = self.rollout.generate(_to_batch(items[share], self.rollout.pad_id, "greedy",
                                                          vision=self.vision),
-                                               SamplingParams(n=1, do_sample=False, max_new_tokens=self.max_new))
-                baseline, _ = self.reward(greedy)
-                batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(self.sampling.n)
+                                               SamplingParams(n=1, do_sample=False, max_new_tokens=self.max_new,
+                                                              ignore_eos=self.sampling.ignore_eos))
+                baseline, greedy_extras = self.reward(greedy)
+                batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         with _timer(timing, "reward"):
             batch["token_level_scores"], extras = self.reward(batch)
+        if greedy_extras is not None:  # a greedy response that failed to score counts on its prompt's first row
+            for key in ("errors", "timeouts"):
+                for g, failed in enumerate(greedy_extras[key]):
+                    extras[key][g * n] += failed
         batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
         out = concat_rollouts(self.par.gather(batch), self.rollout.pad_id)
         check_error_rate(out.meta.get("reward:errors", []), out.meta.get("reward:timeouts", []),
-                         self.cfg.reward_model.max_error_rate)
+                         self.cfg.reward_model.max_error_rate,
+                         responses=len(out) + (len(out) // n if greedy_extras is not None else 0))
         return out
 
     def _rollout(self, timing: dict) -> tuple[Batch, dict]:
@@ -218,8 +225,7 @@ class RLTrainer:
         while n_prompts < want:
             n_gen += 1
             batch = self._generate_scored(self._next_items(), f"s{self.global_step}g{n_gen}", timing)
-            # acc: correct or not; score / seq_reward / seq_final_reward: the sequence reward incl. shaping
-            metric = batch.meta["reward:acc"] if fg.metric == "acc" else batch["token_level_scores"].sum(-1).tolist()
+            metric = self._filter_metric(batch)
             groups: dict = {}
             for i, (uid, value) in enumerate(zip(batch.meta["uid"], metric)):
                 groups.setdefault(uid, []).append((i, value))
@@ -237,6 +243,27 @@ class RLTrainer:
         elif usable < n_prompts:
             out, n_prompts = out.select([r for g in group_rows(out.meta["uid"])[:usable] for r in g]), usable
         return out, {"batch/num_gen_batches": n_gen, "batch/kept_prompts": n_prompts}
+
+    def _filter_metric(self, batch: Batch) -> list[float]:
+        """Each response's value for DAPO's group filter (algorithm.filter_groups.metric), as verl defines them:
+        `acc` / `score`: the reward extras (the scorer's own, before overlong shaping); `seq_reward`: the sum of the
+        token-level scores (overlong shaping included); `seq_final_reward`: the sum of the token-level rewards, the
+        scores minus the KL penalty when `use_kl_in_reward` (at the current beta; the controller steps in learn())."""
+        metric = self.cfg.algorithm.filter_groups.metric
+        if metric in ("acc", "score"):
+            return batch.meta[f"reward:{metric}"]
+        rewards = batch["token_level_scores"]
+        if metric == "seq_final_reward" and self.cfg.algorithm.use_kl_in_reward:
+            if self.cfg.algorithm.rollout_correction.bypass_mode:
+                old = batch["rollout_log_probs"]
+            else:
+                r = self.cfg.actor_rollout_ref.rollout
+                old, _ = self.actor.compute_log_prob(
+                    batch, micro_batch_size=r.log_prob_micro_batch_size_per_gpu,
+                    max_tokens=r.log_prob_max_token_len_per_gpu if r.log_prob_use_dynamic_bsz else None)
+            kl = kl_penalty(old, self.reference.compute_log_prob(batch), self.cfg.algorithm.kl_penalty)
+            rewards = rewards - self.kl_ctrl.value * kl * batch["response_mask"]
+        return rewards.sum(-1).tolist()
 
     def train_step(self) -> dict[str, float]:
         timing = {}
@@ -300,8 +327,9 @@ class RLTrainer:
             name = key.split(":", 1)[1]
             if name in ("errors", "timeouts"):
                 metrics[f"reward/{name}"] = sum(values)
-            elif values and all(isinstance(v, (int, float)) for v in values):  # ints and bools too
-                metrics[f"reward/{name}/mean"] = sum(values) / len(values)
+            elif (present := [v for v in values if v is not None]) and all(isinstance(v, (int, float))
+                                                                             for v in present):  # bools count too
+                metrics[f"reward/{name}/mean"] = sum(present) / len(present)  # over the rows that returned the key
         return metrics
 
     def _rollout_correction(self, batch: Batch) -> dict[str, float]:
@@ -323,7 +351,8 @@ class RLTrainer:
         return metrics | is_metrics
 
     def _reward_components(self, batch: Batch) -> torch.Tensor | None:
-        """(B, K) reward components for gdpo, from the keys the reward function returned (algorithm.gdpo_reward_keys)."""
+        """(B, K) reward components for gdpo, from the keys the reward function returned (algorithm.gdpo_reward_keys);
+        a row whose scorer returned no such key (another data source's scorer, or a failed one) counts 0."""
         if not self.info.needs_reward_components:
             return None
         keys = self.cfg.algorithm.gdpo_reward_keys
@@ -332,7 +361,8 @@ class RLTrainer:
         if missing:
             raise ConfigError(f"algorithm.gdpo_reward_keys {missing}: the reward function returned no such key "
                               f"(it returned {have}); return a dict with these keys from compute_score")
-        return torch.tensor([batch.meta[f"reward:{k}"] for k in keys], dtype=torch.float32).T
+        return torch.tensor([[0.0 if v is None else v for v in batch.meta[f"reward:{k}"]] for k in keys],
+                            dtype=torch.float32).T
 
     # ------------------------------------------------------------------ validation
 
