@@ -71,8 +71,8 @@ def math_rows(n: int) -> list[tuple]:
 @suite("code")
 def code_rows(n: int) -> list[tuple]:
     """The bundled code problems (`posttrain prepare code`): the reference solution, or every other time a program
-    that prints nothing; each scored in the bubblewrap sandbox (one run per stdin test, one for function/assert
-    tests), or on the server named by `--sandbox-url`."""
+    that prints nothing; each scored in the bubblewrap sandbox (one run per stdin test, one for function-call
+    tests, two for assert/checker tests), or on the server named by `--sandbox-url`."""
     import tempfile
 
     import pyarrow.parquet as pq

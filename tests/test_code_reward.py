@@ -68,6 +68,70 @@ def test_scores_are_all_pass_with_the_pass_rate_beside():
         assert compute_score(cheat, asserts, None, FAST) == {"score": 0.0, "acc": 0.0, "pass_rate": 0.0}
 
 
+def test_plain_data_carries_values_not_behaviour():
+    from posttrain.reward.plain_data import NotPlain, call_key, decode, encode
+
+    value = [None, True, 3, -2.5, "x", b"\x00", (1, [2]), {"k": {1, 2}}, frozenset({"a", "b"}), 1 + 2j, {(1, 2): 3}]
+    back = decode(json.loads(json.dumps(encode(value))))
+    assert back == value and [type(v) for v in back] == [type(v) for v in value]
+
+    class Yes(int):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = int.__hash__
+
+    assert type(decode(encode(Yes(5)))) is int and decode(encode(Yes(5))) != 6  # the plain value, not the object
+    assert decode(encode([Yes(1)])) == [1] and type(decode(encode({"a": Yes(1)}))["a"]) is int
+    for bad in (object(), [len], {"k": print}):
+        with pytest.raises(NotPlain):
+            encode(bad)
+    for malformed in ({"eval": "x"}, {"tuple": 1}, {"set": [[1]]}, {"dict": [[[1], 2]]}, {"a": 1, "b": 2}):
+        with pytest.raises(NotPlain):
+            decode(malformed)
+    # equal sets give the same call text in every process, whatever the iteration order
+    assert call_key("f", encode([{"b", "a", "c"}]), {}) == call_key("f", encode([{"c", "a", "b"}]), {})
+
+
+@needs_sandbox
+def test_assert_and_checker_forms_are_judged_on_plain_values():
+    """The tests run for real in the judge's program, on the values the solution's program returned."""
+    solution = ("import math\ndef area(r):\n    return math.pi * r * r\ndef pair(x):\n    return [x, x]\n"
+                "def root(x):\n    if x < 0:\n        raise ValueError(x)\n    return math.sqrt(x)\n")
+    asserts = ["assert math.isclose(area(2), 12.566, rel_tol=1e-3)",  # `math` comes from the standard library
+               "assert set(pair(1)) == {1}", "assert pair(pair(2)) == [[2, 2], [2, 2]]",
+               "try:\n    root(-1)\n    raise SystemExit\nexcept ValueError:\n    pass",
+               "assert pair(1) != (1, 1)"]  # a list is not a tuple, as in Python
+    assert compute_score(solution, asserts, None, FAST) == {"score": 1.0, "acc": 1.0, "pass_rate": 1.0}
+    assert compute_score(solution.replace("[x, x]", "(x, x)"), asserts, None, FAST)["pass_rate"] == 0.6  # 3 and 5 fail
+    check = {"entry_point": "add", "test": (
+        "import random\ndef check(candidate):\n    random.seed(3)\n    for _ in range(30):\n"
+        "        x, y = random.randint(0, 99), random.randint(0, 99)\n        assert candidate(x, y) == x + y\n"
+        "    assert candidate(candidate(1, 2), candidate(3, 4)) == 10\n")}
+    assert compute_score("def add(a, b):\n    return a + b", check, None, FAST)["score"] == 1.0
+    assert compute_score("def add(a, b):\n    return a + b if a != 3 else 0", check, None, FAST)["score"] == 0.0
+    unseeded = {"entry_point": "add", "test": (  # HumanEval/53's checker: the same draws in every round
+        "import random\ndef check(candidate):\n    for _ in range(20):\n"
+        "        x, y = random.randint(0, 1000), random.randint(0, 1000)\n        assert candidate(x, y) == x + y\n")}
+    assert compute_score("def add(a, b):\n    return a + b", unseeded, None, FAST)["score"] == 1.0
+
+
+@needs_sandbox
+def test_a_test_undecided_after_the_last_round_fails_and_passes_no_other():
+    """A chain of calls, each on the previous answer, needs a round each: past the last round that test fails, and
+    the stand-in for the value it never got does not pass a later test that reads it."""
+    from posttrain.reward.code import MAX_ROUNDS
+
+    chain = "1"
+    for _ in range(MAX_ROUNDS + 2):
+        chain = f"add({chain}, 1)"
+    tests = [f"x = {chain}", "assert x == 12345"]  # wrong for an honest add: only the stand-in would equal it
+    wrong = "def add(a, b):\n    return a + b + 100"
+    assert compute_score(wrong, tests, None, FAST) == {"score": 0.0, "acc": 0.0, "pass_rate": 0.0}
+    short = ["x = add(add(1, 1), 1)", "assert x == 3"]
+    assert compute_score("def add(a, b):\n    return a + b", short, None, FAST)["score"] == 1.0
+
+
 def test_unknown_languages_are_rejected():
     with pytest.raises(ValueError, match="unknown language 'cobol'"):
         compute_score("x", '["assert True"]', {"language": "cobol"}, FAST)
@@ -127,6 +191,13 @@ def test_client_server_round_trip(server):
     gt = '{"fn_name": "add", "inputs": [[1, 2]], "outputs": [3]}'
     assert compute_score("def add(a, b):\n    return a + b", gt, None, remote)["score"] == 1.0
     assert compute_score("def add(a, b):\n    return a - b", gt, None, remote)["score"] == 0.0
+    # asserts and checkers through the server: the verdict is reached on this side of it, as locally
+    asserts = ["assert add(1, 2) == 3"]
+    check = {"test": "def check(candidate):\n    assert candidate(1, 2) == 3\n", "entry_point": "add"}
+    fake = "class Yes:\n    __eq__ = lambda s, o: True\nexec = lambda *a: None\ndef add(a, b):\n    return Yes()"
+    for tests in (gt, asserts, check):
+        assert compute_score("def add(a, b):\n    return a + b", tests, None, remote)["score"] == 1.0
+        assert compute_score(fake, tests, None, remote)["score"] == 0.0
 
 
 def test_unreachable_server_raises():
@@ -259,12 +330,15 @@ def test_settings_come_from_the_config_and_reach_spawned_scorers(tmp_path, monke
     monkeypatch.setattr(code, "_settings", None)
 
     sf = "reward_model.sandbox_fusion"
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.parquet").write_bytes(b"")  # the rows' tests: hidden from programs
     cfg = load_config(None, [f"{sf}.url=http://h:1/run_code", f"{sf}.max_concurrent=3", f"{sf}.memory_limit_mb=300",
                              "reward_model.code_sandbox.run_timeout=2.5",
+                             f"data.train_files={tmp_path / 'data' / 'train.parquet'}",
                              f"trainer.default_local_dir={tmp_path / 'run'}"])
     settings = code.configure_from_config(cfg)
     assert settings == CodeSettings(url="http://h:1/run_code", max_concurrent=3, memory_limit_mb=300, run_timeout=2.5,
-                                    allow_unsandboxed=False, hide=(str(tmp_path / "run"),))
+                                    allow_unsandboxed=False, hide=(str(tmp_path / "run"), str(tmp_path / "data")))
     with multiprocessing.get_context("spawn").Pool(1) as pool:  # a fresh interpreter reads them from the environment
         assert pool.apply(code.current_settings) == settings
     for bad, message in (("reward_model.code_sandbox.run_timeout=0", "run_timeout must be positive"),

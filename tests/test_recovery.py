@@ -298,7 +298,9 @@ def test_no_unsafe_loading_or_eval_in_the_package():
             assert "weights_only=True" in call, f"{path}: {call}"
         calls = [node.func.id for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Call)
                  and isinstance(node.func, ast.Name) and node.func.id in ("eval", "exec")]
-        assert not calls, f"{path} calls {calls}"  # (program text sent into the code sandbox is a string: not a call)
+        # (program text sent into the code sandbox is not a call: sandbox_harness.py is such text, run only there)
+        assert not calls or path.name == "sandbox_harness.py", f"{path} calls {calls}"
+        assert not re.search(r"import[^\n]*sandbox_harness|sandbox_harness import", text), f"{path} imports it"
         # safeload.py reads checkpoint metadata through its allow-list; the scorer pool unpickles only what the
         # trainer and the worker processes it started send each other over their own pipes (never files)
         if path.name not in ("safeload.py", "pool.py"):

@@ -12,19 +12,39 @@ and the only language run so far, any other is rejected. The program is the last
 (```py and ```python3 too; an unclosed last block runs to the end), or the whole response when it has none.
 
 Score: 1.0 when every test passes, else 0.0 (all-pass, like verl's prime code scorer with continuous=False); the
-returned dict also carries `pass_rate`, the fraction of tests passed. Stdin tests run one program each and stop at the
-first failure (later tests count as failed); function/assert/checker tests run in one program, and a pass counts only
-when the program's report carries a per-run secret, so code that exits early cannot fake a pass.
+returned dict also carries `pass_rate`, the fraction of tests passed.
+
+Verdicts are reached where the solution's code does not run, on plain data (plain_data.py) that crossed out of its
+process, so nothing it can rebind, read or print decides a pass:
+  * stdin tests: one run per test (stopping at the first failure); its stdout is compared here.
+  * function-call tests: one run of the solution's program (sandbox_harness.answer_calls) that gets only the argument
+    lists and writes each return value as plain data; the values are compared with the expected ones here.
+  * assert and checker tests: the tests run for real in the judge's program (sandbox_harness.judge), which holds the
+    tests and no solution code; the functions they call are proxies answered with the return values the solution's
+    program gave for the same arguments (asked first for the calls written with literal arguments, then for those
+    the judge meets, round by round). A test passes when its asserts hold on those values.
+The expected values never enter the solution's process. What that process writes out is only a claim about what
+its functions returned: forged lines, an always-true `__eq__`, a rebound `exec` or `bool`, an early exit, all come
+down to values that are compared where it cannot reach (docs/reliability.md, "Code the model writes"). A call or
+return value that is not plain data (a function, a user class instance), a test that reads arguments the solution
+changed in place, names the tests use that the solution defines as something other than a function, and a test
+still undecided after MAX_ROUNDS fail the test. A checker that calls a helper it does not define (HumanEval's
+`poly`) gets the solution's version of it, as before.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+import functools
 import json
 import os
 import re
 import secrets
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from . import plain_data
 from .sandbox import Limits, RunResult, run_program
 
 DATA_SOURCES = ("posttrain/code", "code", "codecontests", "apps", "codeforces", "taco", "mbpp", "humaneval")
@@ -60,9 +80,19 @@ def configure_from_config(cfg) -> CodeSettings:
     run_dir = tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}"  # as the trainer's
     settings = CodeSettings(url=sf.url, max_concurrent=sf.max_concurrent, memory_limit_mb=sf.memory_limit_mb,
                             run_timeout=cs.run_timeout, allow_unsandboxed=cs.allow_unsandboxed,
-                            hide=(os.path.abspath(run_dir),))
+                            hide=(os.path.abspath(run_dir), *_data_folders(cfg.data)))
     configure(settings)
     return settings
+
+
+def _data_folders(data) -> list[str]:
+    """The folders of the run's local data files: they hold every row's tests, expected outputs included."""
+    files = []
+    for key in ("train_files", "val_files"):
+        value = getattr(data, key, None)
+        files += [value] if isinstance(value, str) else list(value or [])
+    paths = [os.path.abspath(os.path.expanduser(f)) for f in files]
+    return sorted({os.path.dirname(p) for p in paths if os.path.exists(p)})
 
 
 def current_settings() -> CodeSettings:
@@ -150,66 +180,152 @@ def same_output(got: str, expected: str) -> bool:
     return got.split() == expected.split()
 
 
-# Runs after the response's code, in its namespace; prints "<secret> passed total" as its last act.
-_HARNESS = '''
-def __posttrain_tests(__cases, __kind, __name, __secret, __setup, __check):
-    import json as __json
-    __g = globals()
-    __passed = 0
-    if __setup:
-        exec(__setup, __g)
-    if __kind == "call":
-        __fn = __g.get(__name)
-        if __fn is None and "Solution" in __g:
-            __fn = getattr(__g["Solution"](), __name, None)
-        for __args, __want in __cases:
+_HERE = Path(__file__).parent
+MAX_ROUNDS = 6  # judge runs for assert and checker tests (calls that depend on earlier results need more)
+
+
+@functools.lru_cache(maxsize=None)
+def _program(start: str) -> str:
+    """The text of a sandboxed harness program: the plain-data codec, the harness, and the line that starts it."""
+    return "\n".join([(_HERE / "plain_data.py").read_text(), (_HERE / "sandbox_harness.py").read_text(),
+                      f"{start}()\n"])
+
+
+def _results(result: RunResult, tag: str) -> list:
+    """The harness's result lines of a run, as data (lines that are not well-formed are skipped)."""
+    found = []
+    for line in result.stdout.splitlines():
+        head, _, body = line.partition(" ")
+        if head == tag:
             try:
-                __got = __fn(*__args)
-                if isinstance(__got, tuple):
-                    __got = list(__got)
-                __got = __json.loads(__json.dumps(__got))
-                __ok = __got == __want or (isinstance(__want, list) and len(__want) == 1 and __got == __want[0])
-            except BaseException:
-                __ok = False
-            __passed += bool(__ok)
-    elif __kind == "assert":
-        for __src in __cases:
-            try:
-                exec(__src, __g)
-                __passed += 1
-            except BaseException:
+                found.append(plain_data.loads(body))
+            except plain_data.NotPlain:
                 pass
-    else:
+    return found
+
+
+def _outcome(data) -> dict:
+    """A well-formed outcome of one call, rebuilt from plain data, else an error outcome."""
+    if isinstance(data, dict) and len(data) == 1:
+        (kind, body), = data.items()
         try:
-            exec(__check, __g)
-            __g["check"](__g[__name])
-            __passed = 1
-        except BaseException:
-            pass
-    print("\\n" + __secret, __passed, flush=True)
-'''
+            if kind == "value":
+                return {"value": plain_data.encode(plain_data.decode(body))}
+        except plain_data.NotPlain as e:
+            return {"error": str(e)}
+        if kind == "raised" and isinstance(body, str) and body.isidentifier() and len(body) < 100:
+            return {"raised": body}
+    return {"error": "not an outcome"}
 
 
-def _harness_program(code: str, tests: Tests, secret: str) -> str:
-    if tests.kind == "call":
-        cases = [(x if isinstance(x, list) else [x], y) for x, y in zip(tests.inputs, tests.outputs)]
-        name = tests.fn_name
-    elif tests.kind == "assert":
-        cases, name = list(tests.asserts), ""
-    else:
-        cases, name = [], tests.entry_point
-    call = (f"__posttrain_tests(__import__('json').loads({json.dumps(json.dumps(cases))}), {tests.kind!r}, "
-            f"{name!r}, {secret!r}, {tests.setup!r}, {tests.check!r})")
-    # Imported rather than run, as the familiar harnesses do: an `if __name__ == "__main__":` block stays quiet.
-    return f"__name__ = 'solution'\n{code}\n\n__name__ = '__main__'\n{_HARNESS}\n{call}\n"
+def _ask_solution(code: str, calls: list, setup: str, language: str,
+                  settings: CodeSettings) -> tuple[bool, list[dict]]:
+    """One run of the solution making `calls` ([name, encoded args, encoded kwargs]): whether it finished its job,
+    and the outcome of each call (answered only when the run finished and gave exactly one outcome for it)."""
+    tag = secrets.token_hex(8)  # tells result lines from the program's own prints; not a secret it cannot read
+    job = {"tag": tag, "solution": code, "setup": setup, "calls": calls}
+    result = execute(_program("answer_calls"), language, json.dumps(job), settings)
+    lines = _results(result, tag)
+    if ["done"] not in lines:
+        return False, [{"error": "the program did not finish"}] * len(calls)
+    by_call: dict[int, list] = {}
+    for line in lines:
+        if isinstance(line, list) and len(line) == 2 and type(line[0]) is int and 0 <= line[0] < len(calls):
+            by_call.setdefault(line[0], []).append(line[1])
+    return True, [_outcome(by_call[i][0]) if len(by_call.get(i, ())) == 1 else {"error": "not one answer"}
+                  for i in range(len(calls))]
 
 
-def _passed_from_report(result: RunResult, secret: str) -> int:
-    for line in reversed(result.stdout.splitlines()):
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == secret and parts[1].isdigit():
-            return int(parts[1])
-    return 0
+def _as_json(value):
+    """A returned value as JSON would carry it (tuples as lists, dict keys as text), as function-call tests
+    compare; None when JSON cannot carry it."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def _call_passes(outcome: dict, expected) -> bool:
+    if "value" not in outcome:
+        return False
+    got = _as_json(plain_data.decode(outcome["value"]))
+    return got == expected or (isinstance(expected, list) and len(expected) == 1 and got == expected[0])
+
+
+def _passed_calls(code: str, tests: Tests, language: str, settings: CodeSettings) -> int:
+    """Function-call tests: the solution's program gets only the arguments; its return values are compared with
+    the expected ones here."""
+    calls = [[tests.fn_name, plain_data.encode(x if isinstance(x, list) else [x]), {"dict": []}]
+             for x in tests.inputs]
+    _, outcomes = _ask_solution(code, calls, "", language, settings)
+    return sum(_call_passes(o, want) for o, want in zip(outcomes, tests.outputs))
+
+
+def _literal_calls(tests: Tests) -> dict[str, list]:
+    """The calls the tests make with literal arguments, found by reading them (never running them): asked of the
+    solution before the judge's first run, so most rows need one run of each program."""
+    try:
+        tree = ast.parse(tests.check if tests.kind == "check" else "\n".join(tests.asserts))
+        defined = {n.id for n in ast.walk(ast.parse(tests.setup)) if isinstance(n, ast.Name)}
+    except (SyntaxError, ValueError, RecursionError):
+        return {}
+    calls = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            continue
+        if tests.kind == "check":
+            name = tests.entry_point if node.func.id == "candidate" else None
+        else:
+            name = node.func.id if node.func.id not in defined and not hasattr(builtins, node.func.id) else None
+        try:
+            if name is None or any(isinstance(a, ast.Starred) for a in node.args):
+                continue
+            args = [ast.literal_eval(a) for a in node.args]
+            kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg is not None}
+            if len(kwargs) < len(node.keywords):
+                continue
+            call = [name, plain_data.encode(args), plain_data.encode(kwargs)]
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # not a literal
+            continue
+        calls.setdefault(plain_data.call_key(*call), call)
+    return calls
+
+
+def _judge_round(job: dict, known: dict, language: str, settings: CodeSettings) -> tuple[dict, dict]:
+    """One run of the judge's program: each reported test's status, and the calls it asked for (by key)."""
+    tag = secrets.token_hex(8)
+    result = execute(_program("judge"), language, json.dumps({**job, "tag": tag, "known": list(known.items())}),
+                     settings)
+    verdicts, asked = {}, {}
+    for line in _results(result, tag):  # the judge's program runs no solution code: its lines are its own
+        number, status, calls = line if isinstance(line, list) and len(line) == 3 else (None, "", [])
+        verdicts[number] = status
+        if status == "incomplete":
+            for name, args, kwargs in calls:
+                asked.setdefault(plain_data.call_key(name, args, kwargs), [name, args, kwargs])
+    return verdicts, asked
+
+
+def _passed_judged(code: str, tests: Tests, language: str, settings: CodeSettings) -> int:
+    """Assert and checker tests: the solution's program answers the calls the tests make (those with literal
+    arguments first), the judge's program runs the tests on those answers, asking for the calls it met that
+    were not answered yet; until every test has a verdict, no new call is asked, or MAX_ROUNDS."""
+    job = {"kind": tests.kind, "setup": tests.setup, "tests": list(tests.asserts), "check": tests.check,
+           "entry_point": tests.entry_point}
+    known: dict[str, dict] = {}
+    loaded, verdicts, asked = False, {}, _literal_calls(tests)
+    for _ in range(MAX_ROUNDS):
+        if asked:
+            finished, outcomes = _ask_solution(code, list(asked.values()), tests.setup, language, settings)
+            loaded = loaded or finished
+            known.update(zip(asked, outcomes))
+        verdicts, asked = _judge_round(job, known, language, settings)
+        asked = {key: call for key, call in asked.items() if key not in known}
+        if not asked:
+            break
+    if not loaded:  # (tests that call nothing still need a program that loads and finishes)
+        loaded, _ = _ask_solution(code, [], tests.setup, language, settings)
+    return sum(status == "pass" for status in verdicts.values()) if loaded else 0
 
 
 def execute(code: str, language: str, stdin: str, settings: CodeSettings) -> RunResult:
@@ -242,10 +358,10 @@ def compute_score(solution_str: str, ground_truth, extra_info: dict | None = Non
             if not (result.ok and same_output(result.stdout, expected)):
                 break
             passed += 1
+    elif tests.kind == "call":
+        passed = _passed_calls(code, tests, language, settings)
     else:
-        secret = secrets.token_hex(16)
-        result = execute(_harness_program(code, tests, secret), language, "", settings)
-        passed = _passed_from_report(result, secret) if result.ok else 0
+        passed = _passed_judged(code, tests, language, settings)
     rate = passed / tests.count
     return {"score": float(rate == 1.0), "acc": float(rate == 1.0), "pass_rate": rate}
 
