@@ -132,6 +132,63 @@ def test_read_only_run_folder_is_named(run_copy, tiny_model_dir, monkeypatch):
     assert latest_checkpoint(run).name == "global_step_3"
 
 
+class Crash(Exception):
+    """The process dies here."""
+
+
+FOLDER_CHANGES = [(shutil, "rmtree"), (os, "replace"), (os, "rename"), (Path, "rename"), (Path, "replace"),
+                  (Path, "unlink"), (Path, "rmdir"), (Path, "symlink_to")]
+
+
+def test_sft_best_model_survives_a_crash_at_any_moment_of_its_replacement(tiny_model_dir, tmp_path, monkeypatch):
+    """SFT keeps its best model in the output folder: a crash before any of the folder changes that replace it
+    with a better one leaves the folder a complete model, the old best or the new one, never nothing."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.load import load_tokenizer
+    from posttrain.trainer import sft
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    old = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    new = copy.deepcopy(old)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(1.0)
+    name = "model.embed_tokens.weight"
+    outcomes = []
+    for crash_at in range(1, 100):
+        out = tmp_path / f"crash_{crash_at}" / "sft"
+        sft._save(old, tok, out)
+        calls = []
+
+        def counted(real):
+            def change(*args, **kwargs):
+                calls.append(real)
+                if len(calls) == crash_at:
+                    raise Crash
+                return real(*args, **kwargs)
+            return change
+
+        with monkeypatch.context() as m:
+            for owner, attr in FOLDER_CHANGES:
+                m.setattr(owner, attr, counted(getattr(owner, attr)))
+            try:
+                sft._save(new, tok, out)
+                finished = True
+            except Crash:
+                finished = False
+        weights = AutoModelForCausalLM.from_pretrained(out).state_dict()[name]
+        is_new = torch.equal(weights, new.state_dict()[name])
+        assert is_new or torch.equal(weights, old.state_dict()[name]), crash_at
+        outcomes.append(is_new)
+        if finished:
+            break
+    assert finished and outcomes[-1] and not outcomes[0], outcomes
+    assert [p.name for p in (out.parent / ".sft.versions").iterdir()] == [out.resolve().name]  # older ones removed
+
+
 def test_keeping_n_checkpoints_never_deletes_the_new_one_nor_higher_steps(tmp_path):
     for s in (1, 2, 7, 8):
         (tmp_path / f"global_step_{s}").mkdir()

@@ -132,8 +132,7 @@ def save_checkpoint(run_dir: Path, step: int, roles: dict, par: Parallel, *, tok
         par.barrier()
         if par.is_main:
             writing = final
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
+            publish(tmp, final)
             writing = run_dir / LATEST
             _write_text_atomic(run_dir / LATEST, str(step))
             if "hf_model" in contents:
@@ -152,6 +151,14 @@ def save_checkpoint(run_dir: Path, step: int, roles: dict, par: Parallel, *, tok
         prune(run_dir, step, keep)
     par.barrier()
     return final
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Put the finished folder `tmp` in place as `final` with one rename: a reader, or a run killed at any moment,
+    finds the whole folder or none of it. `final` is a new name (a step number, an SFT model's version); only a
+    folder that a resumed run writes again (a damaged checkpoint it skipped) is replaced, and is not being read."""
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
 
 
 def write_window(path: Path) -> None:
