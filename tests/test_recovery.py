@@ -189,6 +189,71 @@ def test_sft_best_model_survives_a_crash_at_any_moment_of_its_replacement(tiny_m
     assert [p.name for p in (out.parent / ".sft.versions").iterdir()] == [out.resolve().name]  # older ones removed
 
 
+HF_EXPORT = ("actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+             "trainer.resume_allow_config_change=True")
+
+
+def test_a_failed_hf_export_says_the_checkpoint_is_saved(run_copy, tiny_model_dir, monkeypatch, capsys):
+    """The Hugging Face export runs after the checkpoint is published: when it fails, the message says the
+    checkpoint is saved (and it is: the run resumes from it), not that it was not saved and removed."""
+    from posttrain.trainer import export
+
+    run, data = run_copy
+    t = trainer(tiny_model_dir, run, data, 4, *HF_EXPORT)
+    t._maybe_resume()
+    t.global_step = 4
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(export, "export_checkpoint", full_disk)
+    path = t.save()
+    ckpt.finish_exports()
+    err = capsys.readouterr().err
+    assert (f"warning: checkpoint {path} is saved and the run can resume from it, but writing its Hugging Face folder "
+            f"{path / 'actor' / 'huggingface'} failed (OSError: [Errno 28] No space left on device)") in err, err
+    assert f"`posttrain export {path} {path / 'actor' / 'huggingface'}`" in err and "not saved" not in err
+    assert not (path / "actor" / "huggingface").exists() and not (path / "actor" / ".tmp_huggingface").exists()
+    monkeypatch.undo()
+    t2 = trainer(tiny_model_dir, run, data, 4, *HF_EXPORT)
+    t2._maybe_resume()
+    assert latest_checkpoint(run) == path and t2.global_step == 4
+
+
+def test_no_rank_waits_for_the_hf_export(run_copy, tiny_model_dir, monkeypatch):
+    """A large model's export takes minutes, longer than a collective may wait: the save returns (on rank 0 too)
+    while the export is still under way, and the folder it then writes loads as the checkpoint's model. Running
+    beside training, it draws nothing from the training's random streams."""
+    import random
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.trainer import export
+
+    run, data = run_copy
+    t = trainer(tiny_model_dir, run, data, 4, *HF_EXPORT)
+    t._maybe_resume()
+    t.global_step = 4
+    real, release = export.export_checkpoint, threading.Event()
+
+    def slow(*args, **kwargs):
+        release.wait(timeout=30)  # held until the save has returned (a bound, not a measurement)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export, "export_checkpoint", slow)
+    path = t.save()
+    exported = path / "actor" / "huggingface"
+    assert not exported.exists()  # the save did not wait for it
+    streams = torch.get_rng_state(), random.getstate()
+    release.set()
+    ckpt.finish_exports()
+    assert torch.equal(torch.get_rng_state(), streams[0]) and random.getstate() == streams[1]
+    weights = AutoModelForCausalLM.from_pretrained(exported).state_dict()
+    for name, value in t.actor.model.lm.state_dict().items():
+        assert torch.equal(weights[name], value), name
+
+
 def test_keeping_n_checkpoints_never_deletes_the_new_one_nor_higher_steps(tmp_path):
     for s in (1, 2, 7, 8):
         (tmp_path / f"global_step_{s}").mkdir()
