@@ -254,6 +254,46 @@ def test_no_rank_waits_for_the_hf_export(run_copy, tiny_model_dir, monkeypatch):
         assert torch.equal(weights[name], value), name
 
 
+def test_resume_at_an_epoch_boundary_runs_the_next_epoch(tiny_model_dir, tmp_path):
+    """A run stopped right after the checkpoint of its first epoch's last step resumes with the second epoch: its
+    steps run, on the prompts in the order an uninterrupted run gives them (not 0 steps and a clean exit)."""
+    from posttrain.data.synthetic import write_task
+
+    data = write_task(tmp_path / "data", seed=0, operands=range(0, 10), held_out=0, dev=10)["rl_train"]
+
+    def two_epochs(run, *extra):  # 8 prompts, 4 a step: 2 steps an epoch
+        args = [a for a in config_args(tiny_model_dir, data, run, 0) if not a.startswith("trainer.total_training_steps")]
+        return RLTrainer(load_config(None, args + ["data.train_max_samples=8", "trainer.total_epochs=2",
+                                                   "data.shuffle=True", f"trainer.rollout_data_dir={run / 'rows'}",
+                                                   *extra]))
+
+    def prompts(run):  # step -> the (row id, answer) of each row it trained on
+        return {int(f.stem): [(r["uid"], r["ground_truth"]) for r in map(json.loads, f.read_text().splitlines())]
+                for f in (run / "rows").glob("*.jsonl")}
+
+    two_epochs(tmp_path / "straight", "trainer.save_freq=-1").fit()
+    straight = prompts(tmp_path / "straight")
+    assert sorted(straight) == [1, 2, 3, 4] and straight[3] != straight[1]  # epoch 2 reshuffles
+
+    stopped = two_epochs(tmp_path / "run", "trainer.save_freq=2")
+    save = stopped.save
+
+    def save_then_die():
+        path = save()
+        if stopped.global_step == 2:  # the last step of epoch 1
+            raise Crash
+        return path
+
+    stopped.save = save_then_die
+    with pytest.raises(Crash):
+        stopped.fit()
+    assert latest_checkpoint(tmp_path / "run").name == "global_step_2"
+    resumed = two_epochs(tmp_path / "run", "trainer.save_freq=2")
+    resumed.fit()
+    assert resumed.global_step == 4 and steps_logged(tmp_path / "run") == [1, 2, 3, 4]
+    assert prompts(tmp_path / "run") == straight
+
+
 def test_keeping_n_checkpoints_never_deletes_the_new_one_nor_higher_steps(tmp_path):
     for s in (1, 2, 7, 8):
         (tmp_path / f"global_step_{s}").mkdir()
