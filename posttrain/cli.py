@@ -56,8 +56,10 @@ def cmd_train(args) -> int:
     if launch.requested_world(cfg) > 1 and not launch.inside_launcher():
         launch.check_launchable(cfg)
         return launch.launch_local(args.argv, cfg.trainer.n_gpus_per_node)
+    from .trainer.preempt import start_up_window
     from .trainer.rl import run_rl
 
+    start_up_window()
     run_rl(cfg)
     return 0
 
@@ -322,15 +324,26 @@ def main(argv: list[str] | None = None) -> int:
         return _stopped(e)
 
 
+def _signals_at_start_up(argv: list[str]) -> None:
+    """A training command's process, from its first line (before torch is imported): a signal before the first step
+    ends it with a message and 128 + the signal number, not the signal's silent default."""
+    if argv[:1] == ["train"]:
+        from .trainer.preempt import exit_before_first_step
+
+        exit_before_first_step()
+
+
 def entry() -> None:
     """The `posttrain` command: `main`, then `exit_process` (a process that ran collectives ends without the
     interpreter's teardown; `main` itself returns, for callers in the same process)."""
+    _signals_at_start_up(sys.argv[1:])
     from .parallel.context import exit_process
 
     exit_process(main())
 
 
 if __name__ == "__main__":
+    _signals_at_start_up(sys.argv[1:])
     from torch.distributed.elastic.multiprocessing.errors import record
 
     from .parallel.context import exit_process

@@ -93,6 +93,9 @@ def files(tmp_path_factory, tiny_model_dir):
     config.pop("chat_template", None)
     (notemplate / "tokenizer_config.json").write_text(json.dumps(config))
     f["no_template_model"] = notemplate
+    f["not_a_model"] = d / "notes"  # a folder, but of other files
+    f["not_a_model"].mkdir()
+    (f["not_a_model"] / "README.md").write_text("notes\n")
     return f
 
 
@@ -120,6 +123,8 @@ CLI_CASES = [
      "actor_rollout_ref.model.path='/nope' is not a local directory"),
     ("model_path_is_a_file", lambda f: train_args(f, f"actor_rollout_ref.model.path={f['data']}"),
      "is a file; give a model directory"),
+    ("model_path_not_a_model", lambda f: train_args(f, f"actor_rollout_ref.model.path={f['not_a_model']}"),
+     "is a folder but not a model: it has no config.json, no weights (*.safetensors, *.bin) and no tokenizer files"),
     ("config_file_missing", lambda f: ["train", "--config", "/nope/run.yaml"], "config file '/nope/run.yaml' not found"),
     ("yaml_syntax_error", lambda f: ["train", "--config", str(f["yaml_syntax"])],
      "is not valid YAML at line 3, column 8: expected ',' or ']', but got ':' (while parsing a flow sequence at line 2)"),
@@ -180,6 +185,8 @@ CLI_CASES = [
     ("sft_train_file_missing", lambda f: sft_args(f, data="/nope/sft.jsonl"),
      "--train-files: '/nope/sft.jsonl' does not exist"),
     ("sft_model_missing", lambda f: sft_args(f)[:2] + ["/nope"] + sft_args(f)[3:], "--model='/nope' is not a local"),
+    ("sft_model_not_a_model", lambda f: sft_args(f)[:2] + [str(f["not_a_model"])] + sft_args(f)[3:],
+     "is a folder but not a model: it has no config.json"),
     # ---- data rows (found after the tokenizer loads, before any model)
     ("prompt_empty_string", lambda f: train_args(f, data=f["empty_prompt"]),
      "empty_prompt.jsonl: row 3, column 'prompt': the prompt is empty"),

@@ -1,8 +1,8 @@
 """Kills and signals, as a cluster delivers them: the command line on a tiny task is killed with SIGKILL at seeded
 random moments — in the middle of a step and in the middle of a checkpoint write — and restarted until it finishes;
 its metrics must equal an uninterrupted run's exactly. SIGTERM stops a run after a saved step with a message saying
-how to resume, and the resumed run is bit-exact too (in 2 processes as well). tools/kill_test.py runs the same with
-many more kills."""
+how to resume, and the resumed run is bit-exact too (in 2 processes as well); a SIGTERM during start-up says there
+is nothing to resume. tools/kill_test.py runs the same with many more kills."""
 
 import json
 import os
@@ -161,6 +161,39 @@ def test_sigterm_saves_the_step_and_resumes_bit_exactly(task, straight_runs, tmp
     assert "To resume, run the same command again" in err and f"trainer.resume_from_path={saved[0]}" in err
     straight(argv)
     assert training_numbers(tmp_path / "stopped") == straight_runs(SHUFFLED)
+
+
+def held_in_start_up(argv, processes):
+    """Start the command with each training process's start-up held open (POSTTRAIN_STARTUP_PAUSE) and return it,
+    with the stderr lines read so far, once all `processes` of them say their start-up is under way."""
+    env = {**os.environ, "POSTTRAIN_STARTUP_PAUSE": "120", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", *argv], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    lines, seen = [], 0
+    for line in proc.stderr:
+        lines.append(line)
+        seen += line.startswith("[start-up under way]")
+        if seen == processes:
+            break
+    return proc, lines
+
+
+@pytest.mark.parametrize("variant", [(), TWO_PROCESSES], ids=["one_process", "two_processes"])
+def test_sigterm_during_start_up_says_there_is_nothing_to_resume(task, tmp_path, variant):
+    """A signal before the first step (here while every training process is starting up): there is nothing to
+    save, and the command says so once and exits with the signal's code, instead of ending without a word."""
+    run = tmp_path / "run"
+    proc, lines = held_in_start_up(args(task, run, STEPS, *variant), 2 if variant else 1)
+    try:
+        proc.send_signal(signal.SIGTERM)  # to the launcher when there are 2 processes: it passes the signal on
+        _, err = proc.communicate(timeout=120)
+    finally:
+        kill(proc, run)
+    err = "".join(lines) + err
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert err.count("SIGTERM: stopped before the first step; nothing to resume (no checkpoint was written)") == 1, \
+        err[-3000:]
+    assert "Traceback" not in err and not list(run.glob("*global_step_*"))
 
 
 SECOND_SIGNAL = """

@@ -142,3 +142,37 @@ def test_a_failing_rank_stops_every_rank_with_its_error(small_task, tmp_path):
                                             "reward_model.num_workers=0"))
     assert result.returncode == 1, result.stderr[-3000:]
     assert "error: rank 1 failed" in result.stderr and "reward module broken on this node" in result.stderr
+
+def test_hf_export_in_two_processes_holds_no_rank(tiny_model_dir, tmp_path):
+    """checkpoint.save_contents with hf_model in 2 processes: rank 0 writes each checkpoint's Hugging Face folder
+    beside the training, without a collective, and the run ends with every folder written. (Before, rank 0 read the
+    checkpoint back with a collective that the other rank, waiting at a barrier, never joined: the run hung at its
+    first save.)"""
+    import signal
+
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.data.synthetic import write_task
+
+    data = write_task(tmp_path / "data", seed=0, operands=range(0, 10), held_out=0, dev=10)["rl_train"]
+    run = tmp_path / "run"
+    argv = ["train", "algorithm.adv_estimator=grpo", "data.train_batch_size=4", "data.max_prompt_length=32",
+            "data.max_response_length=6", "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
+            "trainer.total_training_steps=2", f"trainer.default_local_dir={run}",
+            "trainer.logger=['jsonl']", "trainer.val_before_train=False", "trainer.save_freq=1",
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']"]
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        _, err = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the workers end with their launcher
+        proc.communicate()
+        pytest.fail("the run hung")
+    assert proc.returncode == 0, err[-3000:]
+    for step in (1, 2):
+        AutoModelForCausalLM.from_pretrained(run / f"global_step_{step}" / "actor" / "huggingface")

@@ -146,7 +146,9 @@ def test_online_a_missing_id_is_downloaded_once_without_other_weight_formats(cac
 
 
 class FakeDist(SimpleNamespace):
-    """torch.distributed as one rank of two sees it; broadcast_object_list hands out rank 0's outcome."""
+    """torch.distributed as one rank of a job of 2 nodes x 2 processes sees it: ranks 0 and 2 are local rank 0 of
+    their node. `events` records the fetches and collectives in order; a collective hands out `others_say`, what
+    the other ranks contributed (their failures)."""
 
     def is_available(self):
         return True
@@ -155,36 +157,51 @@ class FakeDist(SimpleNamespace):
         return True
 
     def get_world_size(self):
-        return 2
+        return 4
 
     def get_rank(self):
         return self.rank
 
+    def all_gather_object(self, out, mine):
+        self.events.append("collective")
+        out[:] = [mine if r == self.rank else self.others_say.get(r) for r in range(4)]
+
     def broadcast_object_list(self, objects, src):
-        self.broadcasts.append(list(objects))
-        if self.rank != 0:
-            objects[0] = self.from_rank0
+        self.events.append("collective")
+        if self.rank != src:
+            objects[0] = self.others_say.get(src)
 
 
-@pytest.mark.parametrize("rank0_says", [None, "rank 0's error"])
-def test_rank0_fetches_first_and_the_others_follow_it(rank0_says, monkeypatch):
-    fetched = []
+def as_rank(monkeypatch, rank, others_say=None):
+    """Make this process rank `rank` of the fake 2 x 2 job; returns its event list."""
+    from posttrain.parallel import context
 
-    def fetch():
-        fetched.append(1)
-        return "/snapshot"
+    fake = FakeDist(rank=rank, events=[], others_say=others_say or {})
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake)
+    monkeypatch.setattr(context, "dist", fake)
+    monkeypatch.setenv("LOCAL_RANK", str(rank % 2))
+    monkeypatch.setattr(hub, "_resolved", {})
+    monkeypatch.setattr(hub, "_fetch", lambda repo_id, key: fake.events.append("fetch") or "/snapshot")
+    return fake.events
 
-    rank0 = FakeDist(rank=0, broadcasts=[])
-    monkeypatch.setitem(sys.modules, "torch.distributed", rank0)
-    assert hub._rank0_first(fetch, "A/b") == "/snapshot" and rank0.broadcasts == [[None]] and len(fetched) == 1
-    other = FakeDist(rank=1, broadcasts=[], from_rank0=rank0_says)
-    monkeypatch.setitem(sys.modules, "torch.distributed", other)
-    if rank0_says is None:  # rank 0 filled the cache: this rank reads it
-        assert hub._rank0_first(fetch, "A/b") == "/snapshot" and len(fetched) == 2
-    else:  # rank 0 failed: this rank repeats its error without trying
-        with pytest.raises(ConfigError, match="rank 0's error"):
-            hub._rank0_first(fetch, "A/b")
-        assert len(fetched) == 1
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 3])
+def test_local_rank_0_of_each_node_fetches_first(rank, monkeypatch):
+    """Caches are per node: the first process of every node downloads before any collective, and the node's other
+    processes fetch (read the cache it filled) only after it."""
+    events = as_rank(monkeypatch, rank)
+    assert resolve_model_source("A/b", key=KEY) == "/snapshot"
+    assert events == (["fetch", "collective"] if rank % 2 == 0 else ["collective", "fetch"])
+
+
+@pytest.mark.parametrize("rank", [0, 1, 3])
+def test_a_failed_fetch_on_any_node_stops_every_rank(rank, monkeypatch):
+    """Rank 2 (the first process of node 1) could not fetch: every other rank raises its message, and the ranks
+    that had not fetched yet do not try."""
+    events = as_rank(monkeypatch, rank, others_say={2: "rank 2: the Hub has no such model"})
+    with pytest.raises(ConfigError, match="rank 2: the Hub has no such model"):
+        resolve_model_source("A/b", key=KEY)
+    assert events.count("fetch") == (1 if rank == 0 else 0)
 
 
 def test_the_cli_reports_a_missing_id_in_one_line(cache, capsys, tmp_path):

@@ -132,6 +132,168 @@ def test_read_only_run_folder_is_named(run_copy, tiny_model_dir, monkeypatch):
     assert latest_checkpoint(run).name == "global_step_3"
 
 
+class Crash(Exception):
+    """The process dies here."""
+
+
+FOLDER_CHANGES = [(shutil, "rmtree"), (os, "replace"), (os, "rename"), (Path, "rename"), (Path, "replace"),
+                  (Path, "unlink"), (Path, "rmdir"), (Path, "symlink_to")]
+
+
+def test_sft_best_model_survives_a_crash_at_any_moment_of_its_replacement(tiny_model_dir, tmp_path, monkeypatch):
+    """SFT keeps its best model in the output folder: a crash before any of the folder changes that replace it
+    with a better one leaves the folder a complete model, the old best or the new one, never nothing."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.load import load_tokenizer
+    from posttrain.trainer import sft
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    old = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    new = copy.deepcopy(old)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(1.0)
+    name = "model.embed_tokens.weight"
+    outcomes = []
+    for crash_at in range(1, 100):
+        out = tmp_path / f"crash_{crash_at}" / "sft"
+        sft._save(old, tok, out)
+        calls = []
+
+        def counted(real):
+            def change(*args, **kwargs):
+                calls.append(real)
+                if len(calls) == crash_at:
+                    raise Crash
+                return real(*args, **kwargs)
+            return change
+
+        with monkeypatch.context() as m:
+            for owner, attr in FOLDER_CHANGES:
+                m.setattr(owner, attr, counted(getattr(owner, attr)))
+            try:
+                sft._save(new, tok, out)
+                finished = True
+            except Crash:
+                finished = False
+        weights = AutoModelForCausalLM.from_pretrained(out).state_dict()[name]
+        is_new = torch.equal(weights, new.state_dict()[name])
+        assert is_new or torch.equal(weights, old.state_dict()[name]), crash_at
+        outcomes.append(is_new)
+        if finished:
+            break
+    assert finished and outcomes[-1] and not outcomes[0], outcomes
+    assert [p.name for p in (out.parent / ".sft.versions").iterdir()] == [out.resolve().name]  # older ones removed
+
+
+HF_EXPORT = ("actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+             "trainer.resume_allow_config_change=True")
+
+
+def test_a_failed_hf_export_says_the_checkpoint_is_saved(run_copy, tiny_model_dir, monkeypatch, capsys):
+    """The Hugging Face export runs after the checkpoint is published: when it fails, the message says the
+    checkpoint is saved (and it is: the run resumes from it), not that it was not saved and removed."""
+    from posttrain.trainer import export
+
+    run, data = run_copy
+    t = trainer(tiny_model_dir, run, data, 4, *HF_EXPORT)
+    t._maybe_resume()
+    t.global_step = 4
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(export, "export_checkpoint", full_disk)
+    path = t.save()
+    ckpt.finish_exports()
+    err = capsys.readouterr().err
+    assert (f"warning: checkpoint {path} is saved and the run can resume from it, but writing its Hugging Face folder "
+            f"{path / 'actor' / 'huggingface'} failed (OSError: [Errno 28] No space left on device)") in err, err
+    assert f"`posttrain export {path} {path / 'actor' / 'huggingface'}`" in err and "not saved" not in err
+    assert not (path / "actor" / "huggingface").exists() and not (path / "actor" / ".tmp_huggingface").exists()
+    monkeypatch.undo()
+    t2 = trainer(tiny_model_dir, run, data, 4, *HF_EXPORT)
+    t2._maybe_resume()
+    assert latest_checkpoint(run) == path and t2.global_step == 4
+
+
+def test_no_rank_waits_for_the_hf_export(run_copy, tiny_model_dir, monkeypatch):
+    """A large model's export takes minutes, longer than a collective may wait: the save returns (on rank 0 too)
+    while the export is still under way, and the folder it then writes loads as the checkpoint's model. Running
+    beside training, it draws nothing from the training's random streams."""
+    import random
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.trainer import export
+
+    run, data = run_copy
+    t = trainer(tiny_model_dir, run, data, 4, *HF_EXPORT)
+    t._maybe_resume()
+    t.global_step = 4
+    real, release = export.export_checkpoint, threading.Event()
+
+    def slow(*args, **kwargs):
+        release.wait(timeout=30)  # held until the save has returned (a bound, not a measurement)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export, "export_checkpoint", slow)
+    path = t.save()
+    exported = path / "actor" / "huggingface"
+    assert not exported.exists()  # the save did not wait for it
+    streams = torch.get_rng_state(), random.getstate()
+    release.set()
+    ckpt.finish_exports()
+    assert torch.equal(torch.get_rng_state(), streams[0]) and random.getstate() == streams[1]
+    weights = AutoModelForCausalLM.from_pretrained(exported).state_dict()
+    for name, value in t.actor.model.lm.state_dict().items():
+        assert torch.equal(weights[name], value), name
+
+
+def test_resume_at_an_epoch_boundary_runs_the_next_epoch(tiny_model_dir, tmp_path):
+    """A run stopped right after the checkpoint of its first epoch's last step resumes with the second epoch: its
+    steps run, on the prompts in the order an uninterrupted run gives them (not 0 steps and a clean exit)."""
+    from posttrain.data.synthetic import write_task
+
+    data = write_task(tmp_path / "data", seed=0, operands=range(0, 10), held_out=0, dev=10)["rl_train"]
+
+    def two_epochs(run, *extra):  # 8 prompts, 4 a step: 2 steps an epoch
+        args = [a for a in config_args(tiny_model_dir, data, run, 0) if not a.startswith("trainer.total_training_steps")]
+        return RLTrainer(load_config(None, args + ["data.train_max_samples=8", "trainer.total_epochs=2",
+                                                   "data.shuffle=True", f"trainer.rollout_data_dir={run / 'rows'}",
+                                                   *extra]))
+
+    def prompts(run):  # step -> the (row id, answer) of each row it trained on
+        return {int(f.stem): [(r["uid"], r["ground_truth"]) for r in map(json.loads, f.read_text().splitlines())]
+                for f in (run / "rows").glob("*.jsonl")}
+
+    two_epochs(tmp_path / "straight", "trainer.save_freq=-1").fit()
+    straight = prompts(tmp_path / "straight")
+    assert sorted(straight) == [1, 2, 3, 4] and straight[3] != straight[1]  # epoch 2 reshuffles
+
+    stopped = two_epochs(tmp_path / "run", "trainer.save_freq=2")
+    save = stopped.save
+
+    def save_then_die():
+        path = save()
+        if stopped.global_step == 2:  # the last step of epoch 1
+            raise Crash
+        return path
+
+    stopped.save = save_then_die
+    with pytest.raises(Crash):
+        stopped.fit()
+    assert latest_checkpoint(tmp_path / "run").name == "global_step_2"
+    resumed = two_epochs(tmp_path / "run", "trainer.save_freq=2")
+    resumed.fit()
+    assert resumed.global_step == 4 and steps_logged(tmp_path / "run") == [1, 2, 3, 4]
+    assert prompts(tmp_path / "run") == straight
+
+
 def test_keeping_n_checkpoints_never_deletes_the_new_one_nor_higher_steps(tmp_path):
     for s in (1, 2, 7, 8):
         (tmp_path / f"global_step_{s}").mkdir()

@@ -528,7 +528,8 @@ DESCRIPTIONS: dict[str, str] = {
         '`buffer_dtype` is accepted and has no effect',
     'actor_rollout_ref.actor.checkpoint.save_contents':
         'what a checkpoint holds; add `hf_model` to also write a plain Hugging Face folder '
-        '(`actor/huggingface`) at each save',
+        '(`actor/huggingface`) of each saved checkpoint, by rank 0 in the background while training goes on '
+        '(a failed export is a warning: the checkpoint is saved)',
     'actor_rollout_ref.actor.checkpoint.load_contents':
         'what a resume loads (null = `save_contents`)',
     'actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu':

@@ -11,7 +11,6 @@ raised, so that posttrain.config may import this module at its top without an im
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 _resolved: dict[tuple[str, str], str] = {}  # (cache folder, id) -> snapshot folder: each id fetched once a process
@@ -47,6 +46,10 @@ def _local_dir(path: str, key: str) -> str | None:
         raise ConfigError(f"{key} is empty; give a local model directory or a Hugging Face model id (owner/name)")
     local = Path(path).expanduser()
     if local.is_dir():
+        lacks = _not_a_model(local)
+        if lacks:
+            raise ConfigError(f"{key}='{path}' is a folder but not a model: {lacks}; point {key} at a Hugging Face "
+                              "model directory")
         return str(local)
     if local.exists():
         raise ConfigError(f"{key}='{path}' is a file; give a model directory or a Hugging Face model id (owner/name)")
@@ -59,6 +62,23 @@ def _local_dir(path: str, key: str) -> str | None:
         raise ConfigError(f"{key}='{path}' is not a local directory (nor a Hugging Face model id of the form "
                           f"owner/name); point {key} at a model directory")
     return None
+
+
+# What a model or tokenizer folder holds at least one of: its config, weights, or tokenizer files.
+MODEL_FILES = ["config.json", "*.safetensors", "*.bin", "adapter_config.json", "tokenizer.json",
+               "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt"]
+
+
+def _not_a_model(folder: Path) -> str | None:
+    """What `folder` lacks to be a model (or tokenizer) folder, None when it has any of MODEL_FILES; a run folder or
+    checkpoint is named as such, since it takes `posttrain export` to become a model."""
+    if any(next(folder.glob(pattern), None) is not None for pattern in MODEL_FILES):
+        return None
+    if (folder / "actor" / "hf").is_dir() or next(folder.glob("global_step_*"), None) is not None:
+        return ("it is a posttrain run folder or checkpoint; `posttrain export RUN_DIR/global_step_N OUT_DIR` writes "
+                "a model folder from a checkpoint")
+    return "it has no config.json, no weights (*.safetensors, *.bin) and no tokenizer files (tokenizer.json, " \
+           "tokenizer_config.json)"
 
 
 def _cached(repo_id: str) -> str | None:
@@ -115,27 +135,14 @@ def _fetch(repo_id: str, key: str) -> str:
                                    "again to resume")) from None
 
 
-def _rank0_first(fetch, repo_id: str) -> str:
-    """Under torch.distributed, rank 0 fetches first and the others then read the cache it filled (or repeat its
-    error) instead of downloading the same files at once. Every rank must call this for the same ids."""
+def _node_first(fetch):
+    """In a multi-process job, local rank 0 of each node fetches first and that node's other ranks then read the cache
+    it filled (caches are node-local), or every rank repeats the first failure. Imports torch only here, where a
+    model is about to load."""
     from ..config.loader import ConfigError
+    from ..parallel.context import node_leaders_first
 
-    dist = sys.modules.get("torch.distributed")  # never imports torch: only a process that started it is affected
-    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return fetch()
-    outcome, folder, failure = [None], None, None
-    if dist.get_rank() == 0:
-        try:
-            folder = fetch()
-        except Exception as error:  # noqa: BLE001 - the other ranks must hear of it, or they wait forever
-            failure = error
-            outcome = [str(error) if isinstance(error, ConfigError) else f"rank 0 could not fetch '{repo_id}': {error}"]
-    dist.broadcast_object_list(outcome, src=0)
-    if failure is not None:
-        raise failure
-    if outcome[0] is not None:
-        raise ConfigError(outcome[0])
-    return folder if dist.get_rank() == 0 else fetch()
+    return node_leaders_first(fetch, ConfigError)
 
 
 def resolve_model_source(path: str, *, key: str) -> str:
@@ -146,7 +153,7 @@ def resolve_model_source(path: str, *, key: str) -> str:
         return local
     slot = (_cache(), path)
     if slot not in _resolved:
-        _resolved[slot] = _rank0_first(lambda: _fetch(path, key), path)
+        _resolved[slot] = _node_first(lambda: _fetch(path, key))
     return _resolved[slot]
 
 

@@ -27,14 +27,15 @@ def save_role(path: Path, model, optimizer=None) -> None:
         dcp.save(role_state(model, optimizer), checkpoint_id=str(path))
 
 
-def load_role(path: Path, model, optimizer=None) -> None:
+def load_role(path: Path, model, optimizer=None, *, alone: bool = False) -> None:
     """Read `path` into the model (and optimizer) in place; the checkpoint may come from any layout. The files are
-    checked first (a missing or truncated shard is named) and the metadata is read without running code."""
+    checked first (a missing or truncated shard is named) and the metadata is read without running code. `alone`:
+    this process reads the whole of it without the job's other ranks (an export), so no collective runs."""
     check_dcp_files(path)
     state = role_state(model, optimizer)
     with warnings.catch_warnings():  # one process, no process group: DCP says it assumes so; that is the intent
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load(state, storage_reader=SafeReader(str(path)))
+        dcp.load(state, storage_reader=SafeReader(str(path)), no_dist=alone)
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:

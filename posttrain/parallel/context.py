@@ -137,6 +137,30 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def node_leaders_first(work, failed):
+    """`work()` on local rank 0 of every node first, then on the node's other ranks, which find what it left in
+    node-local storage (a download cache) instead of doing it again at once. A failure of any node's first rank
+    stops every rank: that rank raises its own error, the others `failed(message)`, and no other rank runs `work`.
+    Every rank of the job must call this; outside a multi-process job it is just `work()`."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return work()
+    leader = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    result, failure, said = None, None, None
+    if leader:
+        try:
+            result = work()
+        except Exception as error:  # noqa: BLE001 - the other ranks must hear of it, or they wait forever
+            failure, said = error, f"rank {dist.get_rank()}: {error}"
+    heard = [None] * dist.get_world_size()
+    dist.all_gather_object(heard, said)
+    if failure is not None:
+        raise failure
+    first = next((h for h in heard if h is not None), None)
+    if first is not None:
+        raise failed(first)
+    return result if leader else work()
+
+
 def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1,
                   need_sharding: bool = False) -> Parallel:
     """Join the job torchrun started (WORLD_SIZE > 1), or stay a plain single process.

@@ -7,6 +7,7 @@ Layout of `run_dir/global_step_N/`:
     actor_state.pt    mini-batch generator, LR scheduler, skipped-step count
     critic/, critic_state.pt   the same for the critic
     extra.pt          step, data cursor, KL controller, RNG state
+    actor/huggingface/  with `hf_model`: a plain Hugging Face folder, written after publishing (export_later)
 and `run_dir/latest_checkpointed_iteration.txt`. Every rank writes into `.tmp_global_step_N/`; once all are done,
 rank 0 renames it into place and then updates the marker. A run killed while saving leaves only the `.tmp_*`
 folder, which is never loaded; the latest checkpoint is found by scanning the published folders (the marker is kept
@@ -20,6 +21,7 @@ import json
 import os
 import random
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -132,16 +134,9 @@ def save_checkpoint(run_dir: Path, step: int, roles: dict, par: Parallel, *, tok
         par.barrier()
         if par.is_main:
             writing = final
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
+            publish(tmp, final)
             writing = run_dir / LATEST
             _write_text_atomic(run_dir / LATEST, str(step))
-            if "hf_model" in contents:
-                from .export import export_checkpoint
-
-                for name in roles:
-                    writing = final / name / "huggingface"
-                    export_checkpoint(final, final / name / "huggingface", role=name)
     except BaseException as e:  # DCP reports a rank's failure as a BaseException
         if par.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -151,7 +146,62 @@ def save_checkpoint(run_dir: Path, step: int, roles: dict, par: Parallel, *, tok
     if par.is_main and keep:
         prune(run_dir, step, keep)
     par.barrier()
+    if par.is_main and "hf_model" in contents:
+        export_later(final, list(roles))
     return final
+
+
+_exporter: ThreadPoolExecutor | None = None  # rank 0's one background thread for hf_model exports, in save order
+_exports: list[Future] = []
+_exporting: set[Path] = set()  # checkpoints whose export is queued or under way: prune leaves them
+
+
+def export_later(final: Path, names: list[str]) -> None:
+    """Write each role's plain Hugging Face folder (`final/<role>/huggingface`) of the published checkpoint `final`
+    in a background thread of rank 0. A large model's export takes minutes; no rank waits for it (the other ranks
+    held in a collective meanwhile would pass its time limit), and training goes on beside it. The export reads the
+    checkpoint's files, not the live model, and runs no collective. A failed export is reported as what it is: the
+    checkpoint is saved and resumable, its Hugging Face folder is missing (`posttrain export` writes it later)."""
+    global _exporter
+    if _exporter is None:
+        _exporter = ThreadPoolExecutor(1, thread_name_prefix="hf_export")
+    _exporting.add(final)
+    _exports.append(_exporter.submit(_export, final, names))
+
+
+def _export(final: Path, names: list[str]) -> None:
+    import sys
+
+    from . import export
+
+    try:
+        for name in names:
+            out, tmp = final / name / "huggingface", final / name / ".tmp_huggingface"
+            try:
+                export.export_checkpoint(final, tmp, role=name)
+                publish(tmp, out)
+            except Exception as e:  # noqa: BLE001 - reported; the checkpoint itself is complete
+                shutil.rmtree(tmp, ignore_errors=True)
+                role = f" --role {name}" if name != "actor" else ""
+                print(f"warning: checkpoint {final} is saved and the run can resume from it, but writing its Hugging "
+                      f"Face folder {out} failed ({type(e).__name__}: {e}); write it with `posttrain export {final} "
+                      f"{out}{role}`", file=sys.stderr, flush=True)
+    finally:
+        _exporting.discard(final)
+
+
+def finish_exports() -> None:
+    """Wait for the exports under way; rank 0 calls it after the job's last collective, so no rank waits with it."""
+    while _exports:
+        _exports.pop(0).result()
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Put the finished folder `tmp` in place as `final` with one rename: a reader, or a run killed at any moment,
+    finds the whole folder or none of it. `final` is a new name (a step number, an SFT model's version); only a
+    folder that a resumed run writes again (a damaged checkpoint it skipped) is replaced, and is not being read."""
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
 
 
 def write_window(path: Path) -> None:
@@ -171,7 +221,8 @@ def prune(run_dir: Path, step: int, keep: int) -> None:
     checkpoint with a higher step number is never deleted by this)."""
     older = [p for p in complete_checkpoints(run_dir) if checkpoint_step(p) < step]
     for p in older[max(keep - 1, 0):]:
-        shutil.rmtree(p, ignore_errors=True)
+        if p not in _exporting:  # its export is still reading it: a later save prunes it
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def checkpoint_step(path: Path) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 
 
@@ -34,20 +35,26 @@ def load_checkpoint_model(step_dir: str | Path, *, role: str = "actor", runnable
                             load_causal_lm(str(info_dir), meta=True, lora=lora))
     if not runnable or info["kind"] == "value":
         model.to_empty(device="cpu")
-    load_role(step_dir / role, model)
+    load_role(step_dir / role, model, alone=True)  # also on rank 0 of a running job: no collective
     if info["kind"] != "value":
         model = model.lm.merge_and_unload() if info["lora"] else model.lm
     return model, info_dir
 
 
 def export_checkpoint(step_dir: str | Path, out_dir: str | Path, *, role: str = "actor", quiet: bool = True) -> Path:
-    """Write the folder; `quiet=False` shows a progress bar over the stages (load, write weights, tokenizer)."""
+    """Write the folder; `quiet=False` shows a progress bar over the stages (load, write weights, tokenizer). Quiet, it
+    draws nothing from Python's or torch's random streams, so that it can run beside training (rich's first import
+    draws from Python's)."""
+    import contextlib
+
     from ..models.load import load_tokenizer
     from ..models.vision import copy_processor_files
     from ..progress import ProgressBar
 
     out_dir = Path(out_dir)
-    with ProgressBar("export", 3, unit="stages", enabled=not quiet, stderr=True) as bar:
+    bar = (contextlib.nullcontext(SimpleNamespace(advance=lambda: None)) if quiet else
+           ProgressBar("export", 3, unit="stages", stderr=True))
+    with bar as bar:
         model, info_dir = load_checkpoint_model(step_dir, role=role)
         bar.advance()
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,10 @@ with 128 + the signal number after saying how to resume. A second signal exits a
 multi-process job takes the same decision at the step boundary (a max over all ranks), so a signal that reached one
 rank stops them all after the same step. A copy of the same signal that arrives within GRACE_S of the first (a
 launcher forwarding Ctrl-C to workers that already got it from the terminal) is not counted as the second.
+
+Before that, while a training command starts (imports, config, model loading, joining the job), there is no step to
+finish and nothing to save: a signal ends the process at once with the same exit code, saying so
+(`exit_before_first_step`), instead of the signal's silent default.
 """
 
 from __future__ import annotations
@@ -15,9 +19,6 @@ import signal
 import sys
 import threading
 import time
-
-import torch
-import torch.distributed as dist
 
 GRACE_S = 2.0
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -41,6 +42,8 @@ class StopOnSignal:
         self._old: dict = {}
 
     def __enter__(self) -> "StopOnSignal":
+        global _taken_over
+        _taken_over = True
         if threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
                 self._old[s] = signal.signal(s, self._handle)
@@ -66,6 +69,9 @@ class StopOnSignal:
 
     def agreed(self, distributed: bool) -> int:
         """The signal to stop on, 0 for none: the same on every rank (a collective when distributed)."""
+        import torch
+        import torch.distributed as dist
+
         mine = int(self.signum or 0)
         if distributed and dist.is_initialized() and dist.get_world_size() > 1:
             t = torch.tensor([mine], dtype=torch.int64,
@@ -73,6 +79,40 @@ class StopOnSignal:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             return int(t.item())
         return mine
+
+
+_taken_over = False  # a StopOnSignal has taken the signals over: the start-up handler is no longer the one to act
+_default: dict = {}  # the handlers before exit_before_first_step
+
+
+def exit_before_first_step() -> None:
+    """From the first line of a training command's process until a StopOnSignal takes over (fit(), or in a
+    multi-process job the moment the process group exists): a signal ends the process at once with 128 + its
+    number, saying that no step ran and there is nothing to resume (rank 0 says it). Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for s in SIGNALS:
+        _default[s] = signal.signal(s, _before_first_step)
+
+
+def _before_first_step(signum, frame) -> None:
+    if _taken_over:  # handed back when the loop ended: the signal's usual effect
+        signal.signal(signum, _default[signum])
+        signal.raise_signal(signum)
+        return
+    if os.environ.get("RANK", "0") == "0":
+        print(f"\n{signal.Signals(signum).name}: stopped before the first step; nothing to resume (no checkpoint was "
+              "written)", file=sys.stderr, flush=True)
+    os._exit(128 + signum)
+
+
+def start_up_window() -> None:
+    """Crash tests widen the start-up of a training process to POSTTRAIN_STARTUP_PAUSE seconds and learn when it is
+    under way (a line on stderr), so that a signal lands in it."""
+    pause = float(os.environ.get("POSTTRAIN_STARTUP_PAUSE", "0") or 0)
+    if pause > 0:
+        print("[start-up under way]", file=sys.stderr, flush=True)
+        time.sleep(pause)
 
 
 def resume_message(signum: int, step: int, checkpoint) -> str:

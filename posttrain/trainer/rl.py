@@ -28,7 +28,7 @@ from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
 from ..rollout.base import SamplingParams
 from ..rollout.hf import concat_rollouts
-from .checkpoint import complete_checkpoints, save_checkpoint
+from .checkpoint import complete_checkpoints, finish_exports, save_checkpoint
 from .preempt import Preempted, StopOnSignal, resume_message
 from .recovery import check_run_dir, clear_run_dir, load_latest
 from .metrics import data_metrics, validation_metrics
@@ -519,6 +519,7 @@ def run_rl(cfg) -> dict[str, float]:
     trainer = RLTrainer(cfg)
     result = trainer.fit()
     shutdown()  # after an error there is no clean shutdown: the launcher stops every rank
+    finish_exports()  # rank 0's hf_model exports, after the last collective: no rank waits for them
     if trainer.preempted:
         signum, path = trainer.preempted
         raise Preempted(resume_message(signum, trainer.global_step, path), signum)

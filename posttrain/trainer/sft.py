@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,7 @@ from ..progress import ProgressBar
 from ..models.load import autocast, compute_dtype, load_causal_lm, load_tokenizer, pick_device
 from ..models.vision import forward_inputs, freeze_vision_tower, is_vision_config, load_vision_processor
 from ..roles.nonfinite import NonFiniteGuard
-from .checkpoint import _write_text_atomic
+from .checkpoint import _write_text_atomic, publish
 
 
 @dataclass
@@ -178,16 +180,32 @@ def run_sft(args: SFTArgs) -> dict:
 
 
 def _save(model, tok, out: Path, processor=None) -> None:
-    import shutil
-
-    tmp = out.with_name(out.name + ".tmp")
+    """Write the model as a new version beside `out` and point `out` (a symlink) at it with one rename, the way RL
+    checkpoints are published: a crash at any moment leaves `out` naming a complete model, the previous best or the
+    new one (a plain folder left by an earlier posttrain is moved into the versions first: for that one switch `out`
+    is briefly absent, the model safe beside it). The versions live in the hidden folder `.<name>.versions` next to
+    `out`; older ones are removed once the new one is in place."""
+    versions = out.with_name(f".{out.name}.versions")
+    versions.mkdir(parents=True, exist_ok=True)
+    number = 1 + max((int(p.name.split("_")[1]) for p in versions.glob("model_*") if p.name.split("_")[1].isdigit()),
+                     default=0)
+    tmp, final = versions / f".tmp_model_{number}", versions / f"model_{number}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     if processor is not None:  # a VL model's directory keeps its image processor (and processor, if built)
         (processor.processor or processor.image_processor).save_pretrained(tmp)
-    keep = out / "sft_history.json"
-    if keep.is_file():
-        shutil.copy(keep, tmp / keep.name)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    history = out / "sft_history.json"
+    if history.is_file():
+        shutil.copy(history, tmp / history.name)
+    publish(tmp, final)
+    if out.is_dir() and not out.is_symlink():  # a plain folder from before (an earlier run's model) goes aside,
+        shutil.rmtree(versions / ".earlier", ignore_errors=True)  # whole, and is removed with the older versions
+        os.replace(out, versions / ".earlier")
+    link = out.with_name(f".{out.name}.link")
+    link.unlink(missing_ok=True)
+    link.symlink_to(os.path.relpath(final, out.parent))
+    os.replace(link, out)
+    for old in versions.iterdir():
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
