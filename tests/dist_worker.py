@@ -4,7 +4,8 @@
 overrides, run `RLTrainer.learn` on the fixed batch of the spec (old/ref log-probs, values, advantages, critic and
 actor updates), and rank 0 saves the metrics, the full updated weights and the shapes of its own parameter shards
 to OUT/<case>.pt. With `count_gathers` it also records how many parameter all-gathers one generate call makes, for
-two response lengths.
+two response lengths. With `fail_checks_on_rank` that rank's one-time fast-path checks fail, a generate call runs
+first, and every rank saves what it decided to OUT/<case>_checks_rank<r>.json.
 """
 
 import json
@@ -32,6 +33,17 @@ class CountAllGathers(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def fail_checks_here() -> None:
+    """This process's one-time fast-path checks find a difference, after running the same passes as elsewhere."""
+    import posttrain.models.policy as policy
+    import posttrain.rollout.engine as engine
+
+    switch, compare = policy.switch_on_if_equal, engine.DecodeEngine._compare
+    policy.switch_on_if_equal = lambda module, config, plain, shared, what: switch(
+        module, config, plain, lambda *args: shared(*args) + 1.0, what)
+    engine.DecodeEngine._compare = lambda self, model: compare(self, model) or "forced to differ in this process"
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
@@ -39,10 +51,21 @@ def main(spec_path: str) -> None:
     for name, overrides in spec["cases"].items():
         cfg = load_config(None, spec["base"] + overrides)
         par = par or parallel_for(cfg)
+        if spec.get("fail_checks_on_rank") == par.rank:
+            fail_checks_here()
         trainer = RLTrainer(cfg, par)
         trainer.global_step = 1
         batch = torch.load(spec["batch"], weights_only=False)
+        if "fail_checks_on_rank" in spec:  # as a step runs: generate, then learn; each rank's decisions saved
+            with trainer.actor.generation():
+                trainer.rollout.generate(batch.select(range(par.dp_rank, len(batch), 8)),
+                                         trainer.sampling.__class__(n=2, max_new_tokens=3))
         metrics = trainer.learn(batch)
+        if "fail_checks_on_rank" in spec:
+            models = {"actor": trainer.actor, "reference": trainer.reference, "critic": trainer.critic}
+            checks = {role: obj.model.shared_prompt_ok for role, obj in models.items() if obj is not None}
+            checks["rollout"] = trainer.rollout.shared_prefix_ok
+            (out / f"{name}_checks_rank{par.rank}.json").write_text(json.dumps(checks))
         states = {role: full_model_state(obj.model) for role, obj in trainer.roles.items()}
         if par.is_main:
             shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.roles.items()}

@@ -75,7 +75,8 @@ def fixed_batch(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
     return out
 
 
-def run_layout(fixed_batch, tiny_model_dir, name: str, nproc: int, extra: list[str], count_gathers=False) -> Path:
+def run_layout(fixed_batch, tiny_model_dir, name: str, nproc: int, extra: list[str], count_gathers=False,
+               cases: dict | None = None, timeout: int = 900, **spec_extra) -> Path:
     out = fixed_batch / name
     out.mkdir(exist_ok=True)
     base = [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={fixed_batch / 'train.jsonl'}",
@@ -85,9 +86,9 @@ def run_layout(fixed_batch, tiny_model_dir, name: str, nproc: int, extra: list[s
             "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
             "actor_rollout_ref.model.enable_gradient_checkpointing=False", "trainer.logger=['jsonl']",
             f"trainer.default_local_dir={out / 'run'}", f"trainer.n_gpus_per_node={nproc}", *extra]
-    cases = {k: v for k, v in CASES.items() if "lora" not in k or "tp_size" not in " ".join(extra)}
+    cases = cases or {k: v for k, v in CASES.items() if "lora" not in k or "tp_size" not in " ".join(extra)}
     spec = {"base": base, "cases": cases, "batch": str(fixed_batch / "batch.pt"), "out": str(out),
-            "count_gathers": count_gathers}
+            "count_gathers": count_gathers, **spec_extra}
     (out / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if nproc == 1:
@@ -95,7 +96,7 @@ def run_layout(fixed_batch, tiny_model_dir, name: str, nproc: int, extra: list[s
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(WORKER), str(out / "spec.json")]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return out
 
@@ -131,6 +132,16 @@ def test_two_processes_equal_one(fixed_batch, tiny_model_dir, one_process):
     gathers = json.loads((two / "gathers.json").read_text())
     # generation gathers each FSDP unit once, however many tokens it decodes
     assert gathers["counts"][0] == gathers["counts"][1] <= gathers["units"], gathers
+
+
+def test_ranks_take_one_path_when_a_fast_path_check_fails_on_one_rank_only(fixed_batch, tiny_model_dir):
+    """The one-time checks of the shared-prompt passes (actor, reference, critic) and of the decoding engine fail on
+    rank 1 only: every rank keeps the plain path, and the step (generate, then learn) finishes instead of hanging in
+    a sharded forward whose collectives no longer pair up."""
+    out = run_layout(fixed_batch, tiny_model_dir, "one_rank_fails", 2, [], cases={"ppo": CASES["ppo_token-mean"]},
+                     timeout=300, fail_checks_on_rank=1)
+    checks = [json.loads((out / f"ppo_checks_rank{rank}.json").read_text()) for rank in range(2)]
+    assert checks[0] == checks[1] == {"actor": False, "reference": False, "critic": False, "rollout": False}, checks
 
 
 def test_tensor_parallel_two_equals_one(fixed_batch, tiny_model_dir, one_process):
