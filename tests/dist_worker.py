@@ -2,10 +2,11 @@
 
 `python tests/dist_worker.py SPEC.json`: for each case of the spec, build the trainer's roles from the case's
 overrides, run `RLTrainer.learn` on the fixed batch of the spec (old/ref log-probs, values, advantages, critic and
-actor updates), and rank 0 saves the metrics, the full updated weights and the shapes of its own parameter shards
-to OUT/<case>.pt. With `count_gathers` it also records how many parameter all-gathers one generate call makes, for
-two response lengths. With `fail_checks_on_rank` that rank's one-time fast-path checks fail, a generate call runs
-first, and every rank saves what it decided to OUT/<case>_checks_rank<r>.json.
+actor updates), and rank 0 saves the metrics, the full gradients and learning rate of every optimizer step, the
+full updated weights and the shapes of its own parameter shards to OUT/<case>.pt. With `count_gathers` it also
+records how many parameter all-gathers one generate call makes, for two response lengths. With
+`fail_checks_on_rank` that rank's one-time fast-path checks fail, a generate call runs first, and every rank saves
+what it decided to OUT/<case>_checks_rank<r>.json.
 """
 
 import json
@@ -31,6 +32,25 @@ class CountAllGathers(TorchDispatchMode):
         if str(func).startswith("c10d.") and "allgather" in str(func):
             self.count += 1
         return func(*args, **(kwargs or {}))
+
+
+def record_gradients(role) -> list[dict]:
+    """What each optimizer step of `role` applies: {"lr": its learning rate, "grads": the full gradients after
+    clipping}, one dict per step; a collective when the model is sharded (every rank steps together)."""
+    names = {id(p): name for name, p in role.model.named_parameters()}
+    steps = []
+
+    def before_step(optimizer, args, kwargs):
+        grads = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                    grads[names[id(p)]] = g.detach().float().cpu().clone()
+        steps.append({"lr": optimizer.param_groups[0]["lr"], "grads": grads})
+
+    role.optimizer.register_step_pre_hook(before_step)
+    return steps
 
 
 def fail_checks_here() -> None:
@@ -60,6 +80,7 @@ def main(spec_path: str) -> None:
             with trainer.actor.generation():
                 trainer.rollout.generate(batch.select(range(par.dp_rank, len(batch), 8)),
                                          trainer.sampling.__class__(n=2, max_new_tokens=3))
+        steps = {role: record_gradients(obj) for role, obj in trainer.roles.items()}
         metrics = trainer.learn(batch)
         if "fail_checks_on_rank" in spec:
             models = {"actor": trainer.actor, "reference": trainer.reference, "critic": trainer.critic}
@@ -71,7 +92,8 @@ def main(spec_path: str) -> None:
             shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.roles.items()}
             shards = {role: {name: tuple(p.to_local().shape) for name, p in obj.model.named_parameters()
                              if hasattr(p, "to_local")} for role, obj in trainer.roles.items()}
-            torch.save({"metrics": metrics, "states": states, "shared": shared, "local_shapes": shards,
+            torch.save({"metrics": metrics, "states": states, "steps": steps, "shared": shared,
+                        "local_shapes": shards,
                         "old_log_probs": batch.get("old_log_probs"),
                         "ref_log_probs": batch.get("ref_log_probs"), "values": batch.get("values")},
                        out / f"{name}.pt")
