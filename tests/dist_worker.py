@@ -6,7 +6,7 @@ actor updates), and rank 0 saves the metrics, the full gradients and learning ra
 full updated weights and the shapes of its own parameter shards to OUT/<case>.pt. With `count_gathers` it also
 records how many parameter all-gathers one generate call makes, for two response lengths. With
 `fail_checks_on_rank` that rank's one-time fast-path checks fail, a generate call runs first, and every rank saves
-what it decided to OUT/<case>_checks_rank<r>.json.
+what it decided to OUT/<case>_checks_rank<r>.json. A spec with `rows` runs `rows_of_each_rank` instead.
 """
 
 import json
@@ -64,9 +64,28 @@ def fail_checks_here() -> None:
     engine.DecodeEngine._compare = lambda self, model: compare(self, model) or "forced to differ in this process"
 
 
+def rows_of_each_rank(spec: dict, out: Path) -> None:
+    """Each rank's own rows (`spec["rows"]`: per rank ids, mask, uids) through the sharded policy, forward and
+    backward, and its log-probs saved to OUT/rows_rank<r>.pt."""
+    from posttrain.models.load import load_causal_lm
+    from posttrain.models.policy import PolicyModel
+    from posttrain.models.shared_prompt import prompt_groups
+    from posttrain.parallel import ShardSettings, init_parallel, prepare_model
+
+    par = init_parallel(device_name="cpu")
+    model = prepare_model(lambda meta: PolicyModel(load_causal_lm(spec["model"], meta=meta)), par, ShardSettings())
+    ids, mask, uids = torch.load(spec["rows"])[par.rank]
+    logp, _ = model(ids, mask, spec["response_length"], prompts=prompt_groups(uids))
+    logp.sum().backward()
+    torch.save(logp.detach(), out / f"rows_rank{par.rank}.pt")
+    shutdown()
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
+    if "rows" in spec:
+        return rows_of_each_rank(spec, out)
     par = None
     for name, overrides in spec["cases"].items():
         cfg = load_config(None, spec["base"] + overrides)

@@ -97,9 +97,21 @@ def run_layout(fixed_batch, tiny_model_dir, name: str, nproc: int, extra: list[s
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(WORKER), str(out / "spec.json")]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    result = run_processes(cmd, env, timeout)
     assert result.returncode == 0, result.stderr[-4000:]
     return out
+
+
+def run_processes(cmd: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:
+    """`cmd`, stopped with its workers (torchrun ends them on SIGTERM) if it runs past `timeout`: a hang."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=60)
+        raise AssertionError(f"still running after {timeout} s (a hang?): {stderr[-4000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +152,35 @@ def test_ranks_take_one_path_when_a_fast_path_check_fails_on_one_rank_only(fixed
                      timeout=300, fail_checks_on_rank=1)
     checks = [json.loads((out / f"ppo_checks_rank{rank}.json").read_text()) for rank in range(2)]
     assert checks[0] == checks[1] == {"actor": False, "reference": False, "critic": False, "rollout": False}, checks
+
+
+def test_sharded_policy_makes_the_same_calls_whether_or_not_a_ranks_rows_share_prompts(tmp_path, tiny_model_dir):
+    """Rank 0's micro-batch shares no prompt, rank 1's does (as token-budget micro-batches can fall): both ranks take
+    the shared-prompt pass, so their sharded forwards and backwards pair up, and each gets the plain forward's
+    log-probs."""
+    from posttrain.models.load import load_causal_lm
+    from posttrain.models.policy import PolicyModel
+
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for uids in (["a", "b", "c", "d"], ["a", "a", "b", "b"]):
+        ids = torch.randint(5, 100, (4, 12), generator=gen)
+        if uids[1] == "a":  # rows 0-1 and 2-3 share their 8-token prompt
+            ids[1, :8], ids[3, :8] = ids[0, :8], ids[2, :8]
+        rows.append((ids, torch.ones_like(ids), uids))
+    torch.save(rows, tmp_path / "rows.pt")
+    spec = {"model": str(tiny_model_dir), "rows": str(tmp_path / "rows.pt"), "response_length": 4,
+            "out": str(tmp_path)}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
+           str(tmp_path / "spec.json")]
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    plain = PolicyModel(load_causal_lm(str(tiny_model_dir)))
+    for rank, (ids, mask, _) in enumerate(rows):
+        with torch.no_grad():
+            want, _ = plain(ids, mask, 4)
+        torch.testing.assert_close(torch.load(tmp_path / f"rows_rank{rank}.pt"), want, atol=1e-5, rtol=1e-5)
 
 
 def test_tensor_parallel_two_equals_one(fixed_batch, tiny_model_dir, one_process):

@@ -126,6 +126,14 @@ def shared_prompt_hidden(run, input_ids, attention_mask, response_length: int, p
     return torch.cat([prompt_hidden[:, -1][row_prompt][:, None], response_hidden[:, :-1]], dim=1)
 
 
+def each_row_its_own_prompt(module, prompts, rows: int) -> bool:
+    """No prompt is shared, so the plain forward (one call) does the shared pass's work (two calls). Not for a
+    sharded model: its ranks must make the same calls whatever rows each holds, or they wait on each other."""
+    from ..parallel import is_sharded
+
+    return len(prompts[0]) == rows and not is_sharded(module)
+
+
 def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
     """Once per model: set `ATTENTION_NAME` on `config` and keep it if `shared(ids, mask, L, groups)` gives
     `plain(ids, mask, L)` on two prompts (one left-padded) x two responses (one shorter); else restore sdpa and
