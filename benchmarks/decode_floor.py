@@ -35,6 +35,7 @@ from grpo_step import N, NEW_TOKENS, PROMPTS, build  # noqa: E402
 
 import posttrain.rollout.engine as engine_module  # noqa: E402
 from posttrain.data.dataset import RLDataset, collate_prompts  # noqa: E402
+from posttrain.models.cpu_bf16 import cpu_bf16_summary  # noqa: E402
 from posttrain.models.load import autocast, load_causal_lm, load_tokenizer  # noqa: E402
 from posttrain.rollout.base import SamplingParams  # noqa: E402
 from posttrain.rollout.engine import DecodeEngine, prefill_buckets  # noqa: E402
@@ -276,7 +277,7 @@ def main() -> None:
     build(workdir, models)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {PROMPTS} prompts x {N} samples x "
-          f"{NEW_TOKENS} new tokens; best of {args.repeats}")
+          f"{NEW_TOKENS} new tokens; best of {args.repeats}; {cpu_bf16_summary()}")
     print("| model, dtype | generate s | posttrain s | generate / posttrain | prefill s | decoding forwards s "
           "(per step ms) | rest s | forwards without attention s | generate / (prefill + forwards without "
           "attention) | attention products s | generate / (prefill + forwards without attention + attention "

@@ -89,6 +89,15 @@ def matmul_ceiling(device: str) -> dict[str, float]:
     return out
 
 
+def bf16_capability(device: str) -> str:
+    """Beside the ceilings: a CPU without AVX512-BF16 or AMX emulates bf16 (tens of times slower than fp32)."""
+    if device == "cuda":
+        return "GPU"
+    from posttrain.models.cpu_bf16 import cpu_bf16_summary
+
+    return cpu_bf16_summary()
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -312,7 +321,7 @@ def main() -> None:
     build(workdir, models)
     ceiling = matmul_ceiling(args.device)
     print(f"# matmul ceiling (2048^2, {args.device}): fp32 {ceiling['fp32']:.0f} GFLOP/s, "
-          f"bf16 {ceiling['bf16']:.0f} GFLOP/s; workdir {workdir}", flush=True)
+          f"bf16 {ceiling['bf16']:.0f} GFLOP/s ({bf16_capability(args.device)}); workdir {workdir}", flush=True)
     results: dict = {}
     for model in models:
         for dtype in dtypes:
@@ -337,7 +346,8 @@ def main() -> None:
                           f" s/step ({time.perf_counter() - start:.0f} s with start-up)"
                           + (f", {graphs} CUDA graphs recorded per generate call" if graphs else ""), flush=True)
     end_ceiling = matmul_ceiling(args.device)
-    print(f"# matmul ceiling at the end: fp32 {end_ceiling['fp32']:.0f}, bf16 {end_ceiling['bf16']:.0f} GFLOP/s\n")
+    print(f"# matmul ceiling at the end: fp32 {end_ceiling['fp32']:.0f}, bf16 {end_ceiling['bf16']:.0f} GFLOP/s "
+          f"({bf16_capability(args.device)})\n")
     print("| model, dtype | framework | s/step | gen s | train s | completion tok/s | decode tok/s (% ceiling) | "
           "train GFLOP/s (% ceiling) | peak RSS GB |" + (" peak GPU GB |" if args.device == "cuda" else ""))
     print("|---|---|---|---|---|---|---|---|---|" + ("---|" if args.device == "cuda" else ""))

@@ -2,9 +2,11 @@
 
 `python tests/dist_worker.py SPEC.json`: for each case of the spec, build the trainer's roles from the case's
 overrides, run `RLTrainer.learn` on the fixed batch of the spec (old/ref log-probs, values, advantages, critic and
-actor updates), and rank 0 saves the metrics, the full updated weights and the shapes of its own parameter shards
-to OUT/<case>.pt. With `count_gathers` it also records how many parameter all-gathers one generate call makes, for
-two response lengths.
+actor updates), and rank 0 saves the metrics, the full gradients and learning rate of every optimizer step, the
+full updated weights and the shapes of its own parameter shards to OUT/<case>.pt. With `count_gathers` it also
+records how many parameter all-gathers one generate call makes, for two response lengths. With
+`fail_checks_on_rank` that rank's one-time fast-path checks fail, a generate call runs first, and every rank saves
+what it decided to OUT/<case>_checks_rank<r>.json. A spec with `rows` runs `rows_of_each_rank` instead.
 """
 
 import json
@@ -32,23 +34,85 @@ class CountAllGathers(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def record_gradients(role) -> list[dict]:
+    """What each optimizer step of `role` applies: {"lr": its learning rate, "grads": the full gradients after
+    clipping}, one dict per step; a collective when the model is sharded (every rank steps together)."""
+    names = {id(p): name for name, p in role.model.named_parameters()}
+    steps = []
+
+    def before_step(optimizer, args, kwargs):
+        grads = {}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                    grads[names[id(p)]] = g.detach().float().cpu().clone()
+        steps.append({"lr": optimizer.param_groups[0]["lr"], "grads": grads})
+
+    role.optimizer.register_step_pre_hook(before_step)
+    return steps
+
+
+def fail_checks_here() -> None:
+    """This process's one-time fast-path checks find a difference, after running the same passes as elsewhere."""
+    import posttrain.models.policy as policy
+    import posttrain.rollout.engine as engine
+
+    switch, compare = policy.switch_on_if_equal, engine.DecodeEngine._compare
+    policy.switch_on_if_equal = lambda module, config, plain, shared, what: switch(
+        module, config, plain, lambda *args: shared(*args) + 1.0, what)
+    engine.DecodeEngine._compare = lambda self, model: compare(self, model) or "forced to differ in this process"
+
+
+def rows_of_each_rank(spec: dict, out: Path) -> None:
+    """Each rank's own rows (`spec["rows"]`: per rank ids, mask, uids) through the sharded policy, forward and
+    backward, and its log-probs saved to OUT/rows_rank<r>.pt."""
+    from posttrain.models.load import load_causal_lm
+    from posttrain.models.policy import PolicyModel
+    from posttrain.models.shared_prompt import prompt_groups
+    from posttrain.parallel import ShardSettings, init_parallel, prepare_model
+
+    par = init_parallel(device_name="cpu")
+    model = prepare_model(lambda meta: PolicyModel(load_causal_lm(spec["model"], meta=meta)), par, ShardSettings())
+    ids, mask, uids = torch.load(spec["rows"])[par.rank]
+    logp, _ = model(ids, mask, spec["response_length"], prompts=prompt_groups(uids))
+    logp.sum().backward()
+    torch.save(logp.detach(), out / f"rows_rank{par.rank}.pt")
+    shutdown()
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
+    if "rows" in spec:
+        return rows_of_each_rank(spec, out)
     par = None
     for name, overrides in spec["cases"].items():
         cfg = load_config(None, spec["base"] + overrides)
         par = par or parallel_for(cfg)
+        if spec.get("fail_checks_on_rank") == par.rank:
+            fail_checks_here()
         trainer = RLTrainer(cfg, par)
         trainer.global_step = 1
         batch = torch.load(spec["batch"], weights_only=False)
+        if "fail_checks_on_rank" in spec:  # as a step runs: generate, then learn; each rank's decisions saved
+            with trainer.actor.generation():
+                trainer.rollout.generate(batch.select(range(par.dp_rank, len(batch), 8)),
+                                         trainer.sampling.__class__(n=2, max_new_tokens=3))
+        steps = {role: record_gradients(obj) for role, obj in trainer.roles.items()}
         metrics = trainer.learn(batch)
+        if "fail_checks_on_rank" in spec:
+            models = {"actor": trainer.actor, "reference": trainer.reference, "critic": trainer.critic}
+            checks = {role: obj.model.shared_prompt_ok for role, obj in models.items() if obj is not None}
+            checks["rollout"] = trainer.rollout.shared_prefix_ok
+            (out / f"{name}_checks_rank{par.rank}.json").write_text(json.dumps(checks))
         states = {role: full_model_state(obj.model) for role, obj in trainer.roles.items()}
         if par.is_main:
             shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.roles.items()}
             shards = {role: {name: tuple(p.to_local().shape) for name, p in obj.model.named_parameters()
                              if hasattr(p, "to_local")} for role, obj in trainer.roles.items()}
-            torch.save({"metrics": metrics, "states": states, "shared": shared, "local_shapes": shards,
+            torch.save({"metrics": metrics, "states": states, "steps": steps, "shared": shared,
+                        "local_shapes": shards,
                         "old_log_probs": batch.get("old_log_probs"),
                         "ref_log_probs": batch.get("ref_log_probs"), "values": batch.get("values")},
                        out / f"{name}.pt")

@@ -332,3 +332,57 @@ def test_value_model_shares_prompts_with_the_same_values_and_gradients(tiny_mode
     assert torch.allclose(model(ids, mask)[:, -(L + 1):-1] * valid, v0, atol=1e-5)  # the full-positions form
     for k in g0:
         assert torch.allclose(g0[k], g1[k], atol=1e-6, rtol=1e-4), k
+
+
+# ------------------------------------------------------------------ bf16 on a CPU that emulates it
+
+# (AVX512-BF16, AMX tiles) as torch reports them on three CPUs: AMD Zen 5, Intel Xeon with AMX, AMD Zen 3 (AVX2 only);
+# plus AMX alone, which is enough for torch's bf16 matmul
+CPU_KINDS = {"zen5": (True, False), "xeon_amx": (True, True), "amx_only": (False, True), "zen3_avx2": (False, False)}
+
+
+def _simulate_cpu(monkeypatch, kind: str) -> None:
+    from posttrain.models import cpu_bf16
+
+    avx512_bf16, amx = CPU_KINDS[kind]
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    cpu_bf16.warn_emulated_bf16.cache_clear()
+
+
+@pytest.mark.parametrize("kind", CPU_KINDS)
+def test_auto_dtype_is_bf16_only_on_a_cpu_with_bf16_instructions(kind, monkeypatch, caplog):
+    from posttrain.models.load import compute_dtype
+
+    _simulate_cpu(monkeypatch, kind)
+    native = any(CPU_KINDS[kind])
+    assert compute_dtype("auto", CPU) == (torch.bfloat16 if native else torch.float32)
+    assert compute_dtype("fp32", CPU) == torch.float32
+    assert not [r for r in caplog.records if "bf16" in r.getMessage()]  # `auto` never warns
+
+
+def test_bf16_asked_for_on_a_cpu_that_emulates_it_warns_once_with_the_factor_and_what_to_use(monkeypatch, caplog):
+    """A run with model.dtype=bf16 on an AVX2-only CPU is ~30x slower in its update: said once, at load."""
+    from posttrain.models.load import compute_dtype
+
+    _simulate_cpu(monkeypatch, "zen3_avx2")
+    with caplog.at_level("WARNING"):
+        assert compute_dtype("bf16", CPU) == torch.bfloat16  # what was asked for is kept
+        assert compute_dtype("bfloat16", CPU) == torch.bfloat16
+    said = [r.getMessage() for r in caplog.records if "bf16" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "emulated" in said[0] and "GFLOP/s" in said[0] and "slower" in said[0] and "fp32" in said[0]
+
+
+@pytest.mark.parametrize("kind", ["zen5", "xeon_amx"])
+def test_bf16_on_a_cpu_with_bf16_instructions_says_nothing(kind, monkeypatch, caplog):
+    from posttrain.models.cpu_bf16 import cpu_bf16_summary
+    from posttrain.models.load import compute_dtype
+
+    _simulate_cpu(monkeypatch, kind)
+    with caplog.at_level("WARNING"):
+        assert compute_dtype("bf16", CPU) == torch.bfloat16
+    assert not caplog.records
+    assert "native" in cpu_bf16_summary()
+    _simulate_cpu(monkeypatch, "zen3_avx2")
+    assert "emulated" in cpu_bf16_summary()  # what the benchmarks print beside their matmul ceilings

@@ -262,6 +262,8 @@ def test_two_processes_equal_one_with_experts_sharded(moe_dirs, tiny_tokenizer, 
     tolerances of tests/test_distributed.py."""
     import json
 
+    from tests.same_update import assert_same_training
+
     from posttrain.data.dataset import layout_row
 
     model_dir = moe_dirs["qwen2_moe"]
@@ -278,9 +280,7 @@ def test_two_processes_equal_one_with_experts_sharded(moe_dirs, tiny_tokenizer, 
         for key, value in want["metrics"].items():
             if key.startswith(("actor/", "critic/")) and not key.startswith("actor/lr"):
                 assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (case, key)
-        for role, state in want["states"].items():
-            diffs = torch.cat([(got["states"][role][k] - v).abs().flatten() for k, v in state.items()])
-            assert diffs.max() < 1e-5 and diffs.mean() < 1e-8, (case, role, diffs.max().item())
+        assert_same_training(want, got, case)
         shards = got["local_shapes"]["actor"]
         experts = [name for name in shards if "mlp.experts." in name]
         assert len(experts) == 2 * 2  # gate_up_proj and down_proj of both layers

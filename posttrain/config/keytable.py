@@ -421,8 +421,9 @@ DESCRIPTIONS: dict[str, str] = {
     'actor_rollout_ref.model.override_config':
         'entries set on the model config before loading (e.g. `attention_dropout`)',
     'actor_rollout_ref.model.dtype':
-        'compute dtype: `auto` = bf16 where the hardware supports it, else fp32; or `bf16`, `fp16`, `fp32` '
-        "(autocast in one process, FSDP's mixed precision when sharded)",
+        'compute dtype: `auto` = bf16 where the hardware supports it (a CPU needs AVX512-BF16 or AMX), else fp32; '
+        "or `bf16`, `fp16`, `fp32` (autocast in one process, FSDP's mixed precision when sharded). bf16 on a CPU "
+        'without those instructions is emulated, tens of times slower than fp32: a warning at load says so',
     'actor_rollout_ref.actor.strategy':
         '`fsdp`/`fsdp2`: FSDP2 when sharded (see "Processes and sharding"); `megatron` is rejected',
     'actor_rollout_ref.actor.ppo_mini_batch_size':

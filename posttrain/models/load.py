@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from transformers.utils import logging as hf_logging
 
+from .cpu_bf16 import cpu_bf16_native, warn_emulated_bf16
 from .hub import resolve_model_source
 
 hf_logging.disable_progress_bar()  # per-file load/save bars drown the training output
@@ -28,16 +29,18 @@ def pick_device(name: str = "auto") -> torch.device:
 def bf16_supported(device: torch.device) -> bool:
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    check = getattr(torch.cpu, "_is_avx512_bf16_supported", None) or getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(check and check())
+    return cpu_bf16_native()
 
 
 def compute_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` = bf16 where the hardware runs it natively, else fp32."""
+    """`auto` = bf16 where the hardware runs it natively, else fp32; bf16 asked for on a CPU that emulates it is
+    kept, with one warning (cpu_bf16.py)."""
     table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
              "fp32": torch.float32, "float32": torch.float32}
     if name == "auto":
         return torch.bfloat16 if bf16_supported(device) else torch.float32
+    if table[name] == torch.bfloat16 and device.type == "cpu" and not cpu_bf16_native():
+        warn_emulated_bf16()
     return table[name]
 
 

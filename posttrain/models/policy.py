@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .logprobs import _unwrap, keeps_one_logit, response_logprobs
-from .shared_prompt import shared_prompt_hidden, switch_on_if_equal
+from .shared_prompt import each_row_its_own_prompt, shared_prompt_hidden, switch_on_if_equal
 from .vision import forward_inputs, is_vision_config
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,9 @@ class PolicyModel(nn.Module):
     def forward(self, input_ids, attention_mask, response_length: int, temperature: float = 1.0,
                 with_entropy: bool = True, chunk_size: int = 1024, prompts=None, images=None, router=None):
         kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, router=router)
-        if prompts is None or len(prompts[0]) == len(input_ids) or not self._shares_prompts():
-            prompts = None  # every row its own prompt, or a model that keeps the plain path
+        # the one-time check first: every rank of a sharded model runs it in the same call, whatever its rows
+        if prompts is None or not self._shares_prompts() or each_row_its_own_prompt(self, prompts, len(input_ids)):
+            prompts = None  # a model that keeps the plain path, or no prompt shared
         return response_logprobs(self.lm, input_ids, attention_mask, response_length, prompts=prompts,
                                  images=images, **kwargs)
 
@@ -117,8 +118,8 @@ class ValueModel(nn.Module):
         """Values (B, T) of every position; with `response_length` L, (B, L): those of the positions that predict
         the response tokens, each distinct prompt computed once when `prompts` groups the rows (as for
         PolicyModel). A vision-language backbone takes each row's image inputs in `images` (vision.py)."""
-        if response_length is not None and prompts is not None and len(prompts[0]) < len(input_ids) \
-                and self._shares_prompts():
+        if response_length is not None and prompts is not None and self._shares_prompts() \
+                and not each_row_its_own_prompt(self, prompts, len(input_ids)):  # the check first, as in PolicyModel
             hidden = shared_prompt_hidden(self._hidden, input_ids, attention_mask, response_length, *prompts)
             return self.value_head(hidden).squeeze(-1)
         extra = (forward_inputs(self.backbone, self.backbone.config, input_ids, attention_mask, images)

@@ -126,18 +126,29 @@ def shared_prompt_hidden(run, input_ids, attention_mask, response_length: int, p
     return torch.cat([prompt_hidden[:, -1][row_prompt][:, None], response_hidden[:, :-1]], dim=1)
 
 
+def each_row_its_own_prompt(module, prompts, rows: int) -> bool:
+    """No prompt is shared, so the plain forward (one call) does the shared pass's work (two calls). Not for a
+    sharded model: its ranks must make the same calls whatever rows each holds, or they wait on each other."""
+    from ..parallel import is_sharded
+
+    return len(prompts[0]) == rows and not is_sharded(module)
+
+
 def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
     """Once per model: set `ATTENTION_NAME` on `config` and keep it if `shared(ids, mask, L, groups)` gives
     `plain(ids, mask, L)` on two prompts (one left-padded) x two responses (one shorter); else restore sdpa and
-    say why. Only for sdpa models whose layers are all full attention."""
+    say why. Only for sdpa models whose layers are all full attention. A sharded model keeps it only where it
+    passed on every rank (each rank must call this at the same point)."""
+    from ..parallel import agreed
+
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    reason = None
+    reason, switched = None, False
     if config._attn_implementation not in ("sdpa", ATTENTION_NAME):
         reason = f"it uses {config._attn_implementation} attention, not sdpa"
     elif kinds != {"full_attention"}:
         reason = "its layers are " + ", ".join(sorted(kinds))
     else:
-        config._attn_implementation = ATTENTION_NAME  # sdpa for every call that shares no prompt
+        config._attn_implementation, switched = ATTENTION_NAME, True  # sdpa for every call that shares no prompt
         device = next(module.parameters()).device
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, min(config.vocab_size, 1000), (4, 9), generator=gen).to(device)
@@ -154,8 +165,10 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
                 reason = f"its {what} differ from the plain forward's by {error:.1e}"
         except Exception as exc:  # an architecture whose modules the shared path cannot drive
             reason = f"{type(exc).__name__}: {exc}"
-        if reason:
-            config._attn_implementation = "sdpa"
+    if not agreed(reason is None, module) and reason is None:  # a sharded model's ranks all take one path
+        reason = "the check failed in another process"
+    if reason and switched:
+        config._attn_implementation = "sdpa"
     if reason:
         log.warning("%s of %s: computed without sharing prompts (%s)", what, type(module).__name__, reason)
     return reason is None

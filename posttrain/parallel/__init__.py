@@ -2,8 +2,9 @@
 
 from . import balance
 from .context import Parallel, ParallelDims, init_parallel, shutdown
-from .shard import (ShardSettings, clip_grad_norm, gathered_for_generation, is_sharded, parallelize, prepare_model,
-                    set_gradient_sync)
+from .shard import (ShardSettings, agreed, clip_grad_norm, gathered_for_generation, is_sharded, parallelize,
+                    prepare_model, set_gradient_sync)
 
-__all__ = ["balance", "Parallel", "ParallelDims", "init_parallel", "shutdown", "ShardSettings", "clip_grad_norm",
-           "gathered_for_generation", "is_sharded", "parallelize", "prepare_model", "set_gradient_sync"]
+__all__ = ["balance", "Parallel", "ParallelDims", "init_parallel", "shutdown", "ShardSettings", "agreed",
+           "clip_grad_norm", "gathered_for_generation", "is_sharded", "parallelize", "prepare_model",
+           "set_gradient_sync"]

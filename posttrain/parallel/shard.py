@@ -161,6 +161,18 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def agreed(ok: bool, model: nn.Module) -> bool:
+    """A one-time choice of a sharded model's code path (a fast path's check), the same on every rank: True only
+    where every rank found `ok`. Ranks that chose differently would run different collectives in the model's
+    forward and wait on each other for ever. A model that is not sharded decides alone."""
+    if not is_sharded(model) or dist.get_world_size() == 1:
+        return ok
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([int(ok)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 @contextlib.contextmanager
 def gathered_for_generation(model: nn.Module):
     """Gather every FSDP unit once, keep it gathered while decoding, free it after: one all-gather per unit per

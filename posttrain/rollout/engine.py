@@ -27,7 +27,7 @@ import torch
 from ..models.load import autocast, eval_mode
 from ..models.logprobs import _unwrap
 from ..models.moe import router_off
-from ..parallel import is_sharded
+from ..parallel import agreed, is_sharded
 from .base import SamplingParams
 from .cuda_graphs import DecodeStep
 from .hf import HFRollout
@@ -215,6 +215,8 @@ class DecodeEngine(HFRollout):
             if reason is None:
                 log.warning("posttrain decoding engine: %s does not run as a CUDA graph (%s); decoding eagerly",
                             type(model).__name__, graph_reason)
+        if not agreed(reason is None, model) and reason is None:  # a sharded model's ranks all take one path
+            reason = "the check failed in another process"
         if reason is None:
             return True
         log.warning("posttrain decoding engine: %s does not run with shared-prompt decoding (%s); generating with "
