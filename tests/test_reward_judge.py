@@ -221,7 +221,8 @@ def test_a_causal_lm_without_judge_enable_points_to_it(judge_dir, tiny_tokenizer
 # ---------------------------------------------------------------- the tiny judge
 
 def test_tiny_judge_agrees_with_correctness(judge_dir):
-    """Its verdicts, through the Judge role and the default parser, on responses it was not trained on."""
+    """Its verdicts, through the Judge role and the default parser, on rows drawn apart from its training rows (the
+    one-digit task has about 300 distinct judge prompts, so nearly all of them were trained on)."""
     from posttrain.parallel import Parallel
     from posttrain.reward.judge import judge_reward
     from posttrain.reward.registry import default_compute_score
@@ -249,6 +250,17 @@ def test_tiny_judge_agrees_with_correctness(judge_dir):
     assert good["acc"] == [1.0] * len(problems) and bad["acc"] == [0.0] * len(problems)  # the rule, for reference
     mean = lambda xs: sum(xs) / len(xs)
     assert mean(good["judge_score"]) - mean(bad["judge_score"]) >= 0.6, (good["judge_verdict"], bad["judge_verdict"])
+
+
+def test_a_tiny_judge_that_does_not_agree_in_time_is_refused(tmp_path):
+    """The tiny judge trains until it agrees with the rule, not for a fixed number of steps: one that has not by
+    max_steps is an error naming the agreement reached, and leaves no model behind."""
+    from posttrain.trainer.tiny_judge import JudgeNotTrained, build_tiny_judge
+
+    with pytest.raises(JudgeNotTrained, match=r"after max_steps=40 steps \(wanted 99%\); agreement every 20 steps: "
+                                              r"\[0\.\d+, 0\.\d+\]"):
+        build_tiny_judge(tmp_path / "judge", max_steps=40, check_every=20)
+    assert not (tmp_path / "judge").exists() and not (tmp_path / "judge.build").exists()
 
 
 # ---------------------------------------------------------------- training with the judge
@@ -287,6 +299,7 @@ WORKER = '''
 import json, sys
 from posttrain.config import load_config
 from posttrain.parallel import init_parallel, shutdown
+from posttrain.parallel.context import exit_process
 from posttrain.roles.judge import Judge
 
 judge_dir, prompts_file, out = sys.argv[1:4]
@@ -305,6 +318,7 @@ if par.is_main:
     with open(out, "w") as f:
         json.dump(sorted((r, v) for rs, vs in gathered for r, v in zip(rs, vs)), f)
 shutdown()
+exit_process(0)  # as `posttrain` ends: no interpreter teardown racing gloo's worker threads
 '''
 
 

@@ -94,6 +94,33 @@ def test_sft_cli_trains_on_response_tokens(tmp_path, tiny_model_dir):
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
+def test_sft_stops_where_stop_when_says_and_saves_that_model(tmp_path, tiny_model_dir):
+    """`stop_when` is asked at each evaluation, with the model in eval mode and no gradient; its first True ends the
+    training there, and the model it judged is the one saved."""
+    from safetensors.torch import load_file
+
+    from posttrain.trainer.sft import SFTArgs, run_sft
+
+    rows = [{"prompt": [{"role": "user", "content": f"{a}+{a}="}], "response": f"#### {2 * a}"} for a in range(12)]
+    (tmp_path / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    asked = []
+
+    def stop_when(model):
+        asked.append((model.training, torch.is_grad_enabled(), {k: v.clone() for k, v in model.state_dict().items()}))
+        return len(asked) == 3
+
+    result = run_sft(SFTArgs(model_path=str(tiny_model_dir), train_files=[str(tmp_path / "sft.jsonl")],
+                             output_dir=str(tmp_path / "out"), epochs=10, lr=3e-3, batch_size=4, eval_every=5,
+                             quiet=True, stop_when=stop_when))  # 30 steps without it
+    assert result["steps"] == 15 and [(training, grad) for training, grad, _ in asked] == [(False, False)] * 3
+    history = json.loads((tmp_path / "out" / "sft_history.json").read_text())["history"]
+    assert [r["step"] for r in history] == [5, 10, 15]
+    saved = load_file(tmp_path / "out" / "model.safetensors")
+    judged = asked[-1][2]
+    assert saved.keys() <= judged.keys() and all(torch.equal(saved[k], judged[k]) for k in saved)
+    assert not torch.equal(asked[0][2]["lm_head.weight"], judged["lm_head.weight"])  # it did train in between
+
+
 def test_concat_rollouts_repads_prompts_left_and_responses_right():
     from posttrain.rollout.hf import concat_rollouts
 

@@ -8,6 +8,7 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ class SFTArgs:
     missing_chat_template: str = "error"  # a tokenizer without one: "error", or "join" the contents by newlines
     max_nonfinite_updates_in_a_row: int = 5  # skipped (NaN/inf loss or gradient) updates before stopping; 0 = never
     freeze_vision_tower: bool = False  # vision-language models: the vision encoder keeps its weights
+    stop_when: Callable | None = None  # library use: asked with the model at each evaluation; True ends training
 
 
 def check_sft_args(args: SFTArgs) -> None:
@@ -106,7 +108,8 @@ def dev_loss(model, data: SFTDataset, pad_id, device, dtype, batch_size) -> floa
 
 
 def run_sft(args: SFTArgs) -> dict:
-    """Train, evaluate the dev loss every `eval_every` steps, save the best (or last) model to output_dir."""
+    """Train, evaluate the dev loss (and ask `stop_when`) every `eval_every` steps, save the best (or last) model to
+    output_dir."""
     check_sft_args(args)
     torch.manual_seed(args.seed)
     device, out = pick_device(args.device), Path(args.output_dir)
@@ -170,6 +173,8 @@ def run_sft(args: SFTArgs) -> dict:
                     if not args.quiet:
                         bar.print(f"sft stopped early at step {step}: no lower dev loss in {bad} evaluations")
                     break
+                if args.stop_when is not None and _stop(args.stop_when, model):
+                    break
     finally:
         bar.close()
     if dev is None:
@@ -177,6 +182,15 @@ def run_sft(args: SFTArgs) -> dict:
         best_step = step
     _write_text_atomic(out / "sft_history.json", json.dumps({"best_step": best_step, "history": history}, indent=1))
     return {"best_step": best_step, "best_dev_loss": best if dev is not None else None, "steps": step}
+
+
+@torch.no_grad()
+def _stop(stop_when, model) -> bool:
+    model.eval()
+    try:
+        return bool(stop_when(model))
+    finally:
+        model.train()
 
 
 def _save(model, tok, out: Path, processor=None) -> None:
