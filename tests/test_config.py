@@ -1,5 +1,6 @@
 """Config tree: override parsing, YAML round trip, every rejection named in the spec, CLI print-config."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -189,6 +190,53 @@ def test_every_key_is_documented():
     missing = [k for k in all_keys() if not re.search(rf"[`./ ]{re.escape(k.rpartition('.')[2])}[` /]", doc)]
     assert not missing, f"keys missing from docs/config.md: {missing}"
 
+
+
+@dataclasses.dataclass
+class _Offload:
+    param_offload: bool = False
+    """keep weights in CPU memory,
+    between steps"""
+    size: int = -1
+    """ranks per group"""
+
+
+@dataclasses.dataclass
+class _Roles:
+    actor: _Offload = dataclasses.field(default_factory=_Offload)
+    ref: _Offload = dataclasses.field(default_factory=_Offload)
+    """param_offload: keep the reference's weights in CPU memory: it has
+    no optimizer
+    size: as the actor's"""
+    critic: _Offload = dataclasses.field(default_factory=_Offload)
+    """*: as the actor's"""
+
+
+@dataclasses.dataclass
+class _Undocumented:
+    roles: _Roles = dataclasses.field(default_factory=_Roles)
+    seed: int = 1
+
+
+@dataclasses.dataclass
+class _MisspeltEntry:
+    ref: _Offload = dataclasses.field(default_factory=_Offload)
+    """param_ofload: kept in CPU memory"""
+
+
+def test_key_descriptions_are_the_strings_under_the_fields():
+    """A key's description is the string under its field, folded to one line; under a section field used in a second
+    place, `key: text` entries say what its keys mean there (continued on lines that start with no key), `*` all."""
+    from posttrain.config.fielddocs import descriptions
+
+    assert descriptions(_Roles) == {
+        "actor.param_offload": "keep weights in CPU memory, between steps", "actor.size": "ranks per group",
+        "ref.param_offload": "keep the reference's weights in CPU memory: it has no optimizer",
+        "ref.size": "as the actor's", "critic.param_offload": "as the actor's", "critic.size": "as the actor's"}
+    with pytest.raises(ValueError, match="config key seed has no description"):
+        descriptions(_Undocumented)
+    with pytest.raises(ValueError, match="ref: .*'param_ofload: kept in CPU memory'"):
+        descriptions(_MisspeltEntry)
 
 def test_cli_print_config_and_typo():
     cmd = [sys.executable, "-m", "posttrain.cli", "train", "--print-config"]

@@ -419,7 +419,7 @@ def _layout_note(cfg: Config) -> str | None:
 
 def config_warnings(cfg: Config) -> list[str]:
     """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
-    from .schema import RolloutConfig
+    from .schema.actor_rollout_ref import RolloutConfig
 
     rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
     changed = [k for k in ENGINE_ONLY_KEYS if getattr(rollout, k) != getattr(default, k)]
