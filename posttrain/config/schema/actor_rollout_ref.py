@@ -119,7 +119,8 @@ class CheckpointConfig:
 @dataclass
 class ActorConfig:
     strategy: str = "fsdp"
-    """`fsdp`/`fsdp2`: FSDP2 when sharded (see "Processes and sharding"); `megatron` is rejected"""
+    """`fsdp`/`fsdp2`: FSDP2 when sharded (see "Processes and sharding"); `megatron`: its layout runs as FSDP2 x
+    tensor parallel (a note says how the devices are used)"""
     ppo_mini_batch_size: int = 256
     """prompts per optimizer step (whole prompt groups, split over the data-parallel ranks)"""
     ppo_micro_batch_size_per_gpu: Optional[int] = None
