@@ -61,7 +61,7 @@ def _entries(text: str, cls, where: str) -> list[tuple[str, str]]:
         else:
             raise ValueError(f"{where}: the string under a section field holds `key: text` entries, one per key of "
                              f"{cls.__name__}; it starts with {line!r}")
-    return [(p, " ".join(" ".join(words).split())) for patterns, words in entries for p in patterns]
+    return [(p, " ".join(words)) for patterns, words in entries for p in patterns]
 
 
 @functools.cache
