@@ -1,5 +1,6 @@
 """Config tree: override parsing, YAML round trip, every rejection named in the spec, CLI print-config."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -189,6 +190,83 @@ def test_every_key_is_documented():
     missing = [k for k in all_keys() if not re.search(rf"[`./ ]{re.escape(k.rpartition('.')[2])}[` /]", doc)]
     assert not missing, f"keys missing from docs/config.md: {missing}"
 
+
+
+@dataclasses.dataclass
+class _Offload:
+    param_offload: bool = False
+    """keep weights in CPU memory,
+    between steps"""
+    size: int = -1
+    """ranks per group"""
+
+
+@dataclasses.dataclass
+class _Roles:
+    actor: _Offload = dataclasses.field(default_factory=_Offload)
+    ref: _Offload = dataclasses.field(default_factory=_Offload)
+    """param_offload: keep the reference's weights in CPU memory: it has
+    no optimizer
+    size: as the actor's"""
+    critic: _Offload = dataclasses.field(default_factory=_Offload)
+    """*: as the actor's"""
+
+
+@dataclasses.dataclass
+class _Undocumented:
+    roles: _Roles = dataclasses.field(default_factory=_Roles)
+    seed: int = 1
+
+
+@dataclasses.dataclass
+class _MisspeltEntry:
+    ref: _Offload = dataclasses.field(default_factory=_Offload)
+    """param_ofload: kept in CPU memory"""
+
+
+def test_key_descriptions_are_the_strings_under_the_fields():
+    """A key's description is the string under its field, folded to one line; under a section field used in a second
+    place, `key: text` entries say what its keys mean there (continued on lines that start with no key), `*` all."""
+    from posttrain.config.fielddocs import descriptions
+
+    assert descriptions(_Roles) == {
+        "actor.param_offload": "keep weights in CPU memory, between steps", "actor.size": "ranks per group",
+        "ref.param_offload": "keep the reference's weights in CPU memory: it has no optimizer",
+        "ref.size": "as the actor's", "critic.param_offload": "as the actor's", "critic.size": "as the actor's"}
+    with pytest.raises(ValueError, match="config key seed has no description"):
+        descriptions(_Undocumented)
+    with pytest.raises(ValueError, match="ref: .*'param_ofload: kept in CPU memory'"):
+        descriptions(_MisspeltEntry)
+
+
+def test_checking_a_config_reads_it_and_returns_its_problems():
+    """Validation returns the problems it finds and leaves the config as it was; what has several spellings (a
+    logger name for a list of them, a Megatron LoRA layout's tensor parallel) is settled before, by normalise, which
+    the loader runs first."""
+    import copy
+
+    from posttrain.config.normalise import normalise
+    from posttrain.config.schema import Config
+    from posttrain.config.validate import config_problems
+
+    cfg = Config()
+    cfg.trainer.logger, cfg.trainer.n_gpus_per_node = "console", 2
+    cfg.actor_rollout_ref.actor.strategy, cfg.actor_rollout_ref.model.lora_rank = "megatron", 8
+    cfg.actor_rollout_ref.actor.fsdp_config.tp_size, cfg.actor_rollout_ref.actor.clip_ratio_c = 2, 1.0
+    before = copy.deepcopy(cfg)
+    problems = config_problems(cfg)
+    assert cfg == before
+    assert len(problems) == 2 and "lora_rank=8 with tp_size=2" in str(problems.items) and "clip_ratio_c" in str(
+        problems.items)
+    assert len(config_problems(Config())) == 0  # each check collects its own problems
+    normalise(cfg)
+    assert cfg.trainer.logger == ["console"] and cfg.actor_rollout_ref.actor.fsdp_config.tp_size == 1
+    assert [m for ms in config_problems(cfg).items.values() for m in ms] == [
+        "actor_rollout_ref.actor.clip_ratio_c must be > 1 (dual-clip bound), got 1.0"]
+    loaded = load_config(None, OK + ["trainer.logger=console", "trainer.n_gpus_per_node=2",
+                                     "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.lora_rank=8",
+                                     "actor_rollout_ref.actor.fsdp_config.tp_size=2"])
+    assert loaded.trainer.logger == ["console"] and loaded.actor_rollout_ref.actor.fsdp_config.tp_size == 1
 
 def test_cli_print_config_and_typo():
     cmd = [sys.executable, "-m", "posttrain.cli", "train", "--print-config"]

@@ -10,6 +10,7 @@ from typing import Any, Union
 
 import yaml
 
+from .normalise import normalise
 from .schema import Config
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -31,6 +32,11 @@ class Problems:
     def add(self, group: str, message: str) -> None:
         if message not in self.items[group]:
             self.items[group].append(message)
+
+    def update(self, other: Problems) -> None:
+        for group, messages in other.items.items():
+            for message in messages:
+                self.add(group, message)
 
     def __len__(self) -> int:
         return sum(len(v) for v in self.items.values())
@@ -340,7 +346,8 @@ def load_config(config_file: str | None = None, overrides: list[str] | tuple = (
                 adjust=None) -> Config:
     """Defaults, then the YAML file, then overrides in order. Every unknown key, wrong type and (with `validate`)
     inconsistent setting is collected and reported in one ConfigError. Accepted foreign keys leave notes in
-    `cfg.port_notes` (why -> keys). `adjust(cfg)` runs before validation (e.g. to adopt torchrun's layout)."""
+    `cfg.port_notes` (why -> keys). `adjust(cfg)` runs first (e.g. to adopt torchrun's layout), then normalise.py
+    settles the values that have several spellings, then validation reads the result."""
     load = _Loading()
     if config_file:
         path = resolve_config_file(config_file)
@@ -365,10 +372,11 @@ def load_config(config_file: str | None = None, overrides: list[str] | tuple = (
     cfg.port_notes = load.notes
     if adjust is not None and not len(load.problems):
         adjust(cfg)
+    normalise(cfg)
     if validate:
-        from .validate import validate_config
+        from .validate import config_problems
 
-        validate_config(cfg, load.problems)
+        load.problems.update(config_problems(cfg))
     load.problems.raise_if_any()
     return cfg
 

@@ -1,57 +1,54 @@
-"""Reject configs that cannot run, before any model is touched, with the reason and the fix."""
+"""Reject configs that cannot run, before any model is touched, with the reason and the fix.
+
+`config_problems` reads a config (normalised first: normalise.py) and returns every problem it finds; it changes
+nothing. The loader adds them to the problems of loading and reports all of them in one ConfigError.
+"""
 
 from __future__ import annotations
 
-
-from .loader import ConfigError, Problems
+from .loader import Problems
+from .normalise import normalise
+from .notes import OTHER_ENGINES
 from .schema import Config
+from .sources import check_sources
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
-OTHER_ENGINES = ("vllm", "sglang", "trtllm")  # accepted; generation runs on posttrain's engine (a note says so)
 STRATEGIES = ("fsdp", "fsdp2", "megatron")  # megatron: its layout maps onto FSDP2 x tensor parallel (a note says how)
 DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
-ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "free_cache_engine",
-                    "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "mode")
-
-
-_problems: Problems | None = None  # the collector of the validate_config call in progress
 
 FIT = "settings that do not fit together"
 
 
-def _check(cond: bool, message: str, group: str = FIT) -> bool:
-    if not cond:
-        if _problems is None:
-            raise ConfigError(message)
-        _problems.add(group, message)
-    return cond
+class Checks(Problems):
+    """The problems found so far: a check that fails adds its message (to `group`) and returns False."""
+
+    def __call__(self, cond: bool, message: str, group: str = FIT) -> bool:
+        if not cond:
+            self.add(group, message)
+        return cond
+
+    def choice(self, value, choices, key: str) -> bool:
+        return self(value in choices, f"{key}={value!r} is not one of {list(choices)}", "wrong values")
+
+    def unsupported(self, cond: bool, message: str) -> bool:
+        return self(cond, message, "not supported by posttrain")
 
 
-def _choice(value, choices, key: str) -> bool:
-    return _check(value in choices, f"{key}={value!r} is not one of {list(choices)}", "wrong values")
+def config_problems(cfg: Config) -> Problems:
+    """Every problem of a normalised config, grouped; the config is only read."""
+    check = Checks()
+    _validate(cfg, check)
+    check_sources(cfg, check)
+    return check
 
 
-def _unsupported(cond: bool, message: str) -> bool:
-    return _check(cond, message, "not supported by posttrain")
-
-
-def validate_config(cfg: Config, problems: Problems | None = None) -> Config:
-    """Check every setting; all problems are added to `problems` (or raised together when it is None).
-    Normalises a few values in place."""
-    global _problems
-    own = problems is None
-    _problems = Problems() if own else problems
-    try:
-        _validate(cfg)
-        _check_sources(cfg)
-    finally:
-        collected, _problems = _problems, None
-    if own:
-        collected.raise_if_any()
+def validate_config(cfg: Config) -> Config:
+    """For a config built in code: normalise it, then raise one ConfigError naming every problem."""
+    config_problems(normalise(cfg)).raise_if_any()
     return cfg
 
 
-def _validate(cfg: Config) -> None:
+def _validate(cfg: Config, check: Checks) -> None:
     from ..algo import LOSS_AGG_MODES, estimator_info, get_policy_loss, is_kl_estimator
 
     d, arr, alg, tr = cfg.data, cfg.actor_rollout_ref, cfg.algorithm, cfg.trainer
@@ -62,170 +59,171 @@ def _validate(cfg: Config) -> None:
         info = estimator_info(alg.adv_estimator)
     except KeyError as e:
         info = None
-        _check(False, f"algorithm.adv_estimator: {e.args[0]}", "wrong values")
+        check(False, f"algorithm.adv_estimator: {e.args[0]}", "wrong values")
     if info and info.uses_groups:
-        _check(rollout.n >= max(2, info.min_group_size),
-               f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
-               f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
+        check(rollout.n >= max(2, info.min_group_size),
+              f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
+              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
     if info and info.needs_critic:
-        _check(cfg.critic.enable is not False,
-               f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, but critic.enable=False; "
-               "enable the critic or pick a critic-free estimator such as grpo")
+        check(cfg.critic.enable is not False,
+              f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, but critic.enable=False; "
+              "enable the critic or pick a critic-free estimator such as grpo")
     for key, mode in (("actor_rollout_ref.actor.loss_agg_mode", actor.loss_agg_mode),
                       ("critic.loss_agg_mode", cfg.critic.loss_agg_mode or actor.loss_agg_mode)):
-        _choice(mode, LOSS_AGG_MODES, key)
+        check.choice(mode, LOSS_AGG_MODES, key)
     try:
         get_policy_loss(actor.policy_loss.loss_mode)
     except KeyError as e:
-        _check(False, f"actor_rollout_ref.actor.policy_loss.loss_mode: {e.args[0]}", "wrong values")
+        check(False, f"actor_rollout_ref.actor.policy_loss.loss_mode: {e.args[0]}", "wrong values")
     for key, kind in (("actor_rollout_ref.actor.kl_loss_type", actor.kl_loss_type), ("algorithm.kl_penalty", alg.kl_penalty)):
-        _check(is_kl_estimator(kind), f"{key}={kind!r} is not a KL estimator (kl, k1, abs, mse, k2, low_var_kl, k3, "
-                                      "each optionally with a '+' suffix)")
-    _choice(alg.kl_ctrl.type, ("fixed", "adaptive"), "algorithm.kl_ctrl.type")
+        check(is_kl_estimator(kind), f"{key}={kind!r} is not a KL estimator (kl, k1, abs, mse, k2, low_var_kl, k3, "
+                                     "each optionally with a '+' suffix)")
+    check.choice(alg.kl_ctrl.type, ("fixed", "adaptive"), "algorithm.kl_ctrl.type")
     if alg.kl_ctrl.type == "adaptive":
-        _check(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
-               "algorithm.kl_ctrl adaptive needs target_kl > 0 and horizon > 0")
-    _check(0 <= alg.gamma <= 1 and 0 <= alg.lam <= 1, "algorithm.gamma and algorithm.lam must lie in [0, 1]")
+        check(alg.kl_ctrl.target_kl > 0 and alg.kl_ctrl.horizon > 0,
+              "algorithm.kl_ctrl adaptive needs target_kl > 0 and horizon > 0")
+    check(0 <= alg.gamma <= 1 and 0 <= alg.lam <= 1, "algorithm.gamma and algorithm.lam must lie in [0, 1]")
     if info and info.needs_reward_components:
         keys = alg.gdpo_reward_keys
-        _check(isinstance(keys, list) and len(keys) > 0 and all(isinstance(k, str) for k in keys),
-               f"algorithm.adv_estimator={alg.adv_estimator} normalises each reward component on its own: set "
-               "algorithm.gdpo_reward_keys to the keys your compute_score returns, e.g. [accuracy_reward,format_reward]")
+        check(isinstance(keys, list) and len(keys) > 0 and all(isinstance(k, str) for k in keys),
+              f"algorithm.adv_estimator={alg.adv_estimator} normalises each reward component on its own: set "
+              "algorithm.gdpo_reward_keys to the keys your compute_score returns, e.g. [accuracy_reward,format_reward]")
         w = alg.gdpo_reward_weights
-        _check(w is None or (isinstance(w, list) and len(w) == len(keys)),
-               "algorithm.gdpo_reward_weights needs one weight per entry of algorithm.gdpo_reward_keys (or null)")
-    _check_policy_loss(actor)
-    _check_rollout_correction(alg.rollout_correction)
+        check(w is None or (isinstance(w, list) and len(w) == len(keys)),
+              "algorithm.gdpo_reward_weights needs one weight per entry of algorithm.gdpo_reward_keys (or null)")
+    _check_policy_loss(actor, check)
+    _check_rollout_correction(alg.rollout_correction, check)
     if alg.filter_groups.enable:
-        _choice(alg.filter_groups.metric, ("acc", "score", "seq_reward", "seq_final_reward"),
-                "algorithm.filter_groups.metric")
-        _check(rollout.n >= 2, "algorithm.filter_groups drops groups with equal scores; it needs rollout.n >= 2")
+        check.choice(alg.filter_groups.metric, ("acc", "score", "seq_reward", "seq_final_reward"),
+                     "algorithm.filter_groups.metric")
+        check(rollout.n >= 2, "algorithm.filter_groups drops groups with equal scores; it needs rollout.n >= 2")
 
     # ---- actor
-    _check(actor.clip_ratio_c > 1, f"actor_rollout_ref.actor.clip_ratio_c must be > 1 (dual-clip bound), got {actor.clip_ratio_c}")
+    check(actor.clip_ratio_c > 1,
+          f"actor_rollout_ref.actor.clip_ratio_c must be > 1 (dual-clip bound), got {actor.clip_ratio_c}")
     for key in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
         value = getattr(actor, key)
-        _check(value is None or value >= 0, f"actor_rollout_ref.actor.{key} must be >= 0")
-    _check(d.train_batch_size > 0, "data.train_batch_size must be positive")
-    _check(0 < actor.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size must be positive")
-    _check(actor.ppo_mini_batch_size <= 0 or d.train_batch_size % actor.ppo_mini_batch_size == 0,
-           f"data.train_batch_size ({d.train_batch_size}) must be divisible by "
-           f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}); both count prompts")
+        check(value is None or value >= 0, f"actor_rollout_ref.actor.{key} must be >= 0")
+    check(d.train_batch_size > 0, "data.train_batch_size must be positive")
+    check(0 < actor.ppo_mini_batch_size, "actor_rollout_ref.actor.ppo_mini_batch_size must be positive")
+    check(actor.ppo_mini_batch_size <= 0 or d.train_batch_size % actor.ppo_mini_batch_size == 0,
+          f"data.train_batch_size ({d.train_batch_size}) must be divisible by "
+          f"actor_rollout_ref.actor.ppo_mini_batch_size ({actor.ppo_mini_batch_size}); both count prompts")
     for key, value in (("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", actor.ppo_micro_batch_size_per_gpu),
                        ("critic.ppo_micro_batch_size_per_gpu", cfg.critic.ppo_micro_batch_size_per_gpu)):
-        _check(value is None or value > 0, f"{key} must be positive")
-    _check(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs must be >= 1")
+        check(value is None or value > 0, f"{key} must be positive")
+    check(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs must be >= 1")
     for key, clip in (("actor_rollout_ref.actor.grad_clip", actor.grad_clip), ("critic.grad_clip", cfg.critic.grad_clip)):
-        _check(clip > 0, f"{key}={clip} must be positive (the largest gradient norm kept)")
-    _check(actor.loss_scale_factor is None or actor.loss_scale_factor > 0,
-           "actor_rollout_ref.actor.loss_scale_factor must be positive (or null for data.max_response_length)")
+        check(clip > 0, f"{key}={clip} must be positive (the largest gradient norm kept)")
+    check(actor.loss_scale_factor is None or actor.loss_scale_factor > 0,
+          "actor_rollout_ref.actor.loss_scale_factor must be positive (or null for data.max_response_length)")
     for key, strategy in (("actor_rollout_ref.actor.strategy", actor.strategy), ("critic.strategy", cfg.critic.strategy)):
-        _choice(strategy, STRATEGIES, key)
-    _check_layout(cfg)
+        check.choice(strategy, STRATEGIES, key)
+    _check_layout(cfg, check)
     for optim_key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
-        _choice(optim.warmup_style or optim.lr_scheduler_type, ("constant", "cosine"),
-                f"{optim_key}.lr_scheduler_type")
-        _check(optim.lr >= 0, f"{optim_key}.lr must be >= 0")
-        _check(len(optim.betas) == 2, f"{optim_key}.betas must hold two numbers")
+        check.choice(optim.warmup_style or optim.lr_scheduler_type, ("constant", "cosine"),
+                     f"{optim_key}.lr_scheduler_type")
+        check(optim.lr >= 0, f"{optim_key}.lr must be >= 0")
+        check(len(optim.betas) == 2, f"{optim_key}.betas must hold two numbers")
 
     # ---- model
-    _choice(model.dtype, DTYPES, "actor_rollout_ref.model.dtype")
-    _choice(rollout.dtype, DTYPES, "actor_rollout_ref.rollout.dtype")
-    _check(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank must be >= 0 (0 = train all weights)")
+    check.choice(model.dtype, DTYPES, "actor_rollout_ref.model.dtype")
+    check.choice(rollout.dtype, DTYPES, "actor_rollout_ref.rollout.dtype")
+    check(model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank must be >= 0 (0 = train all weights)")
     if model.lora_rank > 0:
-        _check(model.lora_alpha > 0, "actor_rollout_ref.model.lora_alpha must be positive")
-        _check(isinstance(model.target_modules, (str, list)) and bool(model.target_modules),
-               "actor_rollout_ref.model.target_modules must be 'all-linear', a comma-separated string or a list "
-               "of module names")
-    _unsupported(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights between "
-                              "actor and rollout; remove the key")
+        check(model.lora_alpha > 0, "actor_rollout_ref.model.lora_alpha must be positive")
+        check(isinstance(model.target_modules, (str, list)) and bool(model.target_modules),
+              "actor_rollout_ref.model.target_modules must be 'all-linear', a comma-separated string or a list "
+              "of module names")
+    check.unsupported(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights "
+                                         "between actor and rollout; remove the key")
 
     ctok = cfg.critic.model.tokenizer_path
-    _check(ctok is None or ctok in (model.tokenizer_path, model.path),
-           "critic.model.tokenizer_path differs from the actor's tokenizer; the critic reads the actor's token ids, "
-           "so it must use the same tokenizer (remove the key)")
+    check(ctok is None or ctok in (model.tokenizer_path, model.path),
+          "critic.model.tokenizer_path differs from the actor's tokenizer; the critic reads the actor's token ids, "
+          "so it must use the same tokenizer (remove the key)")
 
     # ---- rollout
-    _choice(rollout.name, ("posttrain", "hf", *OTHER_ENGINES), "actor_rollout_ref.rollout.name")
-    _check(rollout.n >= 1, "actor_rollout_ref.rollout.n must be >= 1")
-    _check(rollout.prompt_length in (None, d.max_prompt_length),
-           "actor_rollout_ref.rollout.prompt_length differs from data.max_prompt_length; prompts are cut by "
-           "data.max_prompt_length, set that instead")
-    _check(rollout.response_length in (None, d.max_response_length),
-           f"actor_rollout_ref.rollout.response_length={rollout.response_length} differs from "
-           f"data.max_response_length={d.max_response_length}; one length bounds generation, the overlong "
-           "penalty's window and the seq-mean-token-sum-norm constant: set data.max_response_length (the rollout "
-           "follows it, as in verl)")
-    _check(rollout.temperature >= 0, "actor_rollout_ref.rollout.temperature must be >= 0")
-    _check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must lie in (0, 1]")
-    _check(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n must be >= 1")
+    check.choice(rollout.name, ("posttrain", "hf", *OTHER_ENGINES), "actor_rollout_ref.rollout.name")
+    check(rollout.n >= 1, "actor_rollout_ref.rollout.n must be >= 1")
+    check(rollout.prompt_length in (None, d.max_prompt_length),
+          "actor_rollout_ref.rollout.prompt_length differs from data.max_prompt_length; prompts are cut by "
+          "data.max_prompt_length, set that instead")
+    check(rollout.response_length in (None, d.max_response_length),
+          f"actor_rollout_ref.rollout.response_length={rollout.response_length} differs from "
+          f"data.max_response_length={d.max_response_length}; one length bounds generation, the overlong "
+          "penalty's window and the seq-mean-token-sum-norm constant: set data.max_response_length (the rollout "
+          "follows it, as in verl)")
+    check(rollout.temperature >= 0, "actor_rollout_ref.rollout.temperature must be >= 0")
+    check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must lie in (0, 1]")
+    check(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n must be >= 1")
 
     # ---- data
-    _choice(d.truncation, ("error", "left", "right", "middle"), "data.truncation")
-    _check(d.max_prompt_length > 0 and d.max_response_length > 0, "data.max_prompt_length and max_response_length must be positive")
-    _check(d.val_batch_size is None or d.val_batch_size > 0, f"data.val_batch_size={d.val_batch_size} must be positive "
-                                                             "(or null: all validation prompts at once)")
+    check.choice(d.truncation, ("error", "left", "right", "middle"), "data.truncation")
+    check(d.max_prompt_length > 0 and d.max_response_length > 0,
+          "data.max_prompt_length and max_response_length must be positive")
+    check(d.val_batch_size is None or d.val_batch_size > 0, f"data.val_batch_size={d.val_batch_size} must be positive "
+                                                            "(or null: all validation prompts at once)")
     for key in ("train_max_samples", "val_max_samples"):
         value = getattr(d, key)
-        _check(value == -1 or value >= 1, f"data.{key}={value} must be >= 1 (or -1: every row)")
+        check(value == -1 or value >= 1, f"data.{key}={value} must be >= 1 (or -1: every row)")
 
     # ---- reward
     rm = cfg.reward_model
     if rm.enable:
-        _check(bool(rm.model.path), "reward_model.enable=True needs reward_model.model.path (a sequence classifier "
-                                    "with one label, e.g. Skywork/Skywork-Reward-V2-Llama-3.1-8B, or a causal LM "
-                                    "with reward_model.judge.enable=True)")
-        _check(rm.micro_batch_size_per_gpu is None or rm.micro_batch_size_per_gpu > 0,
-               "reward_model.micro_batch_size_per_gpu must be positive (or null: one pass over the rank's rows)")
-        _check(rm.max_length is None or rm.max_length > 0, "reward_model.max_length must be positive (or null)")
-        _check(rm.forward_max_token_len_per_gpu > 0, "reward_model.forward_max_token_len_per_gpu must be positive")
+        check(bool(rm.model.path), "reward_model.enable=True needs reward_model.model.path (a sequence classifier "
+                                   "with one label, e.g. Skywork/Skywork-Reward-V2-Llama-3.1-8B, or a causal LM "
+                                   "with reward_model.judge.enable=True)")
+        check(rm.micro_batch_size_per_gpu is None or rm.micro_batch_size_per_gpu > 0,
+              "reward_model.micro_batch_size_per_gpu must be positive (or null: one pass over the rank's rows)")
+        check(rm.max_length is None or rm.max_length > 0, "reward_model.max_length must be positive (or null)")
+        check(rm.forward_max_token_len_per_gpu > 0, "reward_model.forward_max_token_len_per_gpu must be positive")
     if rm.judge.enable:
-        _check_judge(rm)
-    _choice(rm.reward_manager, ("naive", "batch", "prime", "dapo"), "reward_model.reward_manager")
-    _check(rm.num_workers is None or rm.num_workers >= 0,
-           "reward_model.num_workers must be >= 0 (0 = score in the training process; null = from the CPU cores)")
-    _check(rm.reward_manager != "prime" or rm.num_workers != 0,
-           "reward_model.reward_manager=prime scores in worker processes: set reward_model.num_workers >= 1 or null "
-           "(or use reward_manager=naive to score in the training process)")
-    _check(rm.timeout_s > 0, "reward_model.timeout_s must be positive (seconds per response)")
-    _check(0 <= rm.max_error_rate <= 1, "reward_model.max_error_rate must lie in [0, 1] (1 never stops the run)")
-    _unsupported(not rm.launch_reward_fn_async, "reward_model.launch_reward_fn_async=True is not supported; scoring runs "
-                                          "in worker processes already (reward_model.num_workers)")
+        _check_judge(rm, check)
+    check.choice(rm.reward_manager, ("naive", "batch", "prime", "dapo"), "reward_model.reward_manager")
+    check(rm.num_workers is None or rm.num_workers >= 0,
+          "reward_model.num_workers must be >= 0 (0 = score in the training process; null = from the CPU cores)")
+    check(rm.reward_manager != "prime" or rm.num_workers != 0,
+          "reward_model.reward_manager=prime scores in worker processes: set reward_model.num_workers >= 1 or null "
+          "(or use reward_manager=naive to score in the training process)")
+    check(rm.timeout_s > 0, "reward_model.timeout_s must be positive (seconds per response)")
+    check(0 <= rm.max_error_rate <= 1, "reward_model.max_error_rate must lie in [0, 1] (1 never stops the run)")
+    check.unsupported(not rm.launch_reward_fn_async, "reward_model.launch_reward_fn_async=True is not supported; "
+                                                     "scoring runs in worker processes already "
+                                                     "(reward_model.num_workers)")
     if rm.sandbox_fusion.url is not None:
-        _check(str(rm.sandbox_fusion.url).startswith(("http://", "https://")),
-               "reward_model.sandbox_fusion.url must be an http(s) address, e.g. http://host:8080/run_code")
-    _check(rm.sandbox_fusion.max_concurrent > 0, "reward_model.sandbox_fusion.max_concurrent must be positive")
-    _check(rm.sandbox_fusion.memory_limit_mb > 0, "reward_model.sandbox_fusion.memory_limit_mb must be positive")
-    _check(rm.code_sandbox.run_timeout > 0, "reward_model.code_sandbox.run_timeout must be positive (seconds)")
+        check(str(rm.sandbox_fusion.url).startswith(("http://", "https://")),
+              "reward_model.sandbox_fusion.url must be an http(s) address, e.g. http://host:8080/run_code")
+    check(rm.sandbox_fusion.max_concurrent > 0, "reward_model.sandbox_fusion.max_concurrent must be positive")
+    check(rm.sandbox_fusion.memory_limit_mb > 0, "reward_model.sandbox_fusion.memory_limit_mb must be positive")
+    check(rm.code_sandbox.run_timeout > 0, "reward_model.code_sandbox.run_timeout must be positive (seconds)")
     if rm.overlong_buffer.enable:
-        _check(0 < rm.overlong_buffer.len <= d.max_response_length,
-               "reward_model.overlong_buffer.len must lie in (0, data.max_response_length]")
+        check(0 < rm.overlong_buffer.len <= d.max_response_length,
+              "reward_model.overlong_buffer.len must lie in (0, data.max_response_length]")
 
     # ---- trainer
-    loggers = [tr.logger] if isinstance(tr.logger, str) else list(tr.logger)
-    for name in loggers:
-        _choice(name, LOGGERS, "trainer.logger entry")
-    tr.logger = loggers
-    _choice(tr.resume_mode, ("auto", "disable", "resume_path"), "trainer.resume_mode")
+    for name in [tr.logger] if isinstance(tr.logger, str) else tr.logger:
+        check.choice(name, LOGGERS, "trainer.logger entry")
+    check.choice(tr.resume_mode, ("auto", "disable", "resume_path"), "trainer.resume_mode")
     if tr.resume_mode == "resume_path":
-        _check(bool(tr.resume_from_path), "trainer.resume_mode=resume_path needs trainer.resume_from_path")
-    _check(not tr.overwrite_run_dir or tr.resume_mode == "disable",
-           "trainer.overwrite_run_dir=True starts over, so it goes with trainer.resume_mode=disable (with "
-           f"resume_mode={tr.resume_mode} the run would resume instead)")
-    _choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
-    _check(not tr.val_only or bool(d.val_files), "trainer.val_only=True validates and stops, so it needs "
-                                                 "data.val_files")
-    _check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
-    _check(tr.total_training_steps is None or tr.total_training_steps >= 1,
-           f"trainer.total_training_steps={tr.total_training_steps} must be >= 1 (or null: trainer.total_epochs "
-           "passes over the data)")
-    _check(tr.max_nonfinite_updates_in_a_row >= 0, "trainer.max_nonfinite_updates_in_a_row must be >= 0 "
-                                                   "(0 = never stop, skip every non-finite update)")
-    _choice(d.missing_chat_template, ("error", "join"), "data.missing_chat_template")
-    _check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
+        check(bool(tr.resume_from_path), "trainer.resume_mode=resume_path needs trainer.resume_from_path")
+    check(not tr.overwrite_run_dir or tr.resume_mode == "disable",
+          "trainer.overwrite_run_dir=True starts over, so it goes with trainer.resume_mode=disable (with "
+          f"resume_mode={tr.resume_mode} the run would resume instead)")
+    check.choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
+    check(not tr.val_only or bool(d.val_files), "trainer.val_only=True validates and stops, so it needs "
+                                                "data.val_files")
+    check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
+    check(tr.total_training_steps is None or tr.total_training_steps >= 1,
+          f"trainer.total_training_steps={tr.total_training_steps} must be >= 1 (or null: trainer.total_epochs "
+          "passes over the data)")
+    check(tr.max_nonfinite_updates_in_a_row >= 0, "trainer.max_nonfinite_updates_in_a_row must be >= 0 "
+                                                  "(0 = never stop, skip every non-finite update)")
+    check.choice(d.missing_chat_template, ("error", "join"), "data.missing_chat_template")
+    check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
 
 
-def _check_judge(rm) -> None:
+def _check_judge(rm, check: Checks) -> None:
     """reward_model.judge.*: the template, the parser, the sampling and how the score combines."""
     import re
     from pathlib import Path
@@ -233,41 +231,41 @@ def _check_judge(rm) -> None:
     from ..reward.judge import COMBINE, template_problem
 
     j = rm.judge
-    _check(rm.enable, "reward_model.judge.enable=True needs reward_model.enable=True and reward_model.model.path "
-                      "(a causal LM)")
-    _choice(j.combine, COMBINE, "reward_model.judge.combine")
-    _check(j.response_length > 0, "reward_model.judge.response_length must be positive (tokens the judge may write)")
-    _check(j.temperature >= 0, "reward_model.judge.temperature must be >= 0 (0 = greedy)")
-    _check(0 < j.top_p <= 1, "reward_model.judge.top_p must lie in (0, 1]")
-    _check(j.top_k == -1 or j.top_k > 0, "reward_model.judge.top_k must be positive (or -1: off)")
-    _check(not rm.use_dynamic_bsz, "reward_model.use_dynamic_bsz is for the scalar reward model; the judge "
-                                   "generates reward_model.micro_batch_size_per_gpu prompts at a time")
-    _check(rm.max_length is None, "reward_model.max_length is for the scalar reward model; the judge reads its "
-                                  "whole prompt (bound the response with data.max_response_length)")
-    _check(not rm.model.input_tokenizer, "reward_model.model.input_tokenizer is for the scalar reward model; the "
-                                         "judge reads the responses decoded with the actor's tokenizer")
+    check(rm.enable, "reward_model.judge.enable=True needs reward_model.enable=True and reward_model.model.path "
+                     "(a causal LM)")
+    check.choice(j.combine, COMBINE, "reward_model.judge.combine")
+    check(j.response_length > 0, "reward_model.judge.response_length must be positive (tokens the judge may write)")
+    check(j.temperature >= 0, "reward_model.judge.temperature must be >= 0 (0 = greedy)")
+    check(0 < j.top_p <= 1, "reward_model.judge.top_p must lie in (0, 1]")
+    check(j.top_k == -1 or j.top_k > 0, "reward_model.judge.top_k must be positive (or -1: off)")
+    check(not rm.use_dynamic_bsz, "reward_model.use_dynamic_bsz is for the scalar reward model; the judge "
+                                  "generates reward_model.micro_batch_size_per_gpu prompts at a time")
+    check(rm.max_length is None, "reward_model.max_length is for the scalar reward model; the judge reads its "
+                                 "whole prompt (bound the response with data.max_response_length)")
+    check(not rm.model.input_tokenizer, "reward_model.model.input_tokenizer is for the scalar reward model; the "
+                                        "judge reads the responses decoded with the actor's tokenizer")
     template = j.prompt_template
     if j.prompt_template_path:
-        _check(j.prompt_template is None, "reward_model.judge: set prompt_template or prompt_template_path, not both")
+        check(j.prompt_template is None, "reward_model.judge: set prompt_template or prompt_template_path, not both")
         path = Path(str(j.prompt_template_path)).expanduser()
-        if _check(path.is_file(), f"reward_model.judge.prompt_template_path: '{path}' does not exist (or is not a "
-                                  "file)", "files, models and packages"):
+        if check(path.is_file(), f"reward_model.judge.prompt_template_path: '{path}' does not exist (or is not a "
+                                 "file)", "files, models and packages"):
             template = path.read_text(encoding="utf-8")
     if template is not None:
         problem = template_problem(str(template))
         key = "prompt_template_path" if j.prompt_template_path else "prompt_template"
-        _check(problem is None, f"reward_model.judge.{key}: {problem}", "wrong values")
+        check(problem is None, f"reward_model.judge.{key}: {problem}", "wrong values")
     if j.score_regex is not None:
-        _check(not j.parse_function.path, "reward_model.judge: set score_regex or parse_function.path, not both")
+        check(not j.parse_function.path, "reward_model.judge: set score_regex or parse_function.path, not both")
         try:
             re.compile(str(j.score_regex))
         except re.error as e:
-            _check(False, f"reward_model.judge.score_regex={j.score_regex!r} is not a regular expression ({e})",
-                   "wrong values")
+            check(False, f"reward_model.judge.score_regex={j.score_regex!r} is not a regular expression ({e})",
+                  "wrong values")
     if j.parse_function.path:
-        _check(_parse_function_problem(str(j.parse_function.path), j.parse_function.name) is None,
-               _parse_function_problem(str(j.parse_function.path), j.parse_function.name) or "",
-               "files, models and packages")
+        check(_parse_function_problem(str(j.parse_function.path), j.parse_function.name) is None,
+              _parse_function_problem(str(j.parse_function.path), j.parse_function.name) or "",
+              "files, models and packages")
 
 
 def _parse_function_problem(path: str, name: str) -> str | None:
@@ -292,146 +290,75 @@ def _parse_function_problem(path: str, name: str) -> str | None:
     return None
 
 
-def _check_policy_loss(actor) -> None:
+def _check_policy_loss(actor, check: Checks) -> None:
     """The constants the policy losses read (clip_cov / kl_cov / sapo)."""
     pl, key = actor.policy_loss, "actor_rollout_ref.actor.policy_loss"
-    _check(0 < pl.clip_cov_ratio <= 1, f"{key}.clip_cov_ratio must lie in (0, 1] (a share of the tokens)")
-    _check(0 < pl.kl_cov_ratio <= 1, f"{key}.kl_cov_ratio must lie in (0, 1] (a share of the tokens)")
-    _check(pl.clip_cov_lb < pl.clip_cov_ub, f"{key}.clip_cov_lb must be below clip_cov_ub")
-    _check(pl.ppo_kl_coef >= 0, f"{key}.ppo_kl_coef must be >= 0")
-    _check(actor.tau_pos > 0 and actor.tau_neg > 0, "actor_rollout_ref.actor.tau_pos and tau_neg must be positive")
+    check(0 < pl.clip_cov_ratio <= 1, f"{key}.clip_cov_ratio must lie in (0, 1] (a share of the tokens)")
+    check(0 < pl.kl_cov_ratio <= 1, f"{key}.kl_cov_ratio must lie in (0, 1] (a share of the tokens)")
+    check(pl.clip_cov_lb < pl.clip_cov_ub, f"{key}.clip_cov_lb must be below clip_cov_ub")
+    check(pl.ppo_kl_coef >= 0, f"{key}.ppo_kl_coef must be >= 0")
+    check(actor.tau_pos > 0 and actor.tau_neg > 0, "actor_rollout_ref.actor.tau_pos and tau_neg must be positive")
 
 
-def _check_rollout_correction(rc) -> None:
+def _check_rollout_correction(rc, check: Checks) -> None:
     """Truncated IS (token / sequence) and bypass mode with the configured loss work; the rest is rejected."""
     key = "algorithm.rollout_correction"
-    _check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
-                                                          "[null, 'token', 'sequence']")
-    _check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
-    _check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
-                                  "truncated importance sampling (rollout_is=token or sequence) and remove the key")
-    _check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
-                                       "loss on the rollout's log-probs) is supported")
-    _check(not (rc.bypass_mode and rc.rollout_is is not None),
-           f"{key}.bypass_mode=True makes the rollout's log-probs the old policy, so rollout_is weights would all "
-           "be 1; set rollout_is=null (the loss's ratio corrects for the rollout) or bypass_mode=False")
+    check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
+                                                        "[null, 'token', 'sequence']")
+    check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
+    check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
+                                 "truncated importance sampling (rollout_is=token or sequence) and remove the key")
+    check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
+                                      "loss on the rollout's log-probs) is supported")
+    check(not (rc.bypass_mode and rc.rollout_is is not None),
+          f"{key}.bypass_mode=True makes the rollout's log-probs the old policy, so rollout_is weights would all "
+          "be 1; set rollout_is=null (the loss's ratio corrects for the rollout) or bypass_mode=False")
 
 
-def _check_layout(cfg: Config) -> None:
+def _check_layout(cfg: Config, check: Checks) -> None:
     """Processes, sharding and batch sizes fit together: every data-parallel rank gets whole prompt groups."""
     from ..algo import estimator_info
 
     arr, tr, d = cfg.actor_rollout_ref, cfg.trainer, cfg.data
     actor = arr.actor
-    _check(tr.nnodes >= 1 and tr.n_gpus_per_node >= 1, "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
+    check(tr.nnodes >= 1 and tr.n_gpus_per_node >= 1, "trainer.nnodes and trainer.n_gpus_per_node must be >= 1")
     world = tr.nnodes * tr.n_gpus_per_node
     tp, fsdp_size = actor.fsdp_config.tp_size, actor.fsdp_config.fsdp_size
-    if not _check(tp >= 1 and world >= 1 and world % tp == 0, f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} "
-                  f"must divide the {world} processes (trainer.nnodes x trainer.n_gpus_per_node)"):
+    if not check(tp >= 1 and world >= 1 and world % tp == 0, f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} "
+                 f"must divide the {world} processes (trainer.nnodes x trainer.n_gpus_per_node)"):
         return
     dp = world // tp
-    if tp > 1 and arr.model.lora_rank > 0 and actor.strategy == "megatron":
-        actor.fsdp_config.tp_size = tp = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
-        dp = world
-    _check(tp == 1 or arr.model.lora_rank == 0,
-           f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} with tp_size={tp}: LoRA runs with FSDP2 sharding "
-           "alone; set actor_rollout_ref.actor.fsdp_config.tp_size=1 (the frozen base shards over every rank)")
-    _check(fsdp_size in (-1, 0) or (fsdp_size >= 1 and dp % fsdp_size == 0),
-           f"actor_rollout_ref.actor.fsdp_config.fsdp_size={fsdp_size} must divide the {dp} data-parallel ranks "
-           "(-1 = shard over all of them)")
+    check(tp == 1 or arr.model.lora_rank == 0,
+          f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} with tp_size={tp}: LoRA runs with FSDP2 sharding "
+          "alone; set actor_rollout_ref.actor.fsdp_config.tp_size=1 (the frozen base shards over every rank)")
+    check(fsdp_size in (-1, 0) or (fsdp_size >= 1 and dp % fsdp_size == 0),
+          f"actor_rollout_ref.actor.fsdp_config.fsdp_size={fsdp_size} must divide the {dp} data-parallel ranks "
+          "(-1 = shard over all of them)")
     roles = [("actor_rollout_ref.actor.fsdp_config", actor.fsdp_config),
              ("actor_rollout_ref.ref.fsdp_config", arr.ref.fsdp_config),
              ("critic.model.fsdp_config", cfg.critic.model.fsdp_config)]
     for key, fsdp in roles[1:]:
-        _check(fsdp.tp_size in (1, tp), f"{key}.tp_size={fsdp.tp_size}: every role uses the actor's tensor-parallel "
-                                        f"layout ({tp}); remove the key")
-        _check(fsdp.fsdp_size in (-1, fsdp_size), f"{key}.fsdp_size={fsdp.fsdp_size}: every role uses the actor's "
-                                                  f"sharding layout (fsdp_size={fsdp_size}); remove the key")
+        check(fsdp.tp_size in (1, tp), f"{key}.tp_size={fsdp.tp_size}: every role uses the actor's tensor-parallel "
+                                       f"layout ({tp}); remove the key")
+        check(fsdp.fsdp_size in (-1, fsdp_size), f"{key}.fsdp_size={fsdp.fsdp_size}: every role uses the actor's "
+                                                 f"sharding layout (fsdp_size={fsdp_size}); remove the key")
     for key, fsdp in roles:
-        _choice(fsdp.model_dtype, DTYPES[1:], f"{key}.model_dtype")
+        check.choice(fsdp.model_dtype, DTYPES[1:], f"{key}.model_dtype")
         if fsdp.mixed_precision.param_dtype is not None:
-            _choice(fsdp.mixed_precision.param_dtype, DTYPES[1:], f"{key}.mixed_precision.param_dtype")
-        _choice(fsdp.mixed_precision.reduce_dtype, DTYPES[1:], f"{key}.mixed_precision.reduce_dtype")
+            check.choice(fsdp.mixed_precision.param_dtype, DTYPES[1:], f"{key}.mixed_precision.param_dtype")
+        check.choice(fsdp.mixed_precision.reduce_dtype, DTYPES[1:], f"{key}.mixed_precision.reduce_dtype")
     if dp > 1:
-        _check(d.train_batch_size % dp == 0, f"data.train_batch_size={d.train_batch_size} must be divisible by the "
-                                             f"{dp} data-parallel ranks (each takes whole prompts)")
-        _check(actor.ppo_mini_batch_size % dp == 0,
-               f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be divisible by the "
-               f"{dp} data-parallel ranks (a mini-batch's prompts are split over them)")
+        check(d.train_batch_size % dp == 0, f"data.train_batch_size={d.train_batch_size} must be divisible by the "
+                                            f"{dp} data-parallel ranks (each takes whole prompts)")
+        check(actor.ppo_mini_batch_size % dp == 0,
+              f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be divisible by the "
+              f"{dp} data-parallel ranks (a mini-batch's prompts are split over them)")
         critic_mini = cfg.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
         if estimator_info(cfg.algorithm.adv_estimator).needs_critic or cfg.critic.enable:
-            _check(critic_mini % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} must be divisible by the {dp} "
-                                          "data-parallel ranks")
+            check(critic_mini % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} must be divisible by the {dp} "
+                                         "data-parallel ranks")
     for key in ("save_contents", "load_contents"):
         value = getattr(actor.checkpoint, key)
         for item in value or []:
-            _choice(item, ("model", "optimizer", "extra", "hf_model"), f"actor_rollout_ref.actor.checkpoint.{key} entry")
-
-
-def _check_sources(cfg: Config) -> None:
-    """What the run will read, checked now rather than minutes in: data files, tracking packages."""
-    import importlib.util
-    from pathlib import Path
-
-    group = "files, models and packages"
-    for key in ("train_files", "val_files"):
-        value = getattr(cfg.data, key)
-        for path in [value] if isinstance(value, str) else list(value or []):
-            _check(Path(str(path)).is_file(), f"data.{key}: '{path}' does not exist (or is not a file)", group)
-    reward_file = cfg.custom_reward_function.path
-    if reward_file:
-        from .reward_file import reward_file_problem
-
-        problem = reward_file_problem(reward_file, cfg.custom_reward_function.name)
-        _check(problem is None, problem or "", group)
-    from ..models.hub import model_source_problem
-
-    arr = cfg.actor_rollout_ref
-    for key, path in (("actor_rollout_ref.model.path", arr.model.path),
-                      ("actor_rollout_ref.model.tokenizer_path", arr.model.tokenizer_path),
-                      ("critic.model.path", cfg.critic.model.path),
-                      *((("reward_model.model.path", cfg.reward_model.model.path),
-                         ("reward_model.model.input_tokenizer", cfg.reward_model.model.input_tokenizer))
-                        if cfg.reward_model.enable else ())):
-        if path:
-            problem = model_source_problem(str(path), key=key)
-            _check(problem is None, problem or "", group)
-    loggers = cfg.trainer.logger
-    for name in [loggers] if isinstance(loggers, str) else loggers:
-        if name in ("wandb", "mlflow", "tensorboard"):
-            _check(importlib.util.find_spec(name) is not None, f"trainer.logger names {name}, which is not "
-                   f"installed: pip install {_LOGGER_PACKAGES[name]} (or remove it from trainer.logger)", group)
-
-
-_LOGGER_PACKAGES = {"wandb": "'posttrain[tracking]'", "mlflow": "'posttrain[tracking]'", "tensorboard": "tensorboard"}
-
-
-def _layout_note(cfg: Config) -> str | None:
-    """How a Megatron command line's devices are used here, said once."""
-    if "megatron" not in (cfg.actor_rollout_ref.actor.strategy, cfg.critic.strategy):
-        return None
-    tr, tp = cfg.trainer, cfg.actor_rollout_ref.actor.fsdp_config.tp_size
-    world = tr.nnodes * tr.n_gpus_per_node
-    return (f"strategy=megatron: the {world} processes run tensor parallel {tp} (actor.megatron."
-            f"tensor_model_parallel_size) x FSDP2 {max(world // max(tp, 1), 1)}; Megatron's pipeline, context and "
-            "expert parallel have no equivalent here, so those devices shard the model with FSDP2 instead")
-
-
-def config_warnings(cfg: Config) -> list[str]:
-    """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
-    from .schema import RolloutConfig
-
-    rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
-    changed = [k for k in ENGINE_ONLY_KEYS if getattr(rollout, k) != getattr(default, k)]
-    notes = []
-    if rollout.name in OTHER_ENGINES or changed:
-        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: posttrain generates with its own engine "
-                     f"(rollout.name=posttrain); engine-only keys have no effect"
-                     + (f" ({', '.join(changed)})" if changed else ""))
-    layout = _layout_note(cfg)
-    if layout:
-        notes.append(layout)
-    for why, keys in getattr(cfg, "port_notes", {}).items():
-        notes.append(f"{', '.join(keys)}: {why}" if why.startswith("read as") else
-                     f"accepted, no effect here: {', '.join(keys)} ({why})")
-    return notes
+            check.choice(item, ("model", "optimizer", "extra", "hf_model"),
+                         f"actor_rollout_ref.actor.checkpoint.{key} entry")

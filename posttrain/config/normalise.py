@@ -1,0 +1,19 @@
+"""Values a loaded config settles before it is checked: one spelling for a key that takes several, and the layouts
+that map onto posttrain's. The loader runs this between building the config and validating it, so validation reads
+a config and never changes it."""
+
+from __future__ import annotations
+
+from .schema import Config
+
+
+def normalise(cfg: Config) -> Config:
+    """Settle `cfg` in place (and return it)."""
+    tr = cfg.trainer
+    tr.logger = [tr.logger] if isinstance(tr.logger, str) else list(tr.logger)
+    arr = cfg.actor_rollout_ref
+    world, tp = tr.nnodes * tr.n_gpus_per_node, arr.actor.fsdp_config.tp_size
+    layout_fits = tr.nnodes >= 1 and tr.n_gpus_per_node >= 1 and tp >= 1 and world % tp == 0
+    if layout_fits and tp > 1 and arr.model.lora_rank > 0 and arr.actor.strategy == "megatron":
+        arr.actor.fsdp_config.tp_size = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
+    return cfg

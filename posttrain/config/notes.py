@@ -1,0 +1,40 @@
+"""Settings accepted so scripts port but with no effect here, or read differently: said once when the config
+loads (`config_warnings`), never silently ignored."""
+
+from __future__ import annotations
+
+from .schema import Config
+from .schema.actor_rollout_ref import RolloutConfig
+
+OTHER_ENGINES = ("vllm", "sglang", "trtllm")  # accepted; generation runs on posttrain's engine (a note says so)
+ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "free_cache_engine",
+                    "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "mode")
+
+
+def _layout_note(cfg: Config) -> str | None:
+    """How a Megatron command line's devices are used here, said once."""
+    if "megatron" not in (cfg.actor_rollout_ref.actor.strategy, cfg.critic.strategy):
+        return None
+    tr, tp = cfg.trainer, cfg.actor_rollout_ref.actor.fsdp_config.tp_size
+    world = tr.nnodes * tr.n_gpus_per_node
+    return (f"strategy=megatron: the {world} processes run tensor parallel {tp} (actor.megatron."
+            f"tensor_model_parallel_size) x FSDP2 {max(world // max(tp, 1), 1)}; Megatron's pipeline, context and "
+            "expert parallel have no equivalent here, so those devices shard the model with FSDP2 instead")
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
+    rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
+    changed = [k for k in ENGINE_ONLY_KEYS if getattr(rollout, k) != getattr(default, k)]
+    notes = []
+    if rollout.name in OTHER_ENGINES or changed:
+        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: posttrain generates with its own engine "
+                     f"(rollout.name=posttrain); engine-only keys have no effect"
+                     + (f" ({', '.join(changed)})" if changed else ""))
+    layout = _layout_note(cfg)
+    if layout:
+        notes.append(layout)
+    for why, keys in getattr(cfg, "port_notes", {}).items():
+        notes.append(f"{', '.join(keys)}: {why}" if why.startswith("read as") else
+                     f"accepted, no effect here: {', '.join(keys)} ({why})")
+    return notes

@@ -1,0 +1,274 @@
+"""`actor_rollout_ref.*`: the policy model, its training (actor), the frozen reference and generation (rollout)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None
+    """Hugging Face causal LM: a local directory or a hub id (`owner/name`, see above)"""
+    tokenizer_path: Optional[str] = None
+    """tokenizer directory or hub id, if not the model's"""
+    trust_remote_code: bool = False
+    """passed to `from_pretrained`"""
+    use_remove_padding: bool = True
+    """accepted for portability, no effect: there is no padding-free (packed) forward; each forward runs on padded
+    rows, cut to the longest prompt and the longest response of its micro-batch. Log-probs, losses and metrics count
+    only real response tokens either way"""
+    enable_gradient_checkpointing: bool = True
+    """activation checkpointing in the actor (and critic) forward"""
+    lora_rank: int = 0
+    """> 0 trains a LoRA adapter of this rank (peft) instead of all weights; the reference is then the same model
+    with the adapter off"""
+    lora_alpha: int = 16
+    """LoRA scale and the modules it adapts (`all-linear`, a comma-separated string or a list of names)"""
+    target_modules: Any = "all-linear"
+    """LoRA scale and the modules it adapts (`all-linear`, a comma-separated string or a list of names)"""
+    override_config: dict = field(default_factory=dict)
+    """entries set on the model config before loading (e.g. `attention_dropout`)"""
+    dtype: str = "auto"
+    """compute dtype: `auto` = bf16 where the hardware supports it (a CPU needs AVX512-BF16 or AMX), else fp32; or
+    `bf16`, `fp16`, `fp32` (autocast in one process, FSDP's mixed precision when sharded). bf16 on a CPU without
+    those instructions is emulated, tens of times slower than fp32: a warning at load says so"""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """AdamW learning rate"""
+    lr_warmup_steps: int = -1
+    """linear warmup steps; -1 = use `lr_warmup_steps_ratio`"""
+    lr_warmup_steps_ratio: float = 0.0
+    """warmup as a share of the total steps"""
+    warmup_style: Optional[str] = None
+    """`constant` or `cosine` after warmup"""
+    lr_scheduler_type: str = "constant"
+    """`constant` or `cosine` after warmup"""
+    min_lr_ratio: float = 0.0
+    """cosine floor as a share of `lr`"""
+    weight_decay: float = 0.01
+    """AdamW weight decay"""
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas"""
+    total_training_steps: int = -1
+    """scheduler horizon; -1 = the trainer's step count"""
+
+
+@dataclass
+class MixedPrecisionConfig:
+    param_dtype: Optional[str] = None
+    """FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype;
+    `buffer_dtype` is accepted and has no effect"""
+    reduce_dtype: str = "fp32"
+    """FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype;
+    `buffer_dtype` is accepted and has no effect"""
+    buffer_dtype: str = "fp32"
+    """FSDP2 `MixedPrecisionPolicy`: compute dtype (null = `model.dtype`) and gradient-reduction dtype;
+    `buffer_dtype` is accepted and has no effect"""
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = False
+    """keep parameters, gradients and Adam state in CPU memory (FSDP2 `CPUOffloadPolicy`; shards even one process)"""
+    optimizer_offload: bool = False
+    """keep Adam state in CPU memory between optimizer steps (on a GPU; nothing to move on a CPU run)"""
+    fsdp_size: int = -1
+    """ranks per FSDP shard group (-1 = all data-parallel ranks; a divisor gives HSDP: shard within groups, replicate
+    across them)"""
+    tp_size: int = 1
+    """tensor-parallel degree: attention and MLP projections split over this many ranks (the model's own plan,
+    colwise/rowwise); a 2-D mesh with FSDP over the rest. The same layout holds for ref and critic"""
+    model_dtype: str = "fp32"
+    """dtype of the stored (sharded) weights and so of the optimizer's parameters"""
+    reshard_after_forward: bool = True
+    """free each gathered layer after its forward (False keeps it until backward: faster, more memory)"""
+    mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+    """`vanilla` (PPO dual-clip), `gpg`, `gspo`, `cispo`, `clip_cov`, `kl_cov`, `geo_mean`, `sapo`, `dppo_tv`,
+    `dppo_kl`, or a registered loss (docs/algorithms.md)"""
+    clip_cov_ratio: float = 0.0002
+    """`clip_cov`: share of tokens whose gradient is dropped"""
+    clip_cov_lb: float = 1.0
+    """`clip_cov`: lower end of the covariance window of the candidates"""
+    clip_cov_ub: float = 5.0
+    """`clip_cov`: upper end of the covariance window of the candidates"""
+    kl_cov_ratio: float = 0.0002
+    """`kl_cov`: share of tokens (largest covariance) penalised"""
+    ppo_kl_coef: float = 0.1
+    """`kl_cov`: coefficient of the `|log-ratio|` penalty"""
+
+
+@dataclass
+class CheckpointConfig:
+    save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """what a checkpoint holds; add `hf_model` to also write a plain Hugging Face folder (`actor/huggingface`) of
+    each saved checkpoint, by rank 0 in the background while training goes on (a failed export is a warning: the
+    checkpoint is saved)"""
+    load_contents: Optional[list] = None
+    """what a resume loads (null = `save_contents`)"""
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp"
+    """`fsdp`/`fsdp2`: FSDP2 when sharded (see "Processes and sharding"); `megatron`: its layout runs as FSDP2 x
+    tensor parallel (a note says how the devices are used)"""
+    ppo_mini_batch_size: int = 256
+    """prompts per optimizer step (whole prompt groups, split over the data-parallel ranks)"""
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    """responses per forward/backward; null = whole mini-batch"""
+    use_dynamic_bsz: bool = False
+    """micro-batches of rows of similar length, each at most `ppo_max_token_len_per_gpu` padded positions (rows x
+    (longest prompt + longest response): the forward runs on padded rows; a longer row alone gets its own), as many
+    on every rank"""
+    ppo_max_token_len_per_gpu: int = 16384
+    """token budget of a dynamic micro-batch, in padded positions (rows x padded width)"""
+    ppo_epochs: int = 1
+    """passes over each batch"""
+    shuffle: bool = False
+    """shuffle the prompt groups (seeded, restored on resume) before splitting into mini-batches"""
+    grad_clip: float = 1.0
+    """gradient-norm clip"""
+    clip_ratio: float = 0.2
+    """PPO clip; fallback for `clip_ratio_low` / `clip_ratio_high`"""
+    clip_ratio_low: Optional[float] = None
+    """asymmetric clip (DAPO clip-higher)"""
+    clip_ratio_high: Optional[float] = None
+    """asymmetric clip (DAPO clip-higher)"""
+    clip_ratio_c: float = 3.0
+    """dual-clip bound for negative advantages (> 1)"""
+    loss_agg_mode: str = "token-mean"
+    """`token-mean`, `token-sum` (no normaliser), `seq-mean-token-sum`, `seq-mean-token-mean`,
+    `seq-mean-token-sum-norm`"""
+    loss_scale_factor: Optional[float] = None
+    """`C` of `seq-mean-token-sum-norm` (null = `data.max_response_length`)"""
+    entropy_coeff: float = 0.0
+    """entropy bonus coefficient"""
+    use_kl_loss: bool = False
+    """add `kl_loss_coef * agg(kl(logp, logp_ref))` to the actor loss (loads the reference)"""
+    kl_loss_coef: float = 0.001
+    """its coefficient"""
+    kl_loss_type: str = "low_var_kl"
+    """`kl`/`k1`, `abs`, `mse`/`k2`, `low_var_kl`/`k3`, each with optional `+`"""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    tau_pos: float = 1.0
+    """`sapo`: gate temperature for positive advantages"""
+    tau_neg: float = 1.05
+    """`sapo`: gate temperature for negative advantages"""
+    calculate_sum_pi_squared: bool = False
+    """accepted for portability: `sum_v pi_v^2` is computed whenever the estimator reads it
+    (`optimal_token_baseline`)"""
+    freeze_vision_tower: bool = False
+    """vision-language models: the vision encoder (and its merger) is not trained; an error for a text-only model"""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """responses per reference forward"""
+    log_prob_use_dynamic_bsz: bool = False
+    """token-budget micro-batches"""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """token-budget micro-batches"""
+    fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig(param_offload=False))
+    """param_offload: keep the reference weights in CPU memory between uses (FSDP2 CPU offload when sharded; in one
+    plain process on a GPU the model moves in and out per step; nothing to move on a CPU run)
+    optimizer_offload: accepted for portability: the reference has no optimizer
+    fsdp_size, tp_size: as the actor's; must be left unset or equal the actor's
+    model_dtype, reshard_after_forward: as the actor's keys; `fsdp_size` / `tp_size` must be left unset or equal the
+    actor's
+    mixed_precision.*: as the actor's key"""
+
+
+@dataclass
+class ValKwargsConfig:
+    n: int = 1
+    """validation sampling"""
+    do_sample: bool = False
+    """validation sampling"""
+    temperature: float = 0.0
+    """validation sampling"""
+    top_p: float = 1.0
+    """validation sampling"""
+    top_k: int = -1
+    """validation sampling"""
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "posttrain"
+    """`posttrain` or `hf`; `vllm`/`sglang` are accepted and run on `posttrain` (see above)"""
+    mode: str = "sync"
+    """engine-only"""
+    n: int = 1
+    """samples per prompt"""
+    temperature: float = 1.0
+    """sampling; `top_k=-1` = off"""
+    top_p: float = 1.0
+    """sampling; `top_k=-1` = off"""
+    top_k: int = -1
+    """sampling; `top_k=-1` = off"""
+    do_sample: bool = True
+    """False = greedy"""
+    response_length: Optional[int] = None
+    """generated tokens: null or equal to `data.max_response_length`, which bounds generation, the overlong penalty
+    and the `seq-mean-token-sum-norm` constant alike; another value is rejected"""
+    prompt_length: Optional[int] = None
+    """null or equal to `data.max_prompt_length` (which bounds prompts); another value is rejected"""
+    dtype: str = "auto"
+    """dtype of generation (as `model.dtype`)"""
+    ignore_eos: bool = False
+    """keep generating past EOS up to `response_length`"""
+    calculate_log_probs: bool = False
+    """the engine also returns each sampled token's log-prob under the distribution it was drawn from
+    (`rollout_log_probs`), and `logp_old` is computed in its own pass (otherwise skipped when one mini-batch and one
+    epoch make it `sg(logp)`); the gap between the two is logged as `training/rollout_probs_diff_max` / `_mean` /
+    `_std` and `training/rollout_actor_probs_pearson_corr` (docs/algorithms.md)"""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """responses per old-log-prob forward"""
+    log_prob_use_dynamic_bsz: bool = False
+    """token-budget micro-batches"""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """token-budget micro-batches"""
+    micro_batch_size: Optional[int] = None
+    """prompts generated in one `generate` call; null = all"""
+    # Knobs of the vLLM / SGLang engines: accepted so scripts port, no effect here (a note says so when set).
+    tensor_model_parallel_size: int = 2
+    """engine-only (see above)"""
+    gpu_memory_utilization: float = 0.5
+    """engine-only (see above)"""
+    enforce_eager: bool = False
+    """False: on a GPU, posttrain's engine replays each decoding step as a CUDA graph (one process; sharded and MoE
+    models decode eagerly); True: eager steps"""
+    free_cache_engine: bool = True
+    """engine-only (see above)"""
+    load_format: str = "auto"
+    """engine-only (see above)"""
+    max_num_batched_tokens: int = 8192
+    """engine-only (see above)"""
+    max_num_seqs: int = 1024
+    """engine-only (see above)"""
+    enable_chunked_prefill: bool = True
+    """engine-only (see above)"""
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    """actor and rollout share weights (the only mode; False is rejected)"""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -1,0 +1,73 @@
+"""`algorithm.*`: the advantage estimator, the KL in the reward, DAPO group filtering, rollout correction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"
+    """beta and its controller"""
+    kl_coef: float = 0.001
+    """beta and its controller"""
+    horizon: int = 10000
+    """beta and its controller"""
+    target_kl: float = 0.1
+    """beta and its controller"""
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    """DAPO dynamic sampling"""
+    metric: Optional[str] = None
+    """DAPO dynamic sampling: a group is kept when this differs among its responses: `score` / `acc` (the scorer's
+    own, before overlong shaping), `seq_reward` (summed token-level scores, shaping included), `seq_final_reward`
+    (summed token-level rewards, the in-reward KL penalty subtracted); see docs/algorithms.md"""
+    max_num_gen_batches: int = 0
+    """DAPO dynamic sampling"""
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    rollout_is: Optional[str] = None
+    """truncated importance sampling `pi_old / pi_rollout`: `token` or `sequence` (null = off)"""
+    rollout_is_threshold: float = 2.0
+    """upper truncation of the weights"""
+    rollout_rs: Optional[str] = None
+    """rejection sampling: not supported, any value but null is rejected"""
+    rollout_rs_threshold: Any = None
+    """rejection sampling: not supported, any value but null is rejected"""
+    bypass_mode: bool = False
+    """True: the rollout's log-probs are the old policy (no old-log-prob pass); not with `rollout_is`"""
+    loss_type: str = "ppo_clip"
+    """bypass mode's loss: `ppo_clip` (the configured policy loss); `reinforce` is rejected"""
+    rollout_is_batch_normalize: bool = False
+    """rescale the weights to mean 1 over the batch"""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "gae"
+    """`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax`, `gpg`, `opo`,
+    `grpo_passk`, `optimal_token_baseline`, `gdpo`, `grpo_vectorized` / `rloo_vectorized` (= `grpo` / `rloo`), or
+    registered"""
+    gamma: float = 1.0
+    """discount and GAE lambda"""
+    lam: float = 1.0
+    """discount and GAE lambda"""
+    norm_adv_by_std_in_grpo: bool = True
+    """False = Dr. GRPO"""
+    use_kl_in_reward: bool = False
+    """`r = score - beta * kl(old, ref)` (loads the reference)"""
+    kl_penalty: str = "kl"
+    """estimator of the in-reward KL"""
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    gdpo_reward_keys: Optional[list] = None
+    """`gdpo`: the keys of the reward function's dict, one reward component each (required)"""
+    gdpo_reward_weights: Optional[list] = None
+    """`gdpo`: a weight per component (null = 1 each)"""
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)

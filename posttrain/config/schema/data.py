@@ -1,0 +1,50 @@
+"""`data.*`: the prompt files, their columns, lengths and batch sizes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+StrOrList = Union[str, list]
+
+
+@dataclass
+class DataConfig:
+    train_files: Optional[StrOrList] = None
+    """parquet or jsonl file, or a list of them (rows in the layout of DESIGN.md)"""
+    val_files: Optional[StrOrList] = None
+    """validation files; null = no validation"""
+    prompt_key: str = "prompt"
+    """column holding the chat messages (or a plain string)"""
+    reward_fn_key: str = "data_source"
+    """column that selects the rule scorer"""
+    max_prompt_length: int = 512
+    """prompt tokens after the chat template"""
+    max_response_length: int = 512
+    """generated tokens; also `C` of `seq-mean-token-sum-norm`"""
+    train_batch_size: int = 1024
+    """prompts per step (each sampled `rollout.n` times)"""
+    val_batch_size: Optional[int] = None
+    """prompts per validation generate call; null = all at once"""
+    shuffle: bool = True
+    """shuffle training prompts each epoch (seeded by `seed`)"""
+    seed: int = 1
+    """data order seed"""
+    filter_overlong_prompts: bool = False
+    """drop prompts longer than `max_prompt_length` at load time (counted)"""
+    truncation: str = "error"
+    """too-long prompt: `error` (names file and row), `left`, `right`, `middle`"""
+    return_raw_chat: bool = False
+    """pass the chat messages to scorers as `extra_info["raw_prompt"]`"""
+    image_key: str = "images"
+    """column holding a row's images (a list of bytes, {"bytes", "path"} structs or paths), one per `<image>` in the
+    prompt; needs a vision-language model (its processor makes the image tokens)"""
+    apply_chat_template_kwargs: dict = field(default_factory=dict)
+    """extra arguments of the tokenizer's chat template (e.g. `enable_thinking`, `reasoning_effort`)"""
+    train_max_samples: int = -1
+    """use only the first N usable training rows (-1 = all)"""
+    val_max_samples: int = -1
+    """use only the first N usable validation rows (-1 = all)"""
+    missing_chat_template: str = "error"
+    """a tokenizer without a chat template: `error` (stop before training) or `join` (the message contents joined by
+    newlines, for base models)"""
