@@ -103,7 +103,7 @@ def test_micro_batches_do_not_change_scores(rm_dir, tiny_tokenizer, extra):
     batch, _ = scored_batch(tiny_tokenizer)
     whole = RewardModel.from_config(rm_config(rm_dir), Parallel(), tiny_tokenizer).score(batch)
     rm = RewardModel.from_config(rm_config(rm_dir, *extra), Parallel(), tiny_tokenizer)
-    parts = rm.worker.micro_parts(Batch({"attention_mask": torch.ones(3, 12)}), rm.cfg.micro_batch_size_per_gpu,
+    parts = rm.runner.micro_parts(Batch({"attention_mask": torch.ones(3, 12)}), rm.cfg.micro_batch_size_per_gpu,
                                   max_tokens=30 if rm.cfg.use_dynamic_bsz else None)
     assert len(parts) > 1
     torch.testing.assert_close(rm.score(batch), whole, rtol=1e-5, atol=1e-5)
@@ -194,7 +194,7 @@ par = init_parallel(device_name="cpu")
 tok = load_tokenizer(policy_dir)
 batch, _ = scored_batch(tok)
 rm = RewardModel.from_config(rm_config(rm_dir, "reward_model.micro_batch_size_per_gpu=1"), par, tok)
-assert rm.worker.sharded
+assert rm.runner.sharded
 rows = [[0, 1], [2]][par.rank]  # uneven shares: rank 1 joins its second micro-batch with an empty part
 scores = rm.score(batch.select(rows))
 gathered = par.gather((rows, scores.tolist()))

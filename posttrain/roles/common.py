@@ -65,8 +65,9 @@ def shared_prompts(mb: Batch):
     return prompt_groups(mb.meta["uid"]) if "uid" in mb.meta else None
 
 
-class Worker:
-    """One role's model on this rank: its data-parallel share of a batch, micro-batches, precision, clipping."""
+class ModelRunner:
+    """Runs one role's model in this process: picks the rank's data-parallel share of a batch, splits it into
+    micro-batches, runs the forward in the right precision, clips and takes the optimizer step."""
 
     def __init__(self, model, par: Parallel, *, dtype: torch.dtype, balance_batch: bool = True):
         self.model, self.par, self.dtype, self.balance_batch = model, par, dtype, balance_batch

@@ -24,7 +24,7 @@ from ..reward.judge import judge_reward
 from ..reward.manager import RewardManager
 from ..reward.model import ModelRewardManager
 from ..roles.actor import Actor
-from ..roles.common import Worker
+from ..roles.common import ModelRunner
 from ..roles.critic import Critic
 from ..roles.judge import Judge
 from ..roles.reference import Reference
@@ -110,7 +110,7 @@ class Roles:
                 return model
 
             model = prepare_model(build, par, shard_settings(fsdp_cfg, self.dtype))
-            return Worker(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)
+            return ModelRunner(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)
 
         a = arr.actor
         actor_worker = policy(a.fsdp_config, trainable=True, with_lora=lora)
@@ -119,8 +119,8 @@ class Roles:
                            max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            ref_worker = actor_worker if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
-            self.reference = Reference(ref_worker, arr.ref, temperature=temperature, adapter_off=lora is not None)
+            ref_runner = actor_worker if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
+            self.reference = Reference(ref_runner, arr.ref, temperature=temperature, adapter_off=lora is not None)
         self.critic = None
         if needs_critic(cfg):
             c, cm = cfg.critic, cfg.critic.model
@@ -135,7 +135,7 @@ class Roles:
                                                   key="critic.model.path" if cm.path else "actor_rollout_ref.model.path")
 
             value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
-            self.critic = Critic(Worker(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
+            self.critic = Critic(ModelRunner(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
                                  seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config),
                                  max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
