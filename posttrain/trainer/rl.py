@@ -26,7 +26,7 @@ from ..rollout.hf import concat_rollouts
 from .checkpoint import complete_checkpoints, finish_exports, save_checkpoint
 from .preempt import Preempted, StopOnSignal, resume_message
 from .recovery import load_latest
-from .metrics import data_metrics, validation_metrics
+from .metrics import data_metrics, reward_metrics, timer, validation_metrics
 from .setup import build_rl_parts, parallel_for, preflight
 from .tracking import NullTracker, Tracker
 
@@ -80,7 +80,7 @@ class RLTrainer:
         share = self.par.my_slice(len(items))
         batch = _to_batch(items[share], engine.pad_id, uid_prefix, share.start, vision=parts.vision)
         n, greedy_extras = parts.sampling.n, None
-        with _timer(timing, "gen"), parts.actor.generation():
+        with timer(timing, "gen"), parts.actor.generation():
             batch = engine.generate(batch, parts.sampling)
             if parts.info.needs_greedy_baseline:
                 greedy = engine.generate(_to_batch(items[share], engine.pad_id, "greedy", vision=parts.vision),
@@ -88,7 +88,7 @@ class RLTrainer:
                                                         ignore_eos=parts.sampling.ignore_eos))
                 baseline, greedy_extras = parts.reward(greedy)
                 batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
-        with _timer(timing, "reward"):
+        with timer(timing, "reward"):
             batch["token_level_scores"], extras = parts.reward(batch)
         if greedy_extras is not None:  # a greedy response that failed to score counts on its prompt's first row
             for key in ("errors", "timeouts"):
@@ -171,7 +171,7 @@ class RLTrainer:
         cfg, parts, metrics = self.cfg, self.parts, {}
         timing = {} if timing is None else timing
         if parts.needs_old_log_prob:
-            with _timer(timing, "old_log_prob"):
+            with timer(timing, "old_log_prob"):
                 r = cfg.actor_rollout_ref.rollout
                 batch["old_log_probs"], sum_pi_squared = parts.actor.compute_log_prob(
                     batch, micro_batch_size=r.log_prob_micro_batch_size_per_gpu,
@@ -181,12 +181,12 @@ class RLTrainer:
                     batch["sum_pi_squared"] = sum_pi_squared
         metrics |= self._rollout_correction(batch)
         if parts.reference is not None:
-            with _timer(timing, "ref"):
+            with timer(timing, "ref"):
                 batch["ref_log_probs"] = parts.reference.compute_log_prob(batch)
         if parts.critic is not None:
-            with _timer(timing, "values"):
+            with timer(timing, "values"):
                 batch["values"] = parts.critic.compute_values(batch)
-        with _timer(timing, "adv"):
+        with timer(timing, "adv"):
             if cfg.algorithm.use_kl_in_reward:
                 batch["token_level_rewards"], kl_metrics = apply_kl_in_reward(
                     batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"], batch["response_mask"],
@@ -203,22 +203,12 @@ class RLTrainer:
                 sum_pi_squared=batch.get("sum_pi_squared"), rollout_is_weights=batch.get("rollout_is_weights"),
                 reward_components=self._reward_components(batch), reward_weights=alg.gdpo_reward_weights)
         if parts.critic is not None:
-            with _timer(timing, "update_critic"):
+            with timer(timing, "update_critic"):
                 metrics |= parts.critic.update(batch)
         if self.global_step > cfg.trainer.critic_warmup:
-            with _timer(timing, "update_actor"):
+            with timer(timing, "update_actor"):
                 metrics |= parts.actor.update(batch)
-        metrics |= data_metrics(batch, parts.max_new)
-        for key, values in batch.meta.items():
-            if not key.startswith("reward:") or key in ("reward:score", "reward:response_text"):
-                continue
-            name = key.split(":", 1)[1]
-            if name in ("errors", "timeouts"):
-                metrics[f"reward/{name}"] = sum(values)
-            elif (present := [v for v in values if v is not None]) and all(isinstance(v, (int, float))
-                                                                             for v in present):  # bools count too
-                metrics[f"reward/{name}/mean"] = sum(present) / len(present)  # over the rows that returned the key
-        return metrics
+        return metrics | data_metrics(batch, parts.max_new) | reward_metrics(batch.meta)
 
     def _rollout_correction(self, batch: Batch) -> dict[str, float]:
         """Bypass mode: the rollout's log-probs become the old policy's. Otherwise the gap between the rollout's
@@ -391,17 +381,6 @@ def _answer(data_source: str, text: str):
         return extract_answer_for(data_source, text)
     except (KeyError, ValueError):
         return None
-
-
-class _timer:
-    def __init__(self, store: dict, name: str):
-        self.store, self.name = store, name
-
-    def __enter__(self):
-        self.t = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.store[self.name] = self.store.get(self.name, 0.0) + time.perf_counter() - self.t
 
 
 def run_rl(cfg) -> dict[str, float]:
