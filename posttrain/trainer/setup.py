@@ -29,8 +29,8 @@ from ..roles.critic import Critic
 from ..roles.judge import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
-from ..rollout.engine import DecodeEngine
 from ..rollout.base import SamplingParams
+from ..rollout.engine import DecodeEngine
 from ..rollout.hf import HFRollout
 from .recovery import check_run_dir, clear_run_dir
 
@@ -229,11 +229,6 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
     if cfg.reward_model.enable:
         for data in datasets:
             reward.check_data_sources(it.data_source for it in data.items)
-    if (cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc"
-            and not getattr(reward, "rule_scoring", True)):
-        raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
-                          "a data source without a scorer turns them off; use metric=score (the reward model's) or "
-                          "set custom_reward_function.path")
     r, rc, a = arr.rollout, cfg.algorithm.rollout_correction, arr.actor
     max_new = r.response_length or cfg.data.max_response_length
     rollout_logprobs = r.calculate_log_probs or rc.rollout_is is not None or rc.bypass_mode
@@ -249,6 +244,10 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
         kl_ctrl=kl_ctrl, info=info, max_new=max_new, needs_old_log_prob=needs_old_log_prob,
         sampling=SamplingParams.of(r, max_new_tokens=max_new, ignore_eos=r.ignore_eos, logprobs=rollout_logprobs),
         val_sampling=SamplingParams.of(r.val_kwargs, max_new_tokens=max_new, ignore_eos=r.ignore_eos))
+    if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not parts.rule_scoring:
+        raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
+                          "a data source without a scorer turns them off; use metric=score (the reward model's) or "
+                          "set custom_reward_function.path")
     par.barrier()
     if par.is_main:
         if tr.resume_mode == "disable" and tr.overwrite_run_dir:
