@@ -106,7 +106,7 @@ def main(spec_path: str) -> None:
             parts = trainer.parts
             models = {"actor": parts.actor, "reference": parts.reference, "critic": parts.critic}
             checks = {role: obj.model.shared_prompt_ok for role, obj in models.items() if obj is not None}
-            checks["rollout"] = trainer.parts.engine.shared_prefix_ok
+            checks["rollout"] = parts.engine.shared_prefix_ok
             (out / f"{name}_checks_rank{par.rank}.json").write_text(json.dumps(checks))
         states = {role: full_model_state(obj.model) for role, obj in trainer.parts.trained.items()}
         if par.is_main:
