@@ -143,7 +143,7 @@ def run_posttrain(workdir: Path, model: str, dtype: str, steps: int, device: str
         gen, reward, step = m["timing_s/gen"], m.get("timing_s/reward", 0.0), m["timing_s/step"]
         out.append(dict(step=step, gen=gen, train=step - gen - reward, tokens=m["response_length/mean"] * PROMPTS * N,
                         all_tokens=(m["response_length/mean"] + m["prompt_length/mean"]) * PROMPTS * N,
-                        graphs=getattr(trainer.rollout, "graphs_recorded", 0)))
+                        graphs=getattr(trainer.parts.engine, "graphs_recorded", 0)))
     return out
 
 

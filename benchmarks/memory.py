@@ -151,8 +151,8 @@ def run_variant(args) -> None:
     trainer = RLTrainer(cfg, par)
     trainer.global_step = 1
     grads = {}
-    trainer.actor.optimizer.register_step_pre_hook(
-        lambda opt, *_: grads.update(bytes=nbytes(p.grad for p in trainer.actor.model.parameters())))
+    trainer.parts.actor.optimizer.register_step_pre_hook(
+        lambda opt, *_: grads.update(bytes=nbytes(p.grad for p in trainer.parts.actor.model.parameters())))
     seconds = []
     for _ in range(2):
         t0 = time.perf_counter()
@@ -161,10 +161,10 @@ def run_variant(args) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     r = {"variant": args.variant, "rank": par.rank, "world": par.world, "peak_mb": peak, "baseline_mb": baseline,
          "seconds": seconds[1], "ckpt": CKPT in extra, "grad_norm": metrics["actor/grad_norm"],
-         "vocab": trainer.actor.model.config.vocab_size, **held_bytes(trainer.actor, grads["bytes"])}
-    r["predicted"] = predicted(r, trainer.actor.model.config, batch)
+         "vocab": trainer.parts.actor.model.config.vocab_size, **held_bytes(trainer.parts.actor, grads["bytes"])}
+    r["predicted"] = predicted(r, trainer.parts.actor.model.config, batch)
     (work / f"result-{args.variant}-{par.rank}.json").write_text(json.dumps(r))  # ranks' stdout interleaves
-    trainer.reward.close()
+    trainer.parts.reward.close()
     shutdown()
 
 

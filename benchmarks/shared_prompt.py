@@ -48,13 +48,13 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             trainer = posttrain_trainer(workdir, model, dtype, 1, args.device)
             trainer.global_step = 1
-            batch, _ = trainer._rollout({})
-            policy = trainer.actor.model
-            trainer.actor.compute_log_prob(batch)  # the one-time check of the shared path runs here
+            batch, _ = trainer._training_batch({})
+            policy = trainer.parts.actor.model
+            trainer.parts.actor.compute_log_prob(batch)  # the one-time check of the shared path runs here
             logp = {}
             for on in (False, True):
                 use_shared_prompts(policy, on)
-                logp[on] = trainer.actor.compute_log_prob(batch)[0]
+                logp[on] = trainer.parts.actor.compute_log_prob(batch)[0]
             times, peak = {False: [], True: []}, {False: 0.0, True: 0.0}
             for _ in range(args.repeats):
                 for on in (False, True):

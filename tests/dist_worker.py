@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from posttrain.config import load_config
 from posttrain.parallel.checkpoint import full_model_state
 from posttrain.parallel.context import exit_process, shutdown
+from posttrain.rollout.base import SamplingParams
 from posttrain.trainer.rl import RLTrainer
 from posttrain.trainer.setup import parallel_for
 
@@ -96,21 +97,22 @@ def main(spec_path: str) -> None:
         trainer.global_step = 1
         batch = torch.load(spec["batch"], weights_only=False)
         if "fail_checks_on_rank" in spec:  # as a step runs: generate, then learn; each rank's decisions saved
-            with trainer.actor.generation():
-                trainer.rollout.generate(batch.select(range(par.dp_rank, len(batch), 8)),
-                                         trainer.sampling.__class__(n=2, max_new_tokens=3))
-        steps = {role: record_gradients(obj) for role, obj in trainer.roles.items()}
+            with trainer.parts.actor.generation():
+                trainer.parts.engine.generate(batch.select(range(par.dp_rank, len(batch), 8)),
+                                              SamplingParams(n=2, max_new_tokens=3))
+        steps = {role: record_gradients(obj) for role, obj in trainer.parts.trained.items()}
         metrics = trainer.learn(batch)
         if "fail_checks_on_rank" in spec:
-            models = {"actor": trainer.actor, "reference": trainer.reference, "critic": trainer.critic}
+            parts = trainer.parts
+            models = {"actor": parts.actor, "reference": parts.reference, "critic": parts.critic}
             checks = {role: obj.model.shared_prompt_ok for role, obj in models.items() if obj is not None}
-            checks["rollout"] = trainer.rollout.shared_prefix_ok
+            checks["rollout"] = parts.engine.shared_prefix_ok
             (out / f"{name}_checks_rank{par.rank}.json").write_text(json.dumps(checks))
-        states = {role: full_model_state(obj.model) for role, obj in trainer.roles.items()}
+        states = {role: full_model_state(obj.model) for role, obj in trainer.parts.trained.items()}
         if par.is_main:
-            shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.roles.items()}
+            shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.parts.trained.items()}
             shards = {role: {name: tuple(p.to_local().shape) for name, p in obj.model.named_parameters()
-                             if hasattr(p, "to_local")} for role, obj in trainer.roles.items()}
+                             if hasattr(p, "to_local")} for role, obj in trainer.parts.trained.items()}
             torch.save({"metrics": metrics, "states": states, "steps": steps, "shared": shared,
                         "local_shapes": shards,
                         "old_log_probs": batch.get("old_log_probs"),
@@ -120,13 +122,13 @@ def main(spec_path: str) -> None:
             counts = []
             for max_new in (2, 6):
                 prompts = batch.select(range(par.dp_rank, len(batch), 8))
-                with CountAllGathers() as counter, trainer.actor.generation():
-                    trainer.rollout.generate(prompts, trainer.sampling.__class__(n=1, max_new_tokens=max_new))
+                with CountAllGathers() as counter, trainer.parts.actor.generation():
+                    trainer.parts.engine.generate(prompts, SamplingParams(n=1, max_new_tokens=max_new))
                 counts.append(counter.count)
-            units = sum(1 for m in trainer.actor.model.modules() if type(m).__name__.startswith("FSDP"))
+            units = sum(1 for m in trainer.parts.actor.model.modules() if type(m).__name__.startswith("FSDP"))
             if par.is_main:
                 (out / "gathers.json").write_text(json.dumps({"counts": counts, "units": units}))
-        trainer.reward.close()
+        trainer.parts.reward.close()
     shutdown()  # leave together (barrier, destroy the process group), as `posttrain` itself does
 
 

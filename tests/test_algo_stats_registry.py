@@ -104,10 +104,8 @@ def cleanup():
 
 def test_user_advantage_estimator(cleanup):
     @register_advantage("_test_half_score", uses_groups=True)
-    def half(*, token_level_rewards, response_mask, index=None, values=None, reward_baselines=None, gamma=1.0,
-             lam=1.0, norm_adv_by_std_in_grpo=True, old_log_probs=None, sum_pi_squared=None, rollout_is_weights=None,
-             reward_components=None, reward_weights=None):
-        a = 0.5 * token_level_rewards.sum(-1, keepdim=True) * response_mask
+    def half(inputs):
+        a = 0.5 * inputs.token_level_rewards.sum(-1, keepdim=True) * inputs.response_mask
         return a, a
 
     cleanup.append((ADVANTAGE_ESTIMATORS, "_test_half_score"))

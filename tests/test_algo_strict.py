@@ -1,6 +1,9 @@
-"""One calling convention: every registered policy loss and estimator takes exactly the documented keywords, so a
-misspelt keyword raises TypeError; registration refuses functions that would swallow typos; and the custom
-loss / estimator example in docs/algorithms.md runs as written."""
+"""One calling convention: every registered policy loss takes exactly the documented keywords and every estimator
+one AdvantageInputs, so a misspelt keyword or field raises TypeError; registration refuses functions that would
+swallow typos (and estimators in the earlier keyword form, saying how to convert them); and the custom loss /
+estimator example in docs/algorithms.md runs as written."""
+
+import dataclasses
 
 import inspect
 import re
@@ -12,8 +15,8 @@ from algo_reference import single_torch_thread  # noqa: F401  (autouse fixture)
 
 from posttrain.algo import (
     ADVANTAGE_ESTIMATORS,
-    ESTIMATOR_KEYWORDS,
     POLICY_LOSSES,
+    AdvantageInputs,
     LossSettings,
     compute_advantage,
     get_policy_loss,
@@ -39,15 +42,17 @@ def estimator_inputs():
 
 
 @pytest.mark.parametrize("name", ADVANTAGE_ESTIMATORS.names())
-def test_every_estimator_takes_exactly_the_keyword_set(name):
+def test_every_estimator_takes_one_inputs_object(name):
     fn = ADVANTAGE_ESTIMATORS.get(name)
-    params = inspect.signature(fn).parameters.values()
-    assert all(p.kind == p.KEYWORD_ONLY for p in params)
-    assert {p.name for p in params} == set(ESTIMATOR_KEYWORDS)
-    adv, ret = compute_advantage(name, **estimator_inputs())
+    params = list(inspect.signature(fn).parameters.values())
+    assert [(p.name, p.kind) for p in params] == [("inputs", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    assert {f.name for f in dataclasses.fields(AdvantageInputs)} == set(estimator_inputs())
+    adv, ret = fn(AdvantageInputs(**estimator_inputs()))
     assert adv.shape == ret.shape == (4, 3) and torch.isfinite(adv).all()
     with pytest.raises(TypeError, match="norm_adv_by_std"):
         compute_advantage(name, **estimator_inputs(), norm_adv_by_std=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):  # an estimator cannot change what the next one reads
+        AdvantageInputs(**estimator_inputs()).gamma = 0.5
 
 
 def loss_inputs():
@@ -85,6 +90,16 @@ def test_registration_rejects_signatures_that_swallow_typos():
         def loose_est(*, token_level_rewards, response_mask, **_):
             return token_level_rewards, token_level_rewards
     assert "_test_loose_loss" not in POLICY_LOSSES and "_test_loose_est" not in ADVANTAGE_ESTIMATORS
+
+
+def test_an_estimator_in_the_earlier_keyword_form_is_refused_with_the_new_form():
+    with pytest.raises(TypeError, match=r"signature \(inputs\).*one AdvantageInputs.*inputs\.token_level_rewards"):
+        @register_advantage("_test_keyword_est")
+        def keyword_est(*, token_level_rewards, response_mask, index=None, values=None, reward_baselines=None,
+                        gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True, old_log_probs=None, sum_pi_squared=None,
+                        rollout_is_weights=None, reward_components=None, reward_weights=None):
+            return token_level_rewards, token_level_rewards
+    assert "_test_keyword_est" not in ADVANTAGE_ESTIMATORS
 
 
 def docs_example() -> str:

@@ -76,10 +76,10 @@ def test_sum_pi_squared_and_rollout_is_weights_in_a_training_run(small_task):
                      "algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.temperature=0.8",
                      "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32")
     trainer = RLTrainer(cfg)
-    batch, _ = trainer._rollout({})
+    batch, _ = trainer._training_batch({})
     assert "rollout_log_probs" in batch
-    old, sps = trainer.actor.compute_log_prob(batch, sum_pi_squared=True)
-    lm = trainer.actor.model.lm
+    old, sps = trainer.parts.actor.compute_log_prob(batch, sum_pi_squared=True)
+    lm = trainer.parts.actor.model.lm
     ids, mask, L = batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1]
     with torch.no_grad():
         z = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
@@ -102,7 +102,7 @@ def test_calculate_log_probs_logs_the_rollout_probability_gap(small_task):
                      "actor_rollout_ref.rollout.calculate_log_probs=True", "actor_rollout_ref.model.dtype=fp32",
                      "actor_rollout_ref.rollout.dtype=fp32")
     trainer = RLTrainer(cfg)
-    batch, _ = trainer._rollout({})
+    batch, _ = trainer._training_batch({})
     metrics = trainer.learn(batch)
     diffs = [abs(math.exp(o) - math.exp(r))
              for orow, rrow, mrow in zip(batch["old_log_probs"].tolist(), batch["rollout_log_probs"].tolist(),
@@ -119,8 +119,8 @@ def test_gdpo_reads_the_reward_components_and_bypass_mode_skips_the_old_pass(sma
     cfg = run_config(out, files, "gdpo_bypass", "algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[score,acc]",
                      "algorithm.gdpo_reward_weights=[1.0,0.5]", "algorithm.rollout_correction.bypass_mode=True")
     trainer = RLTrainer(cfg)
-    assert not trainer.needs_old_log_prob
-    batch, _ = trainer._rollout({})
+    assert not trainer.parts.needs_old_log_prob
+    batch, _ = trainer._training_batch({})
     comps = trainer._reward_components(batch)
     assert comps.tolist() == [[s, a] for s, a in zip(batch.meta["reward:score"], batch.meta["reward:acc"])]
     trainer.learn(batch)
@@ -129,7 +129,7 @@ def test_gdpo_reads_the_reward_components_and_bypass_mode_skips_the_old_pass(sma
     assert len((out / "gdpo_bypass" / "metrics.jsonl").read_text().splitlines()) == 2
     bad = RLTrainer(run_config(out, files, "gdpo_bad", "algorithm.adv_estimator=gdpo", "algorithm.gdpo_reward_keys=[fmt]"))
     with pytest.raises(Exception, match="returned no such key"):
-        bad.learn(bad._rollout({})[0])
+        bad.learn(bad._training_batch({})[0])
 
 
 def test_new_losses_train_a_step(small_task):
@@ -163,22 +163,22 @@ def test_remax_greedy_baseline_keeps_ignore_eos_and_counts_its_scoring_errors(tm
         "trainer.logger=['jsonl']", "trainer.val_before_train=False"])
     trainer = RLTrainer(cfg)
     calls = []
-    generate = trainer.rollout.generate
+    generate = trainer.parts.engine.generate
 
     def recorded(batch, sampling):
         out = generate(batch, sampling)
         calls.append((sampling, out["response_mask"].sum(-1).tolist()))
         return out
 
-    trainer.rollout.generate = recorded
+    trainer.parts.engine.generate = recorded
     with pytest.warns(RuntimeWarning, match="reward function raised"):
-        batch, _ = trainer._rollout({})
+        batch, _ = trainer._training_batch({})
     (sampled, sampled_lengths), (greedy, greedy_lengths) = calls
     assert greedy.greedy and greedy.n == 1 and greedy.ignore_eos
     assert sampled_lengths == [5] * 6 and greedy_lengths == [5] * 3
     metrics = trainer.learn(batch)
     assert metrics["reward/errors"] == 6 + 3  # 3 prompts x 2 sampled responses, and the 3 greedy ones
-    trainer.reward.close()
+    trainer.parts.reward.close()
 
 
 def test_dapo_filter_metrics_follow_verls_definitions(tmp_path, tiny_model_dir):
@@ -208,9 +208,9 @@ def test_dapo_filter_metrics_follow_verls_definitions(tmp_path, tiny_model_dir):
     trainer = RLTrainer(cfg)
     torch.manual_seed(0)
     with torch.no_grad():  # the policy moves away from the reference: the in-reward KL differs by response
-        for p in trainer.actor.model.parameters():
+        for p in trainer.parts.actor.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    generate, lengths = trainer.rollout.generate, []
+    generate, lengths = trainer.parts.engine.generate, []
 
     def with_lengths(batch, sampling):  # responses that ended early at the given lengths (all of them 5 if none)
         out = generate(batch, sampling)
@@ -219,12 +219,12 @@ def test_dapo_filter_metrics_follow_verls_definitions(tmp_path, tiny_model_dir):
             out["response_mask"], out["attention_mask"] = m, torch.cat([out["prompt_mask"], m], 1)
         return out
 
-    trainer.rollout.generate = with_lengths
+    trainer.parts.engine.generate = with_lengths
 
     def rounds(metric, response_lengths=()):
         cfg.algorithm.filter_groups.metric = metric
         lengths[:] = response_lengths
-        return trainer._rollout({})[1]["batch/num_gen_batches"]
+        return trainer._training_batch({})[1]["batch/num_gen_batches"]
 
     varied = [2, 5, 3, 5, 1, 4]  # within each group the lengths (so the overlong penalties) differ
     assert rounds("score", varied) == 2  # tied on the score: every group dropped, up to the cap
@@ -244,9 +244,9 @@ def test_dapo_filter_metrics_follow_verls_definitions(tmp_path, tiny_model_dir):
         return lp.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
 
     m = batch["response_mask"].double()
-    kl = ((logp(trainer.actor.model.lm) - logp(load_causal_lm(str(tiny_model_dir)))) * m).sum(-1)
+    kl = ((logp(trainer.parts.actor.model.lm) - logp(load_causal_lm(str(tiny_model_dir)))) * m).sum(-1)
     shaped = [1.0 - (int(n) - 1) / 4 for n in batch["response_mask"].sum(-1)]
     assert kl.abs().min() > 1e-3
     cfg.algorithm.filter_groups.metric = "seq_final_reward"
     assert trainer._filter_metric(batch) == pytest.approx([s - 0.5 * k for s, k in zip(shaped, kl.tolist())], abs=1e-4)
-    trainer.reward.close()
+    trainer.parts.reward.close()

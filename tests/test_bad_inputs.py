@@ -251,7 +251,7 @@ def no_model_loads(monkeypatch):
     """Loading the models fails the test: what it checks must be reported before."""
     def refuse(*args, **kwargs):
         raise AssertionError("the models were loaded before the problem was reported")
-    monkeypatch.setattr("posttrain.trainer.rl.Roles", refuse)
+    monkeypatch.setattr("posttrain.trainer.setup.Roles", refuse)
 
 
 def test_unknown_data_source(files, capsys, no_model_loads):

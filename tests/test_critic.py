@@ -9,7 +9,7 @@ from posttrain.config import load_config
 from posttrain.models.load import load_causal_lm
 from posttrain.models.policy import ValueModel
 from posttrain.parallel import Parallel
-from posttrain.roles.common import Worker
+from posttrain.roles.common import ModelRunner
 from posttrain.roles.critic import Critic
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRollout
@@ -27,8 +27,8 @@ def real_batch(tiny_model_dir, tok):
 
 def make_critic(tiny_model_dir, lr=1e-3):
     cfg = load_config(None, [f"critic.optim.lr={lr}", "critic.cliprange_value=100"])
-    worker = Worker(ValueModel.from_pretrained(str(tiny_model_dir)), Parallel(), dtype=torch.float32)
-    return Critic(worker, cfg.critic, cfg.actor_rollout_ref.actor, max_response_length=6, total_steps=10)
+    runner = ModelRunner(ValueModel.from_pretrained(str(tiny_model_dir)), Parallel(), dtype=torch.float32)
+    return Critic(runner, cfg.critic, cfg.actor_rollout_ref.actor, max_response_length=6, total_steps=10)
 
 
 def test_value_loss_falls_on_a_fixed_batch(tiny_model_dir, tiny_tokenizer):

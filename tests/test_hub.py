@@ -234,7 +234,7 @@ def test_training_and_sft_take_hub_ids(cache, tiny_model_dir, tmp_path):
         "critic.model.path=Tiny/model", f"data.train_files={files['rl_train']}", "trainer.total_training_steps=1",
         f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=['jsonl']", "trainer.val_before_train=False"])
     trainer = RLTrainer(cfg)
-    assert trainer.critic is not None
+    assert trainer.parts.critic is not None
     trainer.fit()
     assert (tmp_path / "run" / "metrics.jsonl").is_file()
     run_sft(SFTArgs(model_path="Tiny/model", train_files=[str(files["sft_train"])], output_dir=str(tmp_path / "sft"),

@@ -12,7 +12,7 @@ from posttrain.models.load import load_causal_lm
 from posttrain.models.policy import PolicyModel, ValueModel
 from posttrain.parallel import Parallel
 from posttrain.roles.actor import Actor
-from posttrain.roles.common import Worker
+from posttrain.roles.common import ModelRunner
 from posttrain.roles.critic import Critic
 from posttrain.roles.nonfinite import NonFiniteError, NonFiniteGuard, first_nonfinite
 from posttrain.rollout.base import SamplingParams
@@ -79,7 +79,7 @@ def make_actor(tiny_model_dir, limit):
     cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=1e-2",
                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"])
     model = PolicyModel(load_causal_lm(str(tiny_model_dir), device=CPU))
-    return Actor(Worker(model, Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.actor, temperature=1.0,
+    return Actor(ModelRunner(model, Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.actor, temperature=1.0,
                  max_response_length=5, total_steps=10, max_nonfinite_in_a_row=limit)
 
 
@@ -112,7 +112,8 @@ def test_actor_metrics_count_skipped_and_empty_updates(tiny_model_dir, rollouts)
 
     cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
                              "actor_rollout_ref.actor.shuffle=False"])
-    actor = Actor(Worker(PolicyModel(load_causal_lm(str(tiny_model_dir), device=CPU)), Parallel(), dtype=torch.float32),
+    policy = PolicyModel(load_causal_lm(str(tiny_model_dir), device=CPU))
+    actor = Actor(ModelRunner(policy, Parallel(), dtype=torch.float32),
                   cfg.actor_rollout_ref.actor, temperature=1.0, max_response_length=5, total_steps=10,
                   max_nonfinite_in_a_row=0)
     groups = group_rows(rollouts.meta["uid"])
@@ -141,7 +142,7 @@ def test_actor_names_the_log_probs_when_the_model_outputs_nan(tiny_model_dir, ro
 
 def test_critic_skips_and_names_the_returns(tiny_model_dir, rollouts):
     cfg = load_config(None, ["critic.optim.lr=1e-2"])
-    critic = Critic(Worker(ValueModel.from_pretrained(str(tiny_model_dir)), Parallel(), dtype=torch.float32),
+    critic = Critic(ModelRunner(ValueModel.from_pretrained(str(tiny_model_dir)), Parallel(), dtype=torch.float32),
                     cfg.critic, cfg.actor_rollout_ref.actor, max_response_length=5, total_steps=10,
                     max_nonfinite_in_a_row=2)
     before = weights(critic.model)

@@ -92,12 +92,12 @@ def test_token_budget_micro_batches_stay_in_budget_at_any_count():
             assert sum(1 for p in parts if not p) == max(0, count - n)
 
 
-def test_worker_micro_batches_forward_within_the_token_budget():
+def test_model_runner_micro_batches_forward_within_the_token_budget():
     """What a forward computes on (rows x trimmed width, roles.common.trimmed) stays within the token budget
     for left-padded prompts and right-padded responses of very different lengths."""
     from posttrain.data.batch import Batch
     from posttrain.parallel import Parallel
-    from posttrain.roles.common import Worker, trimmed
+    from posttrain.roles.common import ModelRunner, trimmed
 
     prompt_w, response_w = 64, 3950
     prompt_real = [50] * 4 + [10] * 60
@@ -113,8 +113,8 @@ def test_worker_micro_batches_forward_within_the_token_budget():
                    "input_ids": torch.ones(n, prompt_w + response_w, dtype=torch.long),
                    "attention_mask": torch.cat([prompt_mask, response_mask], 1), "response_mask": response_mask},
                   {"uid": [str(i) for i in range(n)]})
-    worker = Worker(torch.nn.Linear(1, 1), Parallel(), dtype=torch.float32)
-    parts = worker.micro_parts(batch, None, max_tokens=8000)
+    runner = ModelRunner(torch.nn.Linear(1, 1), Parallel(), dtype=torch.float32)
+    parts = runner.micro_parts(batch, None, max_tokens=8000)
     assert sorted(i for p in parts for i in p) == list(range(n))
     sizes = [trimmed(batch.select(p))[0].numel() for p in parts]
     assert max(sizes) <= 8000, sizes

@@ -250,7 +250,7 @@ def test_no_rank_waits_for_the_hf_export(run_copy, tiny_model_dir, monkeypatch):
     ckpt.finish_exports()
     assert torch.equal(torch.get_rng_state(), streams[0]) and random.getstate() == streams[1]
     weights = AutoModelForCausalLM.from_pretrained(exported).state_dict()
-    for name, value in t.actor.model.lm.state_dict().items():
+    for name, value in t.parts.actor.model.lm.state_dict().items():
         assert torch.equal(weights[name], value), name
 
 

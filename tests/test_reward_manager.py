@@ -354,7 +354,7 @@ def test_integer_and_bool_reward_extras_are_averaged(tiny_model_dir, tmp_path):
 
     trainer = RLTrainer(load_config(None, _train_overrides(tiny_model_dir, tmp_path, "by_extra", 1)
                                     + ["reward_model.num_workers=0"]))
-    batch, _ = trainer._rollout({})
+    batch, _ = trainer._training_batch({})
     texts = batch.meta["reward:response_text"]
     batch.meta["reward:chars"] = [len(t) for t in texts]
     batch.meta["reward:short"] = [len(t) < 4 for t in texts]

@@ -103,7 +103,7 @@ def test_micro_batches_do_not_change_scores(rm_dir, tiny_tokenizer, extra):
     batch, _ = scored_batch(tiny_tokenizer)
     whole = RewardModel.from_config(rm_config(rm_dir), Parallel(), tiny_tokenizer).score(batch)
     rm = RewardModel.from_config(rm_config(rm_dir, *extra), Parallel(), tiny_tokenizer)
-    parts = rm.worker.micro_parts(Batch({"attention_mask": torch.ones(3, 12)}), rm.cfg.micro_batch_size_per_gpu,
+    parts = rm.runner.micro_parts(Batch({"attention_mask": torch.ones(3, 12)}), rm.cfg.micro_batch_size_per_gpu,
                                   max_tokens=30 if rm.cfg.use_dynamic_bsz else None)
     assert len(parts) > 1
     torch.testing.assert_close(rm.score(batch), whole, rtol=1e-5, atol=1e-5)
@@ -181,6 +181,25 @@ def test_grpo_with_a_reward_model_runs(rm_dir, tiny_model_dir, tmp_path):
     assert any(k.startswith("val-core/openai/gsm8k/") for k in val)  # validation stays rule-based
 
 
+
+def test_dapo_acc_filter_needs_rule_scores_a_reward_model_over_unscored_rows_lacks(rm_dir, tiny_model_dir, tmp_path):
+    """filter_groups.metric=acc reads the rule scores; with a reward model, rows of a data source no scorer knows
+    leave none, so the run is refused before its first step (naming the metrics that work)."""
+    from posttrain.config import ConfigError
+    from posttrain.trainer.rl import RLTrainer
+
+    rows = [layout_row("my_source", f"{a}+{a + 3}=", str(2 * a + 3), {"index": a}) for a in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config(None, [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
+        "data.train_batch_size=2", "data.max_prompt_length=64", "data.max_response_length=6",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "reward_model.enable=True", f"reward_model.model.path={rm_dir}", "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=acc", f"trainer.default_local_dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match="metric=acc needs rule scores.*use metric=score"):
+        RLTrainer(cfg)
+    assert not (tmp_path / "run" / "config.yaml").exists()  # refused before rank 0 writes the run folder
+
 WORKER = '''
 import json, sys
 import torch
@@ -194,7 +213,7 @@ par = init_parallel(device_name="cpu")
 tok = load_tokenizer(policy_dir)
 batch, _ = scored_batch(tok)
 rm = RewardModel.from_config(rm_config(rm_dir, "reward_model.micro_batch_size_per_gpu=1"), par, tok)
-assert rm.worker.sharded
+assert rm.runner.sharded
 rows = [[0, 1], [2]][par.rank]  # uneven shares: rank 1 joins its second micro-batch with an empty part
 scores = rm.score(batch.select(rows))
 gathered = par.gather((rows, scores.tolist()))

@@ -61,7 +61,7 @@ def test_resume_continues_from_the_last_checkpoint(small_task, algo, request):
     RLTrainer(rl_config(out, files, name + "_straight", 3, *algo)).fit()
     strip = lambda m: {k: round(v, 4) for k, v in m.items() if not k.startswith(("timing_s", "perf"))}
     assert strip(read_metrics(out / name)[-1]) == strip(read_metrics(out / (name + "_straight"))[-1])
-    if resumed.critic is not None:  # the critic exports as a plain backbone folder plus its value head
+    if resumed.parts.critic is not None:  # the critic exports as a plain backbone folder plus its value head
         from posttrain.models.policy import ValueModel
         from posttrain.trainer.export import export_checkpoint
 
@@ -69,7 +69,7 @@ def test_resume_continues_from_the_last_checkpoint(small_task, algo, request):
                                                                     out / name / "critic_hf", role="critic")))
         ids, mask = torch.tensor([[1, 5, 9, 13]]), torch.ones(1, 4, dtype=torch.long)
         with torch.no_grad():
-            assert torch.allclose(exported(ids, mask), resumed.critic.model(ids, mask), atol=1e-5)
+            assert torch.allclose(exported(ids, mask), resumed.parts.critic.model(ids, mask), atol=1e-5)
 
 
 def test_recipes_load_by_name():
@@ -121,11 +121,11 @@ def test_resume_restores_skipped_steps(small_task):
     out, files = small_task
     cfg = rl_config(out, files, "resume_skipped", 2)
     trainer = RLTrainer(cfg)
-    trainer.global_step, trainer.actor.skipped_steps = 1, 3
+    trainer.global_step, trainer.parts.actor.skipped_steps = 1, 3
     trainer.save()
     resumed = RLTrainer(cfg)
     resumed._maybe_resume()
-    assert resumed.global_step == 1 and resumed.actor.skipped_steps == 3
+    assert resumed.global_step == 1 and resumed.parts.actor.skipped_steps == 3
 
 
 def test_val_only_validates_and_stops_from_a_checkpoint_too(small_task):
@@ -154,10 +154,10 @@ def test_log_prob_passes_run_without_dropout(small_task):
                                   "actor_rollout_ref.actor.ppo_mini_batch_size=15"))
     trainer.global_step = 1
     trainer.train_step()
-    assert trainer.actor.model.training  # the update trains with dropout, as the config asks
-    batch, _ = trainer._rollout({})
-    first, _ = trainer.actor.compute_log_prob(batch)
-    second, _ = trainer.actor.compute_log_prob(batch)
+    assert trainer.parts.actor.model.training  # the update trains with dropout, as the config asks
+    batch, _ = trainer._training_batch({})
+    first, _ = trainer.parts.actor.compute_log_prob(batch)
+    second, _ = trainer.parts.actor.compute_log_prob(batch)
     assert torch.equal(first, second)
 
 
@@ -171,15 +171,15 @@ def test_lora_checkpoint_exports_merged_weights(small_task, tmp_path):
     trainer = RLTrainer(rl_config(out, files, "lora_export", 2, "trainer.save_freq=2",
                                   "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.actor.optim.lr=1e-2"))
     trainer.fit()
-    trainable = sum(p.numel() for p in trainer.actor.model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in trainer.actor.model.parameters())
+    trainable = sum(p.numel() for p in trainer.parts.actor.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.parts.actor.model.parameters())
     assert 0 < trainable < 0.2 * total
     exported = export_checkpoint(out / "lora_export" / "global_step_2", tmp_path / "hf")
     plain = AutoModelForCausalLM.from_pretrained(exported)
     assert not any("lora" in k for k in plain.state_dict())
     ids = torch.tensor([[1, 5, 9, 13, 2, 7]])
     with torch.no_grad():
-        adapted = trainer.actor.model.lm(input_ids=ids).logits
+        adapted = trainer.parts.actor.model.lm(input_ids=ids).logits
         base = AutoModelForCausalLM.from_pretrained(out / "sft")(input_ids=ids).logits
         merged = plain(input_ids=ids).logits
     assert (adapted - base).abs().max() > 1e-3  # the adapter did learn something

@@ -14,7 +14,7 @@ from posttrain.models.load import load_causal_lm
 from posttrain.models.policy import PolicyModel
 from posttrain.parallel import Parallel
 from posttrain.roles.actor import Actor
-from posttrain.roles.common import Worker
+from posttrain.roles.common import ModelRunner
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.hf import HFRollout, response_mask_from
 
@@ -69,7 +69,7 @@ def test_actor_gradient_does_not_depend_on_micro_batches(tiny_model_dir, tiny_to
                                  "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.grad_clip=1e9",
                                  f"actor_rollout_ref.actor.loss_agg_mode={mode}",
                                  f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro or 'null'}"])
-        actor = Actor(Worker(PolicyModel(model), Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.actor,
+        actor = Actor(ModelRunner(PolicyModel(model), Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.actor,
                       temperature=1.0, max_response_length=5, total_steps=1)
         seen = []  # the accumulated gradient, read just before the optimizer step (which frees it after)
         actor.optimizer.register_step_pre_hook(

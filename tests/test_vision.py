@@ -224,7 +224,7 @@ def test_ppo_with_critic_reference_and_frozen_vision_tower(vl_dir, visual_task, 
                     "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.freeze_vision_tower=True",
                     "critic.ppo_micro_batch_size_per_gpu=3")
     trainer = RLTrainer(cfg)
-    lm = trainer.actor.model.lm
+    lm = trainer.parts.actor.model.lm
     before = {n: p.detach().clone() for n, p in lm.named_parameters()}
     trainer.fit()
     changed = {n for n, p in lm.named_parameters() if not torch.equal(p, before[n])}

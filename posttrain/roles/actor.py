@@ -19,7 +19,7 @@ from ..models.load import eval_mode
 from ..models.logprobs import SUM_PI_SQUARED
 from ..models.moe import RouterRecorder, moe_spec
 from ..parallel.shard import base_model
-from .common import Worker, group_rows, make_optimizer
+from .common import ModelRunner, group_rows, make_optimizer
 from .nonfinite import NonFiniteGuard
 
 
@@ -27,9 +27,9 @@ COUNTS = ("actor/empty_mini_batches",)  # summed over the step's updates; every 
 
 
 class Actor:
-    def __init__(self, worker: Worker, cfg, *, temperature: float, max_response_length: int, total_steps: int,
+    def __init__(self, runner: ModelRunner, cfg, *, temperature: float, max_response_length: int, total_steps: int,
                  seed: int = 0, offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5):
-        self.worker, self.model, self.cfg = worker, worker.model, cfg
+        self.runner, self.model, self.cfg = runner, runner.model, cfg
         self.temperature = temperature
         self.norm_const = cfg.loss_scale_factor or max_response_length
         self.optimizer, self.scheduler = make_optimizer(self.model, cfg.optim, total_steps)
@@ -63,11 +63,11 @@ class Actor:
         with_entropy = SUM_PI_SQUARED if sum_pi_squared else with_entropy
 
         def compute(mb):
-            logp, ent = self.worker.logprobs(mb, temperature=self.temperature, with_entropy=with_entropy)
+            logp, ent = self.runner.logprobs(mb, temperature=self.temperature, with_entropy=with_entropy)
             return (logp, ent) if with_entropy else (logp,)
 
         with eval_mode(self.model):
-            out = self.worker.per_row(batch, compute,
+            out = self.runner.per_row(batch, compute,
                                       micro_batch_size=micro_batch_size or self.cfg.ppo_micro_batch_size_per_gpu,
                                       max_tokens=max_tokens)
         return out[0], (out[1] if with_entropy else None)
@@ -91,24 +91,24 @@ class Actor:
         return out
 
     def _step(self, mini: Batch, sums) -> None:
-        cfg, worker = self.cfg, self.worker
+        cfg, runner = self.cfg, self.runner
         norm = agg_norm(mini["response_mask"].float(), self.norm_const)  # the whole mini-batch's, on every rank
         all_tokens = max(float(mini["attention_mask"].sum()), 1.0)  # the router loss's normaliser (every real token)
         need_entropy = cfg.entropy_coeff != 0
         totals = defaultdict(float)
-        mine = mini.select(worker.my_rows(mini))
-        micros = worker.micro_batches(mine, cfg.ppo_micro_batch_size_per_gpu,
+        mine = mini.select(runner.my_rows(mini))
+        micros = runner.micro_batches(mine, cfg.ppo_micro_batch_size_per_gpu,
                                       max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
         self.optimizer.zero_grad(set_to_none=True)
         loss_not_finite = False
         for i, mb in enumerate(micros):
             set_gradient_sync(self.model, i == len(micros) - 1)
-            mask = mb["response_mask"].float().to(worker.device)
+            mask = mb["response_mask"].float().to(runner.device)
             router = RouterRecorder(self.moe) if self.moe is not None else None
-            logp, ent = worker.logprobs(mb, temperature=self.temperature, with_entropy=True, router=router)
-            old = mb["old_log_probs"].to(worker.device) if "old_log_probs" in mb else logp.detach()
-            weights = mb["rollout_is_weights"].to(worker.device) if "rollout_is_weights" in mb else None
-            advantages = mb["advantages"].to(worker.device)
+            logp, ent = runner.logprobs(mb, temperature=self.temperature, with_entropy=True, router=router)
+            old = mb["old_log_probs"].to(runner.device) if "old_log_probs" in mb else logp.detach()
+            weights = mb["rollout_is_weights"].to(runner.device) if "rollout_is_weights" in mb else None
+            advantages = mb["advantages"].to(runner.device)
             pg_loss, metrics = self.policy_loss(logp, old, advantages, mask,
                                                 settings=self.loss_settings, norm=norm, rollout_is_weights=weights)
             loss = pg_loss
@@ -119,7 +119,7 @@ class Actor:
             if need_entropy:
                 loss = loss - cfg.entropy_coeff * entropy
             if cfg.use_kl_loss:
-                ref = mb["ref_log_probs"].to(worker.device)
+                ref = mb["ref_log_probs"].to(runner.device)
                 kl = agg_loss(kl_penalty(logp, ref, cfg.kl_loss_type), mask, cfg.loss_agg_mode, norm)
                 loss = loss + cfg.kl_loss_coef * kl
                 totals["actor/kl_loss"] += kl.item()
@@ -135,12 +135,12 @@ class Actor:
             totals["actor/entropy"] += entropy.item()
             for k, v in metrics.items():
                 totals[k] += float(v) * share
-        grad_norm, stepped = worker.clip_and_step(self.optimizer, cfg.grad_clip, self.offload_optimizer,
+        grad_norm, stepped = runner.clip_and_step(self.optimizer, cfg.grad_clip, self.offload_optimizer,
                                                   loss_not_finite=loss_not_finite)
         if not stepped:
             self.skipped_steps += 1
         self.nonfinite.after_update(stepped, grad_norm)
-        for k, v in worker.sum_metrics(totals).items():
+        for k, v in runner.sum_metrics(totals).items():
             sums[k].append(v)
         sums["actor/empty_mini_batches"].append(float(norm.tokens == 0))  # nothing to learn from: the loss is 0
         sums["actor/grad_norm"].append(grad_norm)

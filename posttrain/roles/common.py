@@ -65,8 +65,9 @@ def shared_prompts(mb: Batch):
     return prompt_groups(mb.meta["uid"]) if "uid" in mb.meta else None
 
 
-class Worker:
-    """One role's model on this rank: its data-parallel share of a batch, micro-batches, precision, clipping."""
+class ModelRunner:
+    """Runs one role's model in this process: picks the rank's data-parallel share of a batch, splits it into
+    micro-batches, runs the forward in the right precision, clips and takes the optimizer step."""
 
     def __init__(self, model, par: Parallel, *, dtype: torch.dtype, balance_batch: bool = True):
         self.model, self.par, self.dtype, self.balance_batch = model, par, dtype, balance_batch
@@ -169,16 +170,22 @@ class Worker:
         """Clip to `grad_clip` by the global norm; step only when that norm is finite and no rank's loss was
         `loss_not_finite` (else the gradients are dropped and the step counts as skipped, on every rank alike)."""
         norm = float(clip_grad_norm(self.model.parameters(), grad_clip))
-        if not math.isfinite(norm) or self.par.max(int(loss_not_finite)):
-            optimizer.zero_grad(set_to_none=True)
-            return norm, False
-        if offload_optimizer:
-            move_optimizer_state(optimizer, self.device)
+        step = math.isfinite(norm) and not self.par.max(int(loss_not_finite))
+        return norm, step_or_drop(optimizer, step, state_device=self.device if offload_optimizer else None)
+
+
+def step_or_drop(optimizer, step: bool, *, state_device: torch.device | None = None) -> bool:
+    """Take the optimizer step, or drop the gradients when `step` is False (a non-finite loss or gradient norm);
+    either way no gradients are left behind, so they free their memory before the next rollout. `state_device`:
+    Adam's state moves there for the step and back to CPU memory after it (optimizer_offload). Returns `step`."""
+    if step and state_device is not None:
+        move_optimizer_state(optimizer, state_device)
+    if step:
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)  # gradients free their memory before the next rollout
-        if offload_optimizer:
-            move_optimizer_state(optimizer, torch.device("cpu"))
-        return norm, True
+    optimizer.zero_grad(set_to_none=True)
+    if step and state_device is not None:
+        move_optimizer_state(optimizer, torch.device("cpu"))
+    return step
 
 
 def move_optimizer_state(optimizer, device: torch.device) -> None:
@@ -203,11 +210,20 @@ def lr_lambda(warmup_steps: int, total_steps: int, style: str, min_lr_ratio: flo
     return fn
 
 
-def make_optimizer(model, optim_cfg, total_steps: int):
+def adamw_with_schedule(model, *, lr: float, weight_decay: float, warmup_steps: int, total_steps: int, style: str,
+                        min_lr_ratio: float = 0.0, betas=(0.9, 0.999)):
+    """AdamW over the trainable parameters and its `lr_lambda` schedule (RL's roles and SFT alike)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), weight_decay=optim_cfg.weight_decay)
+    opt = torch.optim.AdamW(params, lr=lr, betas=tuple(betas), weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(warmup_steps, total_steps, style, min_lr_ratio))
+    return opt, sched
+
+
+def make_optimizer(model, optim_cfg, total_steps: int):
+    """A role's optimizer and schedule from its `optim` config."""
     total = optim_cfg.total_training_steps if optim_cfg.total_training_steps > 0 else total_steps
     warmup = optim_cfg.lr_warmup_steps if optim_cfg.lr_warmup_steps > 0 else int(optim_cfg.lr_warmup_steps_ratio * total)
-    style = optim_cfg.warmup_style or optim_cfg.lr_scheduler_type
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(warmup, total, style, optim_cfg.min_lr_ratio))
-    return opt, sched
+    return adamw_with_schedule(model, lr=optim_cfg.lr, betas=optim_cfg.betas, weight_decay=optim_cfg.weight_decay,
+                               warmup_steps=warmup, total_steps=total,
+                               style=optim_cfg.warmup_style or optim_cfg.lr_scheduler_type,
+                               min_lr_ratio=optim_cfg.min_lr_ratio)

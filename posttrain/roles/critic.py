@@ -12,14 +12,14 @@ from ..algo import agg_norm, value_loss
 from ..data.batch import Batch
 from ..parallel import set_gradient_sync
 from ..models.load import eval_mode
-from .common import Worker, group_rows, images_of, make_optimizer, shared_prompts, trimmed
+from .common import ModelRunner, group_rows, images_of, make_optimizer, shared_prompts, trimmed
 from .nonfinite import NonFiniteGuard
 
 
 class Critic:
-    def __init__(self, worker: Worker, cfg, actor_cfg, *, max_response_length: int, total_steps: int, seed: int = 0,
-                 offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5):
-        self.worker, self.model, self.cfg = worker, worker.model, cfg
+    def __init__(self, runner: ModelRunner, cfg, actor_cfg, *, max_response_length: int, total_steps: int,
+                 seed: int = 0, offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5):
+        self.runner, self.model, self.cfg = runner, runner.model, cfg
         self.mini = cfg.ppo_mini_batch_size or actor_cfg.ppo_mini_batch_size
         self.micro = cfg.ppo_micro_batch_size_per_gpu or actor_cfg.ppo_micro_batch_size_per_gpu
         self.epochs = cfg.ppo_epochs or actor_cfg.ppo_epochs
@@ -44,8 +44,8 @@ class Critic:
 
     def _values(self, mb: Batch) -> torch.Tensor:
         ids, mask, resp_l, full_l = trimmed(mb)
-        device = self.worker.device
-        with self.worker.autocast():
+        device = self.runner.device
+        with self.runner.autocast():
             values = self.model(ids.to(device), mask.to(device), resp_l, prompts=shared_prompts(mb),
                                 images=images_of(mb)).float()
         values = torch.nn.functional.pad(values, (0, full_l - resp_l))
@@ -54,7 +54,7 @@ class Critic:
     @torch.no_grad()
     def compute_values(self, batch: Batch) -> torch.Tensor:
         with eval_mode(self.model):
-            (values,) = self.worker.per_row(batch, lambda mb: (self._values(mb),), micro_batch_size=self.micro,
+            (values,) = self.runner.per_row(batch, lambda mb: (self._values(mb),), micro_batch_size=self.micro,
                                             max_tokens=self._max_tokens)
         return values
 
@@ -73,17 +73,17 @@ class Critic:
         return out
 
     def _step(self, mini: Batch, sums) -> None:
-        worker = self.worker
+        runner = self.runner
         norm = agg_norm(mini["response_mask"].float(), self.norm_const)
-        mine = mini.select(worker.my_rows(mini))
-        micros = worker.micro_batches(mine, self.micro, max_tokens=self._max_tokens)
+        mine = mini.select(runner.my_rows(mini))
+        micros = runner.micro_batches(mine, self.micro, max_tokens=self._max_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         totals = defaultdict(float)
         loss_not_finite = False
         for i, mb in enumerate(micros):
             set_gradient_sync(self.model, i == len(micros) - 1)
-            mask = mb["response_mask"].float().to(worker.device)
-            old, returns, values = mb["values"].to(worker.device), mb["returns"].to(worker.device), self._values(mb)
+            mask = mb["response_mask"].float().to(runner.device)
+            old, returns, values = mb["values"].to(runner.device), mb["returns"].to(runner.device), self._values(mb)
             loss, metrics = value_loss(values, old, returns, mask, cliprange_value=self.cfg.cliprange_value,
                                        loss_agg_mode=self.agg_mode, norm=norm, const=self.norm_const)
             loss_not_finite |= self.nonfinite.loss_not_finite(
@@ -91,9 +91,9 @@ class Critic:
             loss.backward()
             totals["critic/vf_loss"] += loss.item()
             totals["critic/vf_clipfrac"] += float(metrics["critic/vf_clipfrac"]) * float(mask.sum()) / max(norm.tokens, 1.0)
-        grad_norm, stepped = worker.clip_and_step(self.optimizer, self.cfg.grad_clip, self.offload_optimizer,
+        grad_norm, stepped = runner.clip_and_step(self.optimizer, self.cfg.grad_clip, self.offload_optimizer,
                                                   loss_not_finite=loss_not_finite)
         self.nonfinite.after_update(stepped, grad_norm)
-        for k, v in worker.sum_metrics(totals).items():
+        for k, v in runner.sum_metrics(totals).items():
             sums[k].append(v)
         sums["critic/grad_norm"].append(grad_norm)

@@ -9,20 +9,20 @@ import torch
 
 from ..data.batch import Batch
 from ..models.load import eval_mode
-from .common import Worker
+from .common import ModelRunner
 
 
 class Reference:
     """``ref.fsdp_config.param_offload=True`` keeps the weights in CPU memory between uses: with FSDP2 through its
     CPU offload policy; in one plain process on a GPU by moving the model in and out per step."""
 
-    def __init__(self, worker: Worker, cfg, *, temperature: float, adapter_off: bool = False):
-        self.worker, self.model, self.cfg, self.temperature = worker, worker.model, cfg, temperature
+    def __init__(self, runner: ModelRunner, cfg, *, temperature: float, adapter_off: bool = False):
+        self.runner, self.model, self.cfg, self.temperature = runner, runner.model, cfg, temperature
         self.adapter_off = adapter_off
         if not adapter_off:
             self.model.eval().requires_grad_(False)
-        self.swap_to_cpu = (bool(cfg.fsdp_config.param_offload) and not worker.sharded and not adapter_off
-                            and worker.device.type != "cpu")
+        self.swap_to_cpu = (bool(cfg.fsdp_config.param_offload) and not runner.sharded and not adapter_off
+                            and runner.device.type != "cpu")
         if self.swap_to_cpu:
             self.model.to("cpu")
 
@@ -33,7 +33,7 @@ class Reference:
                 yield
             return
         if self.swap_to_cpu:
-            self.model.to(self.worker.device)
+            self.model.to(self.runner.device)
         try:
             yield
         finally:
@@ -43,12 +43,12 @@ class Reference:
     @torch.no_grad()
     def compute_log_prob(self, batch: Batch) -> torch.Tensor:
         def compute(mb):
-            logp, _ = self.worker.logprobs(mb, temperature=self.temperature, with_entropy=False)
+            logp, _ = self.runner.logprobs(mb, temperature=self.temperature, with_entropy=False)
             return (logp,)
 
         cfg = self.cfg
         with self._weights(), eval_mode(self.model):
-            (logp,) = self.worker.per_row(batch, compute, micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
+            (logp,) = self.runner.per_row(batch, compute, micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
                                           max_tokens=cfg.log_prob_max_token_len_per_gpu
                                           if cfg.log_prob_use_dynamic_bsz else None)
         return logp

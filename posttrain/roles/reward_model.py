@@ -13,7 +13,7 @@ import torch
 from ..data.batch import Batch
 from ..models.load import compute_dtype, eval_mode, load_reward_model, load_tokenizer
 from ..parallel import Parallel, ShardSettings, prepare_model
-from .common import Worker
+from .common import ModelRunner
 
 
 def rm_input_ids(tokenizer, messages: list[dict], response: str, max_length: int | None) -> list[int]:
@@ -36,8 +36,8 @@ def _score_head(model) -> torch.nn.Module | None:
 
 
 class RewardModel:
-    def __init__(self, worker: Worker, cfg, *, tokenizer, input_tokenizer):
-        self.worker, self.model, self.cfg = worker, worker.model, cfg
+    def __init__(self, runner: ModelRunner, cfg, *, tokenizer, input_tokenizer):
+        self.runner, self.model, self.cfg = runner, runner.model, cfg
         self.tokenizer, self.input_tokenizer = tokenizer, input_tokenizer
         self.model.eval().requires_grad_(False)
         if self.model.config.pad_token_id is None:  # transformers' classifiers refuse batches > 1 without one
@@ -64,7 +64,7 @@ class RewardModel:
             return load_reward_model(rm.model.path, meta=meta, trust_remote_code=trust)
 
         model = prepare_model(build, par, ShardSettings(param_dtype=dtype))
-        return cls(Worker(model, par, dtype=dtype, balance_batch=balance_batch), rm, tokenizer=tokenizer,
+        return cls(ModelRunner(model, par, dtype=dtype, balance_batch=balance_batch), rm, tokenizer=tokenizer,
                    input_tokenizer=input_tokenizer)
 
     def encode(self, batch: Batch) -> list[list[int]]:
@@ -93,7 +93,7 @@ class RewardModel:
             input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             mask[i, : len(row)] = 1
         cfg = self.cfg
-        parts = self.worker.micro_parts(Batch({"attention_mask": mask}), cfg.micro_batch_size_per_gpu,
+        parts = self.runner.micro_parts(Batch({"attention_mask": mask}), cfg.micro_batch_size_per_gpu,
                                         max_tokens=cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
         scores = torch.zeros(n, dtype=torch.float32)
         with eval_mode(self.model):
@@ -110,8 +110,8 @@ class RewardModel:
         hook = self.head.register_forward_hook(lambda m, i, o: captured.setdefault("logits", o)) if self.head else None
         try:
             kwargs = {"use_cache": False} if hasattr(self.model.config, "use_cache") else {}
-            with self.worker.autocast():
-                out = self.model(input_ids=ids.to(self.worker.device), attention_mask=mask.to(self.worker.device),
+            with self.runner.autocast():
+                out = self.model(input_ids=ids.to(self.runner.device), attention_mask=mask.to(self.runner.device),
                                  **kwargs)
         finally:
             if hook is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 from math import comb
 
@@ -45,6 +46,35 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def reward_metrics(meta: dict) -> dict[str, float]:
+    """reward/errors and reward/timeouts (counts), and reward/<key>/mean of every other numeric key a scorer
+    returned (`reward:<key>` in the batch's meta), over the rows that returned it."""
+    out = {}
+    for key, values in meta.items():
+        if not key.startswith("reward:") or key in ("reward:score", "reward:response_text"):
+            continue
+        name = key.split(":", 1)[1]
+        if name in ("errors", "timeouts"):
+            out[f"reward/{name}"] = sum(values)
+        elif (present := [v for v in values if v is not None]) and all(isinstance(v, (int, float))
+                                                                         for v in present):  # bools count too
+            out[f"reward/{name}/mean"] = sum(present) / len(present)
+    return out
+
+
+class timer:
+    """`with timer(timing, "gen"):` adds the block's wall time to timing["gen"]."""
+
+    def __init__(self, store: dict, name: str):
+        self.store, self.name = store, name
+
+    def __enter__(self):
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.store[self.name] = self.store.get(self.name, 0.0) + time.perf_counter() - self.t
 
 
 def validation_metrics(data_sources: list[str], uids: list, scores: list[float], answers: list) -> dict[str, float]:

@@ -1,24 +1,38 @@
-"""From a config to this rank's roles: which process layout, which dtypes, where each model lives."""
+"""From a config to what the RL loop runs on, on this rank: the process layout, the run folder, the data, the
+reward, the roles (which dtypes, where each model lives) and the sampling settings (`build_rl_parts`)."""
 
 from __future__ import annotations
 
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 
-from ..algo import estimator_info
+from ..algo import EstimatorInfo, estimator_info, make_kl_controller
+from ..config import ConfigError, to_yaml
+from ..data.dataset import RLDataset, batches_per_epoch
 from ..models.hub import resolve_model_source
-from ..models.load import LoraSettings, compute_dtype, load_causal_lm, model_config
+from ..models.load import LoraSettings, compute_dtype, load_causal_lm, load_tokenizer, model_config
 from ..models.moe import reject_tensor_parallel
 from ..models.policy import PolicyModel, ValueModel
-from ..models.vision import freeze_vision_tower
+from ..models.vision import freeze_vision_tower, load_vision_processor
 from ..parallel import Parallel, ShardSettings, init_parallel, prepare_model
+from ..reward import code as code_reward
+from ..reward.judge import judge_reward
+from ..reward.manager import RewardManager
+from ..reward.model import ModelRewardManager
 from ..roles.actor import Actor
-from ..roles.common import Worker
+from ..roles.common import ModelRunner
 from ..roles.critic import Critic
 from ..roles.judge import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
+from ..rollout.base import SamplingParams
 from ..rollout.engine import DecodeEngine
 from ..rollout.hf import HFRollout
+from .recovery import check_run_dir, clear_run_dir
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -96,7 +110,7 @@ class Roles:
                 return model
 
             model = prepare_model(build, par, shard_settings(fsdp_cfg, self.dtype))
-            return Worker(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)
+            return ModelRunner(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)
 
         a = arr.actor
         actor_worker = policy(a.fsdp_config, trainable=True, with_lora=lora)
@@ -105,8 +119,8 @@ class Roles:
                            max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            ref_worker = actor_worker if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
-            self.reference = Reference(ref_worker, arr.ref, temperature=temperature, adapter_off=lora is not None)
+            ref_runner = actor_worker if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
+            self.reference = Reference(ref_runner, arr.ref, temperature=temperature, adapter_off=lora is not None)
         self.critic = None
         if needs_critic(cfg):
             c, cm = cfg.critic, cfg.critic.model
@@ -121,7 +135,7 @@ class Roles:
                                                   key="critic.model.path" if cm.path else "actor_rollout_ref.model.path")
 
             value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
-            self.critic = Critic(Worker(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
+            self.critic = Critic(ModelRunner(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
                                  seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config),
                                  max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
@@ -140,3 +154,140 @@ class Roles:
     def trained(self) -> dict:
         """What a checkpoint holds: the roles with weights and an optimizer."""
         return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
+
+
+def preflight(cfg) -> None:
+    """Settings the loop cannot run with, rejected before any model is loaded."""
+    if not cfg.actor_rollout_ref.model.path:
+        raise ConfigError("actor_rollout_ref.model.path is required (a local Hugging Face model directory or a hub "
+                          "id such as Qwen/Qwen2.5-0.5B-Instruct)")
+    if not cfg.data.train_files:
+        raise ConfigError("data.train_files is required")
+
+
+@dataclass
+class RLParts:
+    """What the RL loop runs on, on this rank (`build_rl_parts`)."""
+
+    run_dir: Path
+    tokenizer: object
+    train_data: RLDataset
+    val_data: RLDataset | None
+    vision: bool  # prompts carry images (a vision-language model's processor was found)
+    steps_per_epoch: int
+    total_steps: int
+    rule_reward: RewardManager  # validation scores with it (as in verl)
+    reward: object  # what scores training rollouts: the rule reward, or a reward model or judge over it
+    actor: Actor
+    reference: Reference | None
+    critic: Critic | None
+    engine: object  # the decoding engine, over the actor's weights
+    trained: dict  # what a checkpoint holds: the roles with weights and an optimizer
+    kl_ctrl: object
+    info: EstimatorInfo  # what the advantage estimator reads
+    sampling: SamplingParams
+    val_sampling: SamplingParams
+    max_new: int  # response tokens
+    needs_old_log_prob: bool  # whether a pass computes the old policy's log-probs
+
+    @property
+    def rule_scoring(self) -> bool:
+        """Whether rule scores exist: always without a reward model; with one, when every row has a scorer."""
+        return getattr(self.reward, "rule_scoring", True)
+
+
+def build_rl_parts(cfg, par: Parallel) -> RLParts:
+    """Everything the loop needs, in the order that reports mistakes soonest: the run folder and the data, then the
+    rule reward (a reward file that fails to import, a data source without a scorer or code rows without a sandbox
+    are reported in seconds, not after the models load), then the models. Rank 0 writes the run folder last."""
+    arr, tr = cfg.actor_rollout_ref, cfg.trainer
+    run_dir = Path(tr.default_local_dir or f"checkpoints/{tr.project_name}/{tr.experiment_name}")
+    check_run_dir(cfg, run_dir)  # before any model loads; rank 0 writes there only further down
+    torch.manual_seed(tr.seed)
+    sources = model_sources(cfg)  # hub ids fetched before anything loads, on every rank
+    tok_key = "actor_rollout_ref.model." + ("tokenizer_path" if arr.model.tokenizer_path else "path")
+    tokenizer = load_tokenizer(sources[tok_key], arr.model.trust_remote_code, key=tok_key)
+    train_data, val_data, vision = _datasets(cfg, par, tokenizer, sources["actor_rollout_ref.model.path"])
+    steps_per_epoch = batches_per_epoch(len(train_data), cfg.data.train_batch_size)
+    total_steps = tr.total_training_steps or steps_per_epoch * tr.total_epochs
+    datasets = [d for d in (train_data, val_data) if d is not None]
+
+    code_reward.configure_from_config(cfg)  # before any scorer process starts: they read it
+    rule_reward = _rule_reward(cfg, tokenizer)
+    for data in datasets:
+        if not cfg.reward_model.enable:
+            rule_reward.check_data_sources(it.data_source for it in data.items)
+        if not cfg.custom_reward_function.path:  # code rows, no sandbox: refuse before training
+            code_reward.check_ready(it.data_source for it in data.items)
+
+    roles = Roles(cfg, par, tokenizer, total_steps)
+    kc = cfg.algorithm.kl_ctrl
+    kl_ctrl = make_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
+    reward = (ModelRewardManager(rule_reward, roles.reward_model.score) if roles.reward_model is not None
+              else judge_reward(cfg, rule_reward, roles.judge) if roles.judge is not None
+              else rule_reward)
+    if cfg.reward_model.enable:
+        for data in datasets:
+            reward.check_data_sources(it.data_source for it in data.items)
+    r, rc, a = arr.rollout, cfg.algorithm.rollout_correction, arr.actor
+    max_new = r.response_length or cfg.data.max_response_length
+    rollout_logprobs = r.calculate_log_probs or rc.rollout_is is not None or rc.bypass_mode
+    info = estimator_info(cfg.algorithm.adv_estimator)
+    # bypass mode: the rollout's log-probs are the old policy's, so no pass computes them
+    needs_old_log_prob = info.needs_sum_pi_squared or not rc.bypass_mode and (
+        a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size or cfg.algorithm.use_kl_in_reward
+        or r.calculate_log_probs or rc.rollout_is is not None)
+    parts = RLParts(
+        run_dir=run_dir, tokenizer=tokenizer, train_data=train_data, val_data=val_data, vision=vision,
+        steps_per_epoch=steps_per_epoch, total_steps=total_steps, rule_reward=rule_reward, reward=reward,
+        actor=roles.actor, reference=roles.reference, critic=roles.critic, engine=roles.rollout, trained=roles.trained,
+        kl_ctrl=kl_ctrl, info=info, max_new=max_new, needs_old_log_prob=needs_old_log_prob,
+        sampling=SamplingParams.of(r, max_new_tokens=max_new, ignore_eos=r.ignore_eos, logprobs=rollout_logprobs),
+        val_sampling=SamplingParams.of(r.val_kwargs, max_new_tokens=max_new, ignore_eos=r.ignore_eos))
+    if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not parts.rule_scoring:
+        raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
+                          "a data source without a scorer turns them off; use metric=score (the reward model's) or "
+                          "set custom_reward_function.path")
+    par.barrier()
+    if par.is_main:
+        if tr.resume_mode == "disable" and tr.overwrite_run_dir:
+            clear_run_dir(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    return parts
+
+
+def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
+    """The training and validation prompts (validation: None without data.val_files), and whether they carry
+    images; notes about dropped rows are printed once, by rank 0."""
+    d = cfg.data
+    processor = load_vision_processor(model_dir, tokenizer,
+                                      trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+    data_kwargs = dict(prompt_key=d.prompt_key, reward_fn_key=d.reward_fn_key, max_prompt_length=d.max_prompt_length,
+                       filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
+                       return_raw_chat=d.return_raw_chat, image_key=d.image_key,
+                       apply_chat_template_kwargs=d.apply_chat_template_kwargs,
+                       missing_chat_template=d.missing_chat_template, processor=processor)
+    train = RLDataset(d.train_files, tokenizer, max_samples=d.train_max_samples, **data_kwargs)
+    val = RLDataset(d.val_files, tokenizer, max_samples=d.val_max_samples, **data_kwargs) if d.val_files else None
+    for data in (train, val):
+        for note in data.notes if data is not None and par.is_main else ():
+            print(f"note: {note}", file=sys.stderr)
+    if len(train) < d.train_batch_size:
+        raise ConfigError(f"data.train_batch_size={d.train_batch_size} is larger than the training set "
+                          f"({len(train)} prompts)")
+    return train, val, processor is not None
+
+
+def _rule_reward(cfg, tokenizer) -> RewardManager:
+    """The rule reward manager; a custom reward file that fails while it is imported is a ConfigError naming it."""
+    try:
+        return RewardManager.from_config(cfg, tokenizer)
+    except Exception as e:
+        path = cfg.custom_reward_function.path
+        if not path or isinstance(e, ConfigError):
+            raise
+        where = next((f"line {tb.lineno}" for tb in reversed(traceback.extract_tb(e.__traceback__))
+                      if Path(tb.filename).resolve() == Path(path).expanduser().resolve()), "")
+        raise ConfigError(f"custom_reward_function.path: importing {path} failed"
+                          f"{' at ' + where if where else ''}: {type(e).__name__}: {e}") from None

@@ -18,6 +18,7 @@ from ..data.dataset import SFTDataset
 from ..progress import ProgressBar
 from ..models.load import autocast, compute_dtype, load_causal_lm, load_tokenizer, pick_device
 from ..models.vision import forward_inputs, freeze_vision_tower, is_vision_config, load_vision_processor
+from ..roles.common import adamw_with_schedule, step_or_drop
 from ..roles.nonfinite import NonFiniteGuard
 from .checkpoint import _write_text_atomic, publish
 
@@ -126,11 +127,8 @@ def run_sft(args: SFTArgs) -> dict:
     guard = NonFiniteGuard("sft", args.max_nonfinite_updates_in_a_row)
     steps_per_epoch = math.ceil(len(train) / args.batch_size)
     total = max(1, int(args.epochs * steps_per_epoch))
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr,
-                            weight_decay=args.weight_decay)
-    warmup = int(args.warmup_ratio * total)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / max(total - warmup, 1))))
+    opt, sched = adamw_with_schedule(model, lr=args.lr, weight_decay=args.weight_decay,
+                                     warmup_steps=int(args.warmup_ratio * total), total_steps=total, style="cosine")
     gen = torch.Generator().manual_seed(args.seed)
     best, best_step, bad, history = float("inf"), 0, 0, []
     order = torch.randperm(len(train), generator=gen)
@@ -146,13 +144,12 @@ def run_sft(args: SFTArgs) -> dict:
             ids, attn, lm = train.collate(idx, tok.pad_token_id)
             s, n = _loss(model, ids, attn, lm, device, dtype, [train.images[i] for i in idx])
             loss = s / max(n, 1)
-            opt.zero_grad(set_to_none=True)
             loss_not_finite = guard.loss_not_finite(loss, [("loss", loss)])
             loss.backward()
+            # torch's clip, not parallel.clip_grad_norm (for sharded models): the two round differently in the
+            # last bits, and SFT's weights (and the step it keeps) would change with the swap
             grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))
-            stepped = not loss_not_finite and math.isfinite(grad_norm)
-            if stepped:
-                opt.step()
+            stepped = step_or_drop(opt, not loss_not_finite and math.isfinite(grad_norm))
             guard.after_update(stepped, grad_norm)  # raises after too many skipped updates in a row
             sched.step()
             bar.update(step)
