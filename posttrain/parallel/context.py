@@ -18,7 +18,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 _joined_process_group = False  # this process has run collectives: see exit_process
 

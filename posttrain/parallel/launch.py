@@ -8,7 +8,7 @@ import signal
 import sys
 import uuid
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 SHUTDOWN_TIMEOUT_S = 3600  # how long a signalled launcher waits for its workers' last step and checkpoint
 
