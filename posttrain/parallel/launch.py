@@ -33,6 +33,14 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+def recorded(main):
+    """`main` wrapped so that, under a launcher, a failing rank's error is written where the launcher reports it
+    from (torch's elastic error file, which `root_cause` reads)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(main)
+
+
 def requested_world(cfg) -> int:
     return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
 
