@@ -14,7 +14,7 @@ from ..parallel import Parallel, ShardSettings, init_parallel, prepare_model
 from ..roles.actor import Actor
 from ..roles.common import Worker
 from ..roles.critic import Critic
-from ..roles.judge import Judge
+from ..roles.judge_model import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
 from ..rollout.engine import DecodeEngine
