@@ -187,7 +187,7 @@ def measure_judge(rows: list[tuple], path: str | None, repeats: int, tokens: int
     from posttrain.config import load_config
     from posttrain.parallel import Parallel
     from posttrain.reward.judge import DEFAULT_TEMPLATE, fill, parse_verdict
-    from posttrain.roles.judge import Judge
+    from posttrain.roles.judge_model import Judge
     from posttrain.trainer.tiny_judge import build_tiny_judge
 
     if path is None:

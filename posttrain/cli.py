@@ -344,9 +344,7 @@ def entry() -> None:
 
 if __name__ == "__main__":
     _signals_at_start_up(sys.argv[1:])
-    from torch.distributed.elastic.multiprocessing.errors import record
-
     from .parallel.context import exit_process
+    from .parallel.launch import recorded
 
-    # under a launcher, record() writes a failing rank's error where the launcher reports it from
-    exit_process(record(main)())
+    exit_process(recorded(main)())

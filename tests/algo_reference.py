@@ -85,20 +85,6 @@ def masked_whiten(X, M):
     return [[(x - mu) / sd for x in row] for row in X]
 
 
-def entropy(z):
-    """logsumexp(z) - sum(softmax(z) * z) for one vector of logits."""
-    zmax = max(z)
-    total = 0.0
-    for v in z:
-        total += math.exp(v - zmax)
-    lse = zmax + math.log(total)
-    h = lse
-    for v in z:
-        p = math.exp(v - lse)
-        h -= p * v
-    return h
-
-
 # ----------------------------------------------------------------------------- advantage estimators
 
 

@@ -1,6 +1,5 @@
-"""Masked statistics, entropy, group ids, and the name registries users extend (ALGORITHMS.md, Notation)."""
+"""Masked statistics, group ids, and the name registries users extend (ALGORITHMS.md, Notation)."""
 
-import math
 import random
 import statistics
 
@@ -10,7 +9,7 @@ import torch
 import algo_reference as ref
 from algo_reference import single_torch_thread  # noqa: F401  (autouse fixture)
 from posttrain.algo import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, compute_advantage,
-                            entropy_from_logits, estimator_info, get_advantage_estimator, get_policy_loss,
+                            estimator_info, get_advantage_estimator, get_policy_loss,
                             group_ids, is_kl_estimator, kl_penalty, masked_mean, masked_var, masked_whiten,
                             register_advantage, register_kl, register_policy_loss)
 from posttrain.algo import advantages as advantages_module
@@ -63,22 +62,6 @@ def test_masked_stats_all_masked_no_nan():
     assert masked_mean(x, m).item() == 0.0
     assert torch.isfinite(masked_var(x, m)) and torch.isfinite(masked_whiten(x, m)).all()
     assert torch.isfinite(masked_var(x, t([[1.0, 0.0]])))
-
-
-@pytest.mark.parametrize("scale", [1.0, 30.0, 1000.0])
-def test_entropy_from_logits(scale):
-    g = torch.Generator().manual_seed(int(scale))
-    logits = scale * torch.randn(3, 4, 7, generator=g, dtype=F64)
-    H = entropy_from_logits(logits)
-    assert H.shape == (3, 4) and torch.isfinite(H).all()
-    z = logits.tolist()
-    for i in range(3):
-        for j in range(4):
-            assert abs(H[i, j].item() - ref.entropy(z[i][j])) < 1e-9 * max(1.0, scale)
-    # uniform logits: log V ; temperature applied by the caller: logits / T
-    assert abs(entropy_from_logits(torch.zeros(5, dtype=F64)).item() - math.log(5)) < 1e-12
-    zz = logits[0, 0] / 0.7
-    assert abs(entropy_from_logits(zz).item() - ref.entropy(zz.tolist())) < 1e-9 * max(1.0, scale)
 
 
 def test_group_ids():

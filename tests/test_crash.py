@@ -198,11 +198,12 @@ def test_sigterm_during_start_up_says_there_is_nothing_to_resume(task, tmp_path,
 
 SECOND_SIGNAL = """
 import os, signal, sys, time
+from posttrain.parallel import Parallel
 from posttrain.trainer.preempt import GRACE_S, StopOnSignal
 with StopOnSignal() as stop:
     os.kill(os.getpid(), signal.SIGINT)
     os.kill(os.getpid(), signal.SIGINT)  # a launcher's forwarded copy: not the second signal
-    assert stop.agreed(False) == signal.SIGINT
+    assert stop.agreed(Parallel()) == signal.SIGINT
     print("noted", flush=True)
     time.sleep(GRACE_S + 0.2)
     os.kill(os.getpid(), signal.SIGINT)

@@ -286,3 +286,28 @@ gradient puts them."""
         assert_same_gradients(want_steps, doubled_steps, "doubled")
     with pytest.raises(AssertionError):
         assert_same_weights(want_w, {"w": want_w["w"] + 2 * lr}, want_steps, "every weight a step apart")
+
+
+STOP_SCRIPT = """
+import json, sys
+from posttrain.parallel.context import init_parallel, shutdown
+from posttrain.trainer.preempt import StopOnSignal
+par = init_parallel(device_name="cpu", tp=2)  # 2 processes, one tensor-parallel pair: a single data-parallel rank
+stop = StopOnSignal()
+stop.signum = 15 if par.rank == 1 else None  # the signal reached rank 1 only
+print(json.dumps({"agreed": stop.agreed(par), "dp_max": par.max(par.rank)}))
+shutdown()
+"""
+
+
+def test_a_signal_on_one_rank_of_a_tensor_parallel_pair_stops_both(tmp_path):
+    """The stop decision is a max over every rank of the job, not over the data-parallel ranks only: a rank that
+    stopped while its tensor-parallel peer went on would leave the peer waiting in the next step's collectives."""
+    script = tmp_path / "stop.py"
+    script.write_text(STOP_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    answers = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(a["agreed"] for a in answers) == [15, 15]
+    assert sorted(a["dp_max"] for a in answers) == [0, 1]  # the data-parallel max alone would not have agreed

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.models.logprobs import response_logprobs, token_logprobs_and_entropy
+from posttrain.models.logprobs import _chunked, _linear_projection, response_logprobs
 from posttrain.models.tiny import build_tiny_model
 
 TEXTS = [f"Question: {i} + {i * 7 % 13} = ?\nAnswer: {i + i * 7 % 13}\n#### {i + i * 7 % 13}" for i in range(120)]
@@ -24,6 +24,14 @@ def reference(logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1
 
 
 # --------------------------------------------------------------------------------------------- tensor-level
+
+
+def token_logprobs_and_entropy(hidden, weight, labels, *, temperature=1.0, chunk_size=1024, with_entropy=True,
+                               lm_head_bias=None):
+    """The chunked core of `response_logprobs` on plain tensors: hidden (N, H) through an output head (V, H)."""
+    params = [weight] + ([lm_head_bias] if lm_head_bias is not None else [])
+    return _chunked(hidden, labels, _linear_projection(weight, lm_head_bias), params, temperature=temperature,
+                    chunk_size=chunk_size, with_entropy=with_entropy)
 
 
 def _tensors(n=23, h=16, v=50, seed=0):

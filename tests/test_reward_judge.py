@@ -226,7 +226,7 @@ def test_tiny_judge_agrees_with_correctness(judge_dir):
     from posttrain.parallel import Parallel
     from posttrain.reward.judge import judge_reward
     from posttrain.reward.registry import default_compute_score
-    from posttrain.roles.judge import Judge
+    from posttrain.roles.judge_model import Judge
     from posttrain.trainer.tiny_judge import judge_rows
 
     cfg = judge_config(judge_dir, f"reward_model.judge.prompt_template_path={judge_dir / 'judge_template.txt'}",
@@ -300,7 +300,7 @@ import json, sys
 from posttrain.config import load_config
 from posttrain.parallel import init_parallel, shutdown
 from posttrain.parallel.context import exit_process
-from posttrain.roles.judge import Judge
+from posttrain.roles.judge_model import Judge
 
 judge_dir, prompts_file, out = sys.argv[1:4]
 par = init_parallel(device_name="cpu")
@@ -326,7 +326,7 @@ def test_two_processes_judge_as_one(judge_dir, tmp_path):
     """The judge FSDP2-sharded over two processes, each rank judging its own prompts, gives one process's
     verdicts."""
     from posttrain.parallel import Parallel
-    from posttrain.roles.judge import Judge
+    from posttrain.roles.judge_model import Judge
     from posttrain.trainer.tiny_judge import judge_rows
 
     prompts = [r["prompt"][0]["content"] for r in judge_rows(seed=7, n=5, operands=range(0, 10))]

@@ -11,12 +11,12 @@ from .kl import (KL_ESTIMATORS, AdaptiveKLController, FixedKLController, apply_k
                  kl_penalty, make_kl_controller, register_kl)
 from .losses import POLICY_LOSSES, LossSettings, get_policy_loss, register_policy_loss, value_loss
 from .rollout_correction import rollout_is_weights
-from .stats import entropy_from_logits, group_ids, masked_mean, masked_var, masked_whiten
+from .stats import group_ids, masked_mean, masked_var, masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "AdvantageInputs", "EstimatorInfo", "compute_advantage", "estimator_info", "get_advantage_estimator",
     "register_advantage", "LOSS_AGG_MODES", "AggNorm", "agg_loss", "agg_norm", "KL_ESTIMATORS",
     "AdaptiveKLController", "FixedKLController", "apply_kl_in_reward", "is_kl_estimator", "kl_penalty",
     "make_kl_controller", "register_kl", "POLICY_LOSSES", "LossSettings", "rollout_is_weights", "get_policy_loss", "register_policy_loss", "value_loss",
-    "entropy_from_logits", "group_ids", "masked_mean", "masked_var", "masked_whiten",
+    "group_ids", "masked_mean", "masked_var", "masked_whiten",
 ]

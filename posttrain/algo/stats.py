@@ -29,12 +29,6 @@ def masked_whiten(x: Tensor, mask: Tensor) -> Tensor:
     return (x - masked_mean(x, mask)) * torch.rsqrt(masked_var(x, mask) + 1e-8)
 
 
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """logsumexp(z) - sum(softmax(z) * z) over the last dim; shape (..., V) -> (...)."""
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
-
-
 def group_ids(index) -> Tensor:
     """Map per-response group keys (uids: strings, ints or a tensor) to dense ids 0..G-1, shape (B,)."""
     if isinstance(index, Tensor):

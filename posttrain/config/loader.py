@@ -10,14 +10,11 @@ from typing import Any, Union
 
 import yaml
 
+from ..errors import ConfigError
 from .normalise import normalise
 from .schema import Config
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-
-
-class ConfigError(ValueError):
-    """A config that cannot run; the message names every key at fault and what to do."""
 
 
 class Problems:

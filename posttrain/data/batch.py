@@ -4,7 +4,7 @@ per-response Python fields (uid, data_source, ground_truth, ...). A stage reads 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -36,10 +36,6 @@ class Batch:
         idx = torch.as_tensor(index, dtype=torch.long)
         rows = idx.tolist()
         return Batch({k: v[idx] for k, v in self.tensors.items()}, {k: [v[i] for i in rows] for k, v in self.meta.items()})
-
-    def chunks(self, size: int) -> Iterator["Batch"]:
-        for start in range(0, len(self), size):
-            yield self.select(range(start, min(start + size, len(self))))
 
     def repeat_interleave(self, n: int) -> "Batch":
         return self.select(torch.arange(len(self)).repeat_interleave(n))

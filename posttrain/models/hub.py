@@ -4,14 +4,15 @@ Every loader wants a local directory; an id is turned into one through huggingfa
 downloaded once (here or by `hf download`) is found again, also offline (`HF_HUB_OFFLINE=1`). A failure is a
 ConfigError naming the config key, never a hang: offline nothing is requested, and online one short request
 (`HF_HUB_ETAG_TIMEOUT` seconds at most) decides first whether the Hub answers. Imports neither torch nor
-transformers, so config validation can call `model_source_problem` cheaply; ConfigError is imported where it is
-raised, so that posttrain.config may import this module at its top without an import cycle.
+transformers, so config validation can call `model_source_problem` cheaply.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from ..errors import ConfigError
 
 _resolved: dict[tuple[str, str], str] = {}  # (cache folder, id) -> snapshot folder: each id fetched once a process
 
@@ -39,8 +40,6 @@ def _local_dir(path: str, key: str) -> str | None:
     """The local directory `path` names, None for a hub id; a ConfigError for anything else."""
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
-
-    from ..config.loader import ConfigError
 
     if not isinstance(path, str) or not path.strip():
         raise ConfigError(f"{key} is empty; give a local model directory or a Hugging Face model id (owner/name)")
@@ -107,8 +106,6 @@ def _fetch(repo_id: str, key: str) -> str:
     from huggingface_hub import HfApi, constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    from ..config.loader import ConfigError
-
     if _offline():
         folder = _cached(repo_id)
         if folder is None:
@@ -139,7 +136,6 @@ def _node_first(fetch):
     """In a multi-process job, local rank 0 of each node fetches first and that node's other ranks then read the cache
     it filled (caches are node-local), or every rank repeats the first failure. Imports torch only here, where a
     model is about to load."""
-    from ..config.loader import ConfigError
     from ..parallel.context import node_leaders_first
 
     return node_leaders_first(fetch, ConfigError)
@@ -160,8 +156,6 @@ def resolve_model_source(path: str, *, key: str) -> str:
 def model_source_problem(path: str, *, key: str) -> str | None:
     """What `resolve_model_source` would fail with, found without downloading or contacting the Hub: None for a local
     directory, an id in the cache, or an id that can still be downloaded (not offline); else the message."""
-    from ..config.loader import ConfigError
-
     try:
         local = _local_dir(path, key)
     except ConfigError as error:

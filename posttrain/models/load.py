@@ -18,7 +18,7 @@ hf_logging.disable_progress_bar()  # per-file load/save bars drown the training 
 def pick_device(name: str = "auto") -> torch.device:
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            from ..config import ConfigError
+            from ..errors import ConfigError
 
             raise ConfigError("trainer.device=cuda but no CUDA device is available (torch.cuda.is_available() is "
                               "False); use trainer.device=auto or cpu")
@@ -100,7 +100,7 @@ def _override(config, entries: dict, where: str) -> None:
     since a misspelt override would otherwise be ignored by the model."""
     from transformers import PretrainedConfig
 
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     for name, value in entries.items():
         if not hasattr(config, name):
@@ -147,7 +147,7 @@ def load_reward_model(path: str, *, dtype: torch.dtype = torch.float32, meta: bo
     several labels) would get a freshly initialised head from transformers, so it is refused by name."""
     from transformers import AutoModelForSequenceClassification
 
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     path = resolve_model_source(path, key=key)
     config = model_config(path, trust_remote_code=trust_remote_code, key=key)

@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from .moe import router_off
 from .vision import forward_inputs, is_vision_config, vision_token_ids
 
-__all__ = ["token_logprobs_and_entropy", "response_logprobs"]
+__all__ = ["response_logprobs"]
 
 Projection = Callable[[Tensor], Tensor]
 SUPPRESSED_LOGIT = -1e9  # finite, so that p * z stays 0 in the entropy
@@ -110,32 +110,6 @@ def _linear_projection(weight: Tensor, bias: Tensor | None) -> Projection:
         return F.linear(h, w, bias if b is None else b)
 
     return project
-
-
-def token_logprobs_and_entropy(
-    hidden: Tensor,
-    lm_head_weight: Tensor,
-    labels: Tensor,
-    *,
-    temperature: float = 1.0,
-    chunk_size: int = 1024,
-    with_entropy: bool = True,
-    lm_head_bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """Per-row ``log softmax(hidden @ W^T / T)[label]`` and entropy, never holding more than one chunk of logits.
-
-    ``hidden`` (N, H), ``lm_head_weight`` (V, H), ``labels`` (N,). Returns float32 ``logp`` (N,) and ``entropy``
-    (N,) — or ``None`` when ``with_entropy=False``, which skips the softmax pass (old/ref log-probs need no entropy).
-    """
-    return _chunked(
-        hidden,
-        labels,
-        _linear_projection(lm_head_weight, lm_head_bias),
-        [lm_head_weight] + ([lm_head_bias] if lm_head_bias is not None else []),
-        temperature=temperature,
-        chunk_size=chunk_size,
-        with_entropy=with_entropy,
-    )
 
 
 # ----------------------------------------------------------------------------------------------- model plumbing

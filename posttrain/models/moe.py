@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..parallel.shard import is_moe_config
+
 __all__ = ["MoeSpec", "moe_spec", "is_moe_config", "reject_tensor_parallel", "RouterRecorder", "router_off"]
 
 
@@ -54,17 +56,11 @@ def moe_spec(model) -> MoeSpec | None:
                    bool(config.output_router_logits), loss_fn)
 
 
-def is_moe_config(config) -> bool:
-    config = _text_config(config)
-    return bool((getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None))
-                and getattr(config, "num_experts_per_tok", None))
-
-
 def reject_tensor_parallel(config, tp_size: int, key: str) -> None:
     """A MoE model with tensor parallel is a config error, raised before any model loads: posttrain's
     tensor-parallel plan covers attention and dense MLPs only."""
     if tp_size > 1 and is_moe_config(config):
-        from ..config import ConfigError
+        from ..errors import ConfigError
 
         raise ConfigError(f"{key}={tp_size}: the model is a mixture-of-experts model ({type(config).__name__}) and "
                           "posttrain's tensor parallel does not split experts; set it to 1 — FSDP2 shards the experts "

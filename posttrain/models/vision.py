@@ -176,7 +176,7 @@ VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model")
 def freeze_vision_tower(model, option: str = "actor_rollout_ref.actor.freeze_vision_tower") -> int:
     """Stop training the vision encoder of a VL model (`actor_rollout_ref.actor.freeze_vision_tower`); returns the
     number of frozen parameters. A model without one is an error: the setting would silently do nothing."""
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     towers = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] in VISION_TOWER_NAMES]
     if not towers:

@@ -1,4 +1,7 @@
-"""Processes, meshes and sharding: everything that imports torch.distributed lives here (DESIGN.md)."""
+"""Processes and what passes between them: joining the job and its device mesh, the collectives the other packages
+call (`Parallel.sum` / `max` / `gather`, `agreed`, `node_leaders_first`), sharding a model (shard), launching local
+workers (launch), sharded checkpoints (checkpoint, safeload) and splitting rows over ranks (balance). The only package
+that imports torch.distributed (tests/test_layers.py holds every other package to that)."""
 
 from . import balance
 from .context import Parallel, ParallelDims, init_parallel, shutdown

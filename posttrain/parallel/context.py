@@ -18,7 +18,7 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 _joined_process_group = False  # this process has run collectives: see exit_process
 
@@ -101,11 +101,13 @@ class Parallel:
             out = out.cpu()
         return out
 
-    def max(self, value: int) -> int:
-        if not self._dp_collectives:
+    def max(self, value: int, *, all_ranks: bool = False) -> int:
+        """The largest `value` over the data-parallel ranks, or over every rank of the job with `all_ranks` (a
+        decision that every rank must take alike, such as stopping after this step)."""
+        if not (self.distributed and self.world > 1 if all_ranks else self._dp_collectives):
             return int(value)
         t = torch.tensor([int(value)], dtype=torch.int64, device=self._comm_device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._dp_group)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=None if all_ranks else self._dp_group)
         return int(t.item())
 
     def gather(self, obj) -> list:

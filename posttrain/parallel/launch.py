@@ -8,7 +8,7 @@ import signal
 import sys
 import uuid
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 SHUTDOWN_TIMEOUT_S = 3600  # how long a signalled launcher waits for its workers' last step and checkpoint
 
@@ -31,6 +31,14 @@ def die_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # the launcher died before the call above
         os._exit(1)
+
+
+def recorded(main):
+    """`main` wrapped so that, under a launcher, a failing rank's error is written where the launcher reports it
+    from (torch's elastic error file, which `root_cause` reads)."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(main)
 
 
 def requested_world(cfg) -> int:

@@ -54,6 +54,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def is_moe_config(config) -> bool:
+    """A mixture-of-experts model's config (experts with top-k routing): its experts are what the tensor-parallel plan
+    does not split."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return bool((getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None))
+                and getattr(config, "num_experts_per_tok", None))
+
+
 def apply_tensor_parallel(model: nn.Module, par: Parallel) -> None:
     """Split attention and MLP projections over the tp mesh with the model's own plan (`base_model_tp_plan`:
     colwise for q/k/v and gate/up, rowwise for o and down). Embeddings, norms and the output head stay whole on
@@ -66,8 +74,6 @@ def apply_tensor_parallel(model: nn.Module, par: Parallel) -> None:
     if not plan:
         raise ValueError(f"{type(base).__name__} has no tensor-parallel plan (config.base_model_tp_plan); "
                          "use fsdp_config.tp_size=1")
-    from ..models.moe import is_moe_config
-
     if is_moe_config(config):
         raise ValueError(f"tensor parallel: {type(base).__name__} is a mixture-of-experts model and posttrain's "
                          "tensor-parallel plan does not split its experts (fused expert weights, router); use "

@@ -147,7 +147,7 @@ class JudgeRewardManager(ModelRewardManager):
     def check_data_sources(self, sources) -> None:
         super().check_data_sources(sources)
         if self.combine_mode != "replace" and not self.rule_scoring:
-            from ..config import ConfigError
+            from ..errors import ConfigError
 
             raise ConfigError(f"reward_model.judge.combine={self.combine_mode} needs a rule score for every row, but "
                               "a data source has no scorer; set custom_reward_function.path, or combine=replace")

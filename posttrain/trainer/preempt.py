@@ -67,18 +67,10 @@ class StopOnSignal:
             print(f"\n{name}: finishing this step, then saving a checkpoint and stopping (send it again to exit at "
                   "once)", file=sys.stderr, flush=True)
 
-    def agreed(self, distributed: bool) -> int:
-        """The signal to stop on, 0 for none: the same on every rank (a collective when distributed)."""
-        import torch
-        import torch.distributed as dist
-
-        mine = int(self.signum or 0)
-        if distributed and dist.is_initialized() and dist.get_world_size() > 1:
-            t = torch.tensor([mine], dtype=torch.int64,
-                             device="cuda" if dist.get_backend() == "nccl" else "cpu")
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            return int(t.item())
-        return mine
+    def agreed(self, par) -> int:
+        """The signal to stop on, 0 for none: the same on every rank of `par` (a `Parallel`; a collective when
+        distributed)."""
+        return par.max(int(self.signum or 0), all_ranks=True)
 
 
 _taken_over = False  # a StopOnSignal has taken the signals over: the start-up handler is no longer the one to act

@@ -318,7 +318,7 @@ class RLTrainer:
                 saved = tr.save_freq > 0 and (self.global_step % tr.save_freq == 0 or done)
                 if saved:
                     path = self.save()
-                signum = stop.agreed(self.par.distributed)
+                signum = stop.agreed(self.par)
                 if signum:  # preemption: the step is done; keep it and stop
                     self.preempted = (signum, path if saved else self.save())
                     break

@@ -26,7 +26,7 @@ from ..reward.model import ModelRewardManager
 from ..roles.actor import Actor
 from ..roles.common import ModelRunner
 from ..roles.critic import Critic
-from ..roles.judge import Judge
+from ..roles.judge_model import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
 from ..rollout.base import SamplingParams

@@ -5,6 +5,7 @@ dtype as its mixed precision (several processes, built with the same `prepare_mo
 posttrain's rollout engine (`DecodeEngine`: batched, KV-cached, the prompt prefilled once), greedily unless a
 temperature is set. A sharded judge is gathered once per call (as the policy is for generation), so each rank
 then decodes its own prompts without collectives; every rank must still call `verdicts`, also with no prompts.
+The verdicts become rewards in reward/judge.py.
 """
 
 from __future__ import annotations
