@@ -26,8 +26,7 @@ from ..reward.judge import judge_reward
 from ..reward.model import ModelRewardManager
 from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
-from ..rollout.base import SamplingParams
-from ..rollout.hf import concat_rollouts
+from ..rollout.base import SamplingParams, concat_rollouts
 from .checkpoint import complete_checkpoints, finish_exports, save_checkpoint
 from .preempt import Preempted, StopOnSignal, resume_message
 from .recovery import check_run_dir, clear_run_dir, load_latest

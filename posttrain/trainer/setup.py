@@ -17,8 +17,7 @@ from ..roles.critic import Critic
 from ..roles.judge import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
-from ..rollout.engine import DecodeEngine
-from ..rollout.hf import HFRollout
+from ..rollout.registry import build_engine
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
@@ -130,11 +129,9 @@ class Roles:
                              if rm.enable and not rm.judge.enable else None)
         self.judge = Judge.from_config(cfg, par) if rm.enable and rm.judge.enable else None
         r = arr.rollout
-        settings = dict(device=par.device, dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size)
-        if r.name == "hf":
-            self.rollout = HFRollout(actor_worker.model, tokenizer, **settings)
-        else:  # vllm / sglang name engines posttrain lacks: its own engine runs
-            self.rollout = DecodeEngine(actor_worker.model, tokenizer, cuda_graphs=not r.enforce_eager, **settings)
+        self.rollout = build_engine(r.name, actor_worker.model, tokenizer, device=par.device,
+                                    dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size,
+                                    enforce_eager=r.enforce_eager)
 
     @property
     def trained(self) -> dict:
