@@ -6,6 +6,8 @@ loop, the static-buffer loop (what CUDA graphs record) run eagerly on the CPU, a
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -34,13 +36,16 @@ def lm(tiny_model_dir):
 
 
 def engine_for(mode, lm, tok, monkeypatch):
-    """The engine in `mode` on `lm`, with small first capacities so that the suffix buffers grow mid-run."""
+    """The engine in `mode` and the model it runs (`lm`, or its copy on the GPU), with small first capacities so
+    that the suffix buffers grow mid-run."""
     monkeypatch.setattr(decode_state, "FIRST_CAPACITY", 4)
     monkeypatch.setattr(decode_state, "STATIC_FIRST_CAPACITY", 4)
     device = torch.device("cuda") if mode == "cuda_graphs" else torch.device("cpu")
-    engine = DecodeEngine(lm.to(device), tok, device=device, dtype=torch.float32)
+    model = copy.deepcopy(lm).to(device) if device.type == "cuda" else lm
+    engine = DecodeEngine(model, tok, device=device, dtype=torch.float32)
+    assert engine.cuda_graphs == (mode == "cuda_graphs")
     engine.static = mode != "eager"
-    return engine
+    return engine, model
 
 
 def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +111,7 @@ def test_an_extended_sequence_decodes_as_its_whole_text_from_scratch(lm, tiny_to
     """Two prompts x two samples decode 5 tokens; then one sequence gets 3 tokens appended (a tool's output) and
     all decode 9 more: the extended one gives the greedy tokens and log-probs of its prompt + its 5 tokens + the 3
     appended, decoded from scratch; the others those of their own prompt decoded 14 tokens without a pause."""
-    engine = engine_for(mode, lm, tiny_tokenizer, monkeypatch)
+    engine, lm = engine_for(mode, lm, tiny_tokenizer, monkeypatch)
     texts = [[5, 17, 33, 2, 9, 41], [71, 8, 12]]
     prompts, mask = left_padded(texts, tiny_tokenizer.pad_token_id)
     run = Run(engine, lm)
@@ -127,7 +132,7 @@ def test_an_extended_sequence_decodes_as_its_whole_text_from_scratch(lm, tiny_to
 def test_an_extended_sequence_samples_as_its_whole_text_from_scratch(lm, tiny_tokenizer, mode, monkeypatch):
     """One sampled sequence (the engine's sampler, one draw per row and step) extended after 4 tokens: with the
     generator reseeded at the extension, the same draws as sampling its whole text from scratch."""
-    engine = engine_for(mode, lm, tiny_tokenizer, monkeypatch)
+    engine, lm = engine_for(mode, lm, tiny_tokenizer, monkeypatch)
     prompts, mask = left_padded([[5, 17, 33, 2]], tiny_tokenizer.pad_token_id)
     run = Run(engine, lm)
     with torch.no_grad():
@@ -145,7 +150,7 @@ def test_sequences_joining_and_leaving_mid_run_leave_the_others_alone(lm, tiny_t
     """Prompts A and B (two samples each) decode 3 tokens; A's rows are removed and a longer prompt C joins (its
     two rows start at the current column, A's prefix is freed, B's is re-padded); after 8 more steps B's rows
     give the tokens of B decoded alone for 11 steps and C's those of C decoded alone for 8."""
-    engine = engine_for(mode, lm, tiny_tokenizer, monkeypatch)
+    engine, lm = engine_for(mode, lm, tiny_tokenizer, monkeypatch)
     a, b, c = [5, 17, 33], [71, 8, 12, 40], [9, 9, 23, 61, 7, 30, 2]
     prompts, mask = left_padded([a, b], tiny_tokenizer.pad_token_id)
     run = Run(engine, lm)
