@@ -94,6 +94,7 @@ class DecodeEngine(RolloutEngine):
         return tokens.cpu(), (logprobs.cpu() if logprobs is not None else None)
 
     # ------------------------------------------------------------------ the operations on a decoding state
+    # (run on the decoding weights under torch.no_grad(), as `_generate` runs `_decode`)
 
     def _prefill(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int, static: bool, *,
                  call_cost: int | None = None, first_capacity: int | None = None):
@@ -164,6 +165,8 @@ class DecodeEngine(RolloutEngine):
 
     @staticmethod
     def _step(forward, state: DecodeState, token: torch.Tensor, graph: DecodeStep | None = None) -> torch.Tensor:
+        """`token` written at each row's position by one forward (replayed by `graph` in static mode); the
+        state advanced; the next logits."""
         if graph is not None:
             logits = graph(token, state.positions, state)
         else:

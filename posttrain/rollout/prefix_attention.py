@@ -56,25 +56,25 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
             or kwargs.get("s_aux") is not None):
         raise RuntimeError("shared-prefix attention runs decoding steps of full attention only (one query token; "
                            "no sliding window, softcap or sinks)")
-    cache = shared_prefix
+    state = shared_prefix
     rows, heads, _, dim = query.shape
     kv_heads, width = key.shape[1], key.shape[2]
     g = heads // kv_heads
     scale = dim ** -0.5 if scaling is None else scaling
-    prefix_k, prefix_v = cache.prefix_keys[module.layer_idx], cache.prefix_values[module.layer_idx]
+    prefix_k, prefix_v = state.prefix_keys[module.layer_idx], state.prefix_values[module.layer_idx]
     prompts, plen = prefix_k.shape[0], prefix_k.shape[2]
-    total = prompts * cache.group
+    total = prompts * state.group
 
     q = query.view(rows, kv_heads, g, dim)
     own = torch.bmm(q.reshape(rows * kv_heads, g, dim), key.view(rows * kv_heads, width, dim).transpose(1, 2))
-    q_grouped = _grouped(_scatter_rows(q, cache.rows, total), prompts, cache.group)
+    q_grouped = _grouped(_scatter_rows(q, state.rows, total), prompts, state.group)
     shared = torch.matmul(q_grouped, prefix_k.transpose(-1, -2))  # (prompts, kv, group * g, P)
-    shared = _gather_rows(_ungrouped(shared, cache.group), cache.rows)  # (rows, kv, g, P)
+    shared = _gather_rows(_ungrouped(shared, state.group), state.rows)  # (rows, kv, g, P)
     # one op: scale, mask and the float32 upcast (the bias is float32)
-    scores = torch.add(cache.bias, torch.cat([shared, own.view(rows, kv_heads, g, width)], dim=-1), alpha=scale)
+    scores = torch.add(state.bias, torch.cat([shared, own.view(rows, kv_heads, g, width)], dim=-1), alpha=scale)
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    p_grouped = _grouped(_scatter_rows(probs[..., :plen], cache.rows, total), prompts, cache.group)
-    out = _gather_rows(_ungrouped(torch.matmul(p_grouped, prefix_v), cache.group), cache.rows)
+    p_grouped = _grouped(_scatter_rows(probs[..., :plen], state.rows, total), prompts, state.group)
+    out = _gather_rows(_ungrouped(torch.matmul(p_grouped, prefix_v), state.group), state.rows)
     own_out = torch.bmm(probs[..., plen:].reshape(rows * kv_heads, g, width), value.view(rows * kv_heads, width, -1))
     out = out + own_out.view(rows, kv_heads, g, -1)
     return out.reshape(rows, 1, heads, value.shape[-1]), None
