@@ -38,8 +38,10 @@ from posttrain.data.dataset import RLDataset, collate_prompts  # noqa: E402
 from posttrain.models.cpu_bf16 import cpu_bf16_summary  # noqa: E402
 from posttrain.models.load import autocast, load_causal_lm, load_tokenizer  # noqa: E402
 from posttrain.rollout.base import SamplingParams  # noqa: E402
-from posttrain.rollout.engine import DecodeEngine, prefill_buckets  # noqa: E402
-from posttrain.rollout.prefix_attention import FIRST_CAPACITY  # noqa: E402
+from posttrain.rollout.decode_state import FIRST_CAPACITY  # noqa: E402
+from posttrain.rollout.engine import DecodeEngine  # noqa: E402
+import posttrain.rollout.prefill as prefill_module  # noqa: E402
+from posttrain.rollout.prefill import prefill_buckets  # noqa: E402
 from posttrain.rollout.weights import inference_weights  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -233,18 +235,18 @@ def prefill_comparison(workdir: Path, name: str, dtype_name: str, repeats: int =
     it uses (`prefill_buckets`); alternating, median of `repeats`."""
     dtype = DTYPES[dtype_name]
     tokenizer, prompts, mask, lm, engine = _workload(workdir, name, dtype)
-    default = engine_module.MAX_PREFILL_BUCKETS
+    default = prefill_module.MAX_PREFILL_BUCKETS
     times: dict[int, list[float]] = {1: [], default: []}
     try:
         with inference_weights(lm, dtype) as model, torch.no_grad(), autocast(torch.device("cpu"), dtype):
             for _ in range(repeats + 1):  # the first round warms up
                 for most in times:
-                    engine_module.MAX_PREFILL_BUCKETS = most
+                    prefill_module.MAX_PREFILL_BUCKETS = most
                     start = time.perf_counter()
                     engine._prefill(model, prompts, mask, N, NEW_TOKENS, False)
                     times[most].append(time.perf_counter() - start)
     finally:
-        engine_module.MAX_PREFILL_BUCKETS = default
+        prefill_module.MAX_PREFILL_BUCKETS = default
     lengths = mask.sum(-1)
     median = {most: sorted(t[1:])[len(t[1:]) // 2] for most, t in times.items()}
     return dict(model=name, dtype=dtype_name, one=median[1], buckets=median[default],

@@ -14,7 +14,7 @@ from posttrain.models.load import load_causal_lm
 from posttrain.models.policy import PolicyModel
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.engine import DecodeEngine
-from posttrain.rollout.hf import HFRollout
+from posttrain.rollout.transformers_generate import TransformersGenerate
 from posttrain.trainer.rl import RLTrainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -45,7 +45,7 @@ def sampling_logprobs_reference(lm, out, s: SamplingParams):
     return torch.where(out["response_mask"].bool(), lp, torch.zeros_like(lp))  # padding may be outside top-k
 
 
-@pytest.mark.parametrize("engine", [DecodeEngine, HFRollout])
+@pytest.mark.parametrize("engine", [DecodeEngine, TransformersGenerate])
 @pytest.mark.parametrize("top_k", [-1, 7])
 def test_engines_return_the_sampling_log_probs(tiny_model_dir, tiny_tokenizer, engine, top_k):
     lm = load_causal_lm(str(tiny_model_dir))

@@ -12,7 +12,7 @@ from posttrain.parallel import Parallel
 from posttrain.roles.common import ModelRunner
 from posttrain.roles.critic import Critic
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.hf import HFRollout
+from posttrain.rollout.transformers_generate import TransformersGenerate
 from tests.test_roles_rollout import prompts_batch
 
 CPU = torch.device("cpu")
@@ -21,7 +21,7 @@ CPU = torch.device("cpu")
 def real_batch(tiny_model_dir, tok):
     torch.manual_seed(0)
     model = load_causal_lm(str(tiny_model_dir), device=CPU)
-    engine = HFRollout(model, tok, device=CPU, dtype=torch.float32)
+    engine = TransformersGenerate(model, tok, device=CPU, dtype=torch.float32)
     return engine.generate(prompts_batch(tok, ["1+2=", "33+44=", "5+5=", "9+9="]), SamplingParams(n=2, max_new_tokens=6))
 
 

@@ -54,15 +54,15 @@ def fixed_batch(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
     from posttrain.data.dataset import layout_row
     from posttrain.models.load import load_causal_lm
     from posttrain.rollout.base import SamplingParams
-    from posttrain.rollout.hf import HFRollout
+    from posttrain.rollout.transformers_generate import TransformersGenerate
     from tests.test_roles_rollout import prompts_batch
 
     out = tmp_path_factory.mktemp("dist")
     rows = [layout_row("synthetic/arithmetic", f"{a}+{a + 3}=", str(2 * a + 3), {"index": a}) for a in range(8)]
     (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     torch.manual_seed(0)
-    engine = HFRollout(load_causal_lm(str(tiny_model_dir)), tiny_tokenizer, device=torch.device("cpu"),
-                       dtype=torch.float32)
+    engine = TransformersGenerate(load_causal_lm(str(tiny_model_dir)), tiny_tokenizer, device=torch.device("cpu"),
+                                  dtype=torch.float32)
     batch = engine.generate(prompts_batch(tiny_tokenizer, [r["prompt"][0]["content"] for r in rows]),
                             SamplingParams(n=4, max_new_tokens=8))
     n = len(batch)

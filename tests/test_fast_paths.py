@@ -19,11 +19,12 @@ from posttrain.models.policy import PolicyModel
 from posttrain.models import shared_prompt
 from posttrain.models.shared_prompt import ATTENTION_NAME, prompt_groups
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.engine import DecodeEngine, prefill_buckets
-import posttrain.rollout.engine as engine_module
-from posttrain.rollout.hf import HFRollout
-from posttrain.rollout.prefix_attention import FIRST_CAPACITY
-import posttrain.rollout.prefix_attention as prefix_attention
+from posttrain.rollout.engine import DecodeEngine
+from posttrain.rollout.prefill import prefill_buckets
+import posttrain.rollout.prefill as engine_module
+from posttrain.rollout.transformers_generate import TransformersGenerate
+from posttrain.rollout.decode_state import FIRST_CAPACITY
+import posttrain.rollout.decode_state as prefix_attention
 from posttrain.rollout.sampling import next_tokens
 from posttrain.rollout.weights import inference_weights
 
@@ -77,7 +78,7 @@ def test_engine_greedy_equals_transformers_generate_with_finished_rows_dropped(t
                 p.normal_(0, 0.3)
     model = PolicyModel(lm)
     batch = batch_of(tiny_tokenizer, TEXTS)
-    plain = HFRollout(model, tiny_tokenizer, device=device, dtype=torch.float32)
+    plain = TransformersGenerate(model, tiny_tokenizer, device=device, dtype=torch.float32)
     free = plain.generate(batch, SamplingParams(n=1, do_sample=False, max_new_tokens=40, ignore_eos=True))
     stop = set(free["responses"][:3, 2].tolist())  # end tokens: rows then finish at different steps, or never
     fast = engine_for(mode, model, tiny_tokenizer, monkeypatch, dtype=torch.float32, micro_batch_size=4)
@@ -131,7 +132,7 @@ def test_engine_bf16_greedy_matches_transformers_generate(tiny_model_dir, tiny_t
     model = PolicyModel(load_causal_lm(str(tiny_model_dir)))
     batch = batch_of(tiny_tokenizer, TEXTS[:4])
     greedy = SamplingParams(n=3, do_sample=False, max_new_tokens=10, ignore_eos=True)
-    a = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.bfloat16).generate(batch, greedy)
+    a = TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.bfloat16).generate(batch, greedy)
     b = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.bfloat16).generate(batch, greedy)
     assert (a["responses"] == b["responses"]).float().mean() > 0.95  # bf16 rounding may flip a near-tie
 
@@ -216,7 +217,7 @@ def test_engine_falls_back_to_generate_for_a_sliding_window_model(tiny_tokenizer
     engine = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
     out = engine.generate(batch, greedy)
     assert engine.shared_prefix_ok is False
-    assert torch.equal(out["responses"], HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    assert torch.equal(out["responses"], TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
                        .generate(batch, greedy)["responses"])
 
 

@@ -13,7 +13,7 @@ from posttrain.models.policy import PolicyModel
 from posttrain.models.shared_prompt import prompt_groups
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.engine import DecodeEngine
-from posttrain.rollout.hf import HFRollout
+from posttrain.rollout.transformers_generate import TransformersGenerate
 from posttrain.trainer.rl import RLTrainer
 from tests.test_rl_integration import read_metrics
 from tests.test_roles_rollout import prompts_batch
@@ -97,7 +97,7 @@ def test_decoding_engine_runs_moe_models_and_matches_generate(moe_dirs, tiny_tok
     engine = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
     ours = engine.generate(batch, greedy)
     assert engine.shared_prefix_ok is True
-    theirs = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32).generate(batch, greedy)
+    theirs = TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.float32).generate(batch, greedy)
     assert torch.equal(ours["responses"], theirs["responses"])
 
 

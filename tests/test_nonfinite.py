@@ -16,7 +16,7 @@ from posttrain.roles.common import ModelRunner
 from posttrain.roles.critic import Critic
 from posttrain.roles.nonfinite import NonFiniteError, NonFiniteGuard, first_nonfinite
 from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.hf import HFRollout
+from posttrain.rollout.transformers_generate import TransformersGenerate
 from tests.test_roles_rollout import prompts_batch
 
 CPU = torch.device("cpu")
@@ -56,7 +56,7 @@ def test_guard_counts_resets_and_stops():
 def rollouts(tiny_model_dir, tiny_tokenizer):
     torch.manual_seed(0)
     model = load_causal_lm(str(tiny_model_dir), device=CPU)
-    engine = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    engine = TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
     batch = engine.generate(prompts_batch(tiny_tokenizer, ["1+2=", "33+44=", "5+5="]),
                             SamplingParams(n=2, max_new_tokens=5))
     B, L = batch["responses"].shape

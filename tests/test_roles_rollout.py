@@ -15,8 +15,8 @@ from posttrain.models.policy import PolicyModel
 from posttrain.parallel import Parallel
 from posttrain.roles.actor import Actor
 from posttrain.roles.common import ModelRunner
-from posttrain.rollout.base import SamplingParams
-from posttrain.rollout.hf import HFRollout, response_mask_from
+from posttrain.rollout.base import SamplingParams, response_mask_from
+from posttrain.rollout.transformers_generate import TransformersGenerate
 
 CPU = torch.device("cpu")
 
@@ -25,6 +25,24 @@ def test_response_mask_stops_after_first_eos():
     r = torch.tensor([[5, 2, 7, 2], [5, 6, 7, 8], [2, 0, 0, 0]])
     assert response_mask_from(r, {2}, 0, False).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
     assert response_mask_from(r, {2}, 0, True).tolist() == [[1] * 4] * 3
+
+
+def test_rollout_engines_are_chosen_by_name(tiny_model_dir, tiny_tokenizer):
+    """`rollout.name`: `hf` is transformers' generate; `posttrain` and the other systems' engine names run
+    posttrain's engine (`enforce_eager` turning its CUDA graphs off); an unknown name is refused by name."""
+    from posttrain.rollout.engine import DecodeEngine
+    from posttrain.rollout.registry import build_engine, register
+
+    model = load_causal_lm(str(tiny_model_dir), device=CPU)
+    settings = dict(device=CPU, dtype=torch.float32, micro_batch_size=2)
+    assert type(build_engine("hf", model, tiny_tokenizer, **settings)) is TransformersGenerate
+    for name in ("posttrain", "vllm", "sglang", "trtllm"):
+        engine = build_engine(name, model, tiny_tokenizer, enforce_eager=True, **settings)
+        assert type(engine) is DecodeEngine and engine.micro_batch_size == 2 and not engine.cuda_graphs
+    with pytest.raises(ValueError, match="rollout.name='vlm'.*known: hf, posttrain"):
+        build_engine("vlm", model, tiny_tokenizer, **settings)
+    with pytest.raises(ValueError, match="already registered"):
+        register("hf")(lambda *a, **k: None)
 
 
 def prompts_batch(tok, texts):
@@ -36,7 +54,7 @@ def prompts_batch(tok, texts):
 
 def test_rollout_shapes_groups_and_greedy_determinism(tiny_model_dir, tiny_tokenizer):
     model = load_causal_lm(str(tiny_model_dir), device=CPU)
-    engine = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32, micro_batch_size=1)
+    engine = TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.float32, micro_batch_size=1)
     batch = prompts_batch(tiny_tokenizer, ["1+2=", "33+44="])
     torch.manual_seed(0)
     out = engine.generate(batch, SamplingParams(n=3, max_new_tokens=6, temperature=1.0))
@@ -56,7 +74,7 @@ def test_actor_gradient_does_not_depend_on_micro_batches(tiny_model_dir, tiny_to
     """Same mini-batch, one pass vs micro-batches of 1 and 3: the same accumulated gradient (KL and entropy on)."""
     torch.manual_seed(0)
     model = load_causal_lm(str(tiny_model_dir), device=CPU)
-    engine = HFRollout(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    engine = TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
     batch = engine.generate(prompts_batch(tiny_tokenizer, ["1+2=", "33+44=", "5+5="]),
                             SamplingParams(n=2, max_new_tokens=5))
     B, L = batch["responses"].shape
@@ -122,7 +140,7 @@ def test_sft_stops_where_stop_when_says_and_saves_that_model(tmp_path, tiny_mode
 
 
 def test_concat_rollouts_repads_prompts_left_and_responses_right():
-    from posttrain.rollout.hf import concat_rollouts
+    from posttrain.rollout.base import concat_rollouts
 
     def rollout(prompts, responses, scores):
         p, r = torch.tensor(prompts), torch.tensor(responses)
@@ -152,7 +170,7 @@ def test_concat_over_rounds_keeps_every_reward_key():
                       "responses": torch.ones(n, 3, dtype=torch.long), "response_mask": torch.ones(n, 3, dtype=torch.long)},
                      {"uid": uids, **{f"reward:{k}": v for k, v in extras.items()}})
 
-    from posttrain.rollout.hf import concat_rollouts
+    from posttrain.rollout.base import concat_rollouts
 
     rounds = [scored(["a", "a"], acc=[1.0, 0.0], fmt=[1.0, 1.0]), scored(["b", "b"], acc=[0.0, 1.0]),
               scored(["c"], acc=[1.0], pass_rate=[0.5])]

@@ -161,11 +161,11 @@ def test_rollout_logprobs_equal_training_logprobs(vl, vl_dir, engine, caplog):
     token is ever sampled; the posttrain engine hands VL models to transformers' generate and says so."""
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.engine import DecodeEngine
-    from posttrain.rollout.hf import HFRollout
+    from posttrain.rollout.transformers_generate import TransformersGenerate
 
     tok, proc = vl
     policy = PolicyModel(load_causal_lm(str(vl_dir)))
-    cls = HFRollout if engine == "hf" else DecodeEngine
+    cls = TransformersGenerate if engine == "hf" else DecodeEngine
     rollout = cls(policy, tok, device=torch.device("cpu"), dtype=torch.float32)
     batch = _prompt_batch(tok, proc, [(56, 56), (84, 56), (56, 112)])
     torch.manual_seed(0)

@@ -21,8 +21,7 @@ from ..parallel import Parallel, shutdown
 from ..reward.checks import check_error_rate
 from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
-from ..rollout.base import SamplingParams
-from ..rollout.hf import concat_rollouts
+from ..rollout.base import SamplingParams, concat_rollouts
 from .checkpoint import complete_checkpoints, finish_exports, save_checkpoint
 from .preempt import Preempted, StopOnSignal, resume_message
 from .recovery import load_latest

@@ -30,8 +30,7 @@ from ..roles.judge_model import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
 from ..rollout.base import SamplingParams
-from ..rollout.engine import DecodeEngine
-from ..rollout.hf import HFRollout
+from ..rollout.registry import build_engine
 from .recovery import check_run_dir, clear_run_dir
 
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
@@ -113,13 +112,13 @@ class Roles:
             return ModelRunner(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)
 
         a = arr.actor
-        actor_worker = policy(a.fsdp_config, trainable=True, with_lora=lora)
-        self.actor = Actor(actor_worker, a, temperature=temperature, max_response_length=cfg.data.max_response_length,
+        actor_runner = policy(a.fsdp_config, trainable=True, with_lora=lora)
+        self.actor = Actor(actor_runner, a, temperature=temperature, max_response_length=cfg.data.max_response_length,
                            total_steps=total_steps, seed=tr.seed, offload_optimizer=_moves_adam(a.fsdp_config),
                            max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            ref_runner = actor_worker if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
+            ref_runner = actor_runner if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
             self.reference = Reference(ref_runner, arr.ref, temperature=temperature, adapter_off=lora is not None)
         self.critic = None
         if needs_critic(cfg):
@@ -144,11 +143,9 @@ class Roles:
                              if rm.enable and not rm.judge.enable else None)
         self.judge = Judge.from_config(cfg, par) if rm.enable and rm.judge.enable else None
         r = arr.rollout
-        settings = dict(device=par.device, dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size)
-        if r.name == "hf":
-            self.rollout = HFRollout(actor_worker.model, tokenizer, **settings)
-        else:  # vllm / sglang name engines posttrain lacks: its own engine runs
-            self.rollout = DecodeEngine(actor_worker.model, tokenizer, cuda_graphs=not r.enforce_eager, **settings)
+        self.engine = build_engine(r.name, actor_runner.model, tokenizer, device=par.device,
+                                    dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size,
+                                    enforce_eager=r.enforce_eager)
 
     @property
     def trained(self) -> dict:
@@ -240,7 +237,7 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
     parts = RLParts(
         run_dir=run_dir, tokenizer=tokenizer, train_data=train_data, val_data=val_data, vision=vision,
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, rule_reward=rule_reward, reward=reward,
-        actor=roles.actor, reference=roles.reference, critic=roles.critic, engine=roles.rollout, trained=roles.trained,
+        actor=roles.actor, reference=roles.reference, critic=roles.critic, engine=roles.engine, trained=roles.trained,
         kl_ctrl=kl_ctrl, info=info, max_new=max_new, needs_old_log_prob=needs_old_log_prob,
         sampling=SamplingParams.of(r, max_new_tokens=max_new, ignore_eos=r.ignore_eos, logprobs=rollout_logprobs),
         val_sampling=SamplingParams.of(r.val_kwargs, max_new_tokens=max_new, ignore_eos=r.ignore_eos))

@@ -1,0 +1,214 @@
+"""The state of one decoding run: its sequences (rows), their keys and values, and their positions.
+
+An RL step samples `n` responses per prompt. The prompt's keys and values (the *prefix*, one slot per prompt) are
+computed and stored once; each of its `n` rows keeps only its own generated tokens (the *suffix*), and the decoding
+attention (prefix_attention.py) reads both. The state is also the cache object the model's layers write into
+(`update`), so it is passed to the model as its cache.
+
+Rows can be removed (`keep`: finished ones dropped), added mid-run (`add`: a new prompt's slot, whose rows
+start decoding at the current suffix column), and taken out with all they hold (`past`) to be put back with
+appended tokens (the engine's `extend`). Every such change bumps `layout`: the tensors a recorded CUDA graph reads
+are then new ones (cuda_graphs.py records anew).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FIRST_CAPACITY = 16  # suffix positions at first; the buffers grow by a quarter when full
+STATIC_FIRST_CAPACITY = 256  # the same in static mode (CUDA graphs): doubling from here, each size recorded once
+
+
+class DecodeState:
+    """Prefix: per layer (slots, kv_heads, P, head_dim); `prefix_bias` (rows, 1, 1, P) float32 is 0 on a row's
+    prompt tokens and -inf elsewhere (left padding). Suffix: per layer (rows, kv_heads, capacity, head_dim),
+    zero-filled, column `length` written at each step by every row; attention runs over the whole buffer with
+    `bias` masking the columns a row has not written (slicing it would make every product copy its operand),
+    and the capacity grows by a quarter when full.
+
+    A slot added for one row (`add(first_row_only=True)`: a sequence put back with appended tokens) still takes
+    `group` rows in the shared product (the others zeros): the price of one product per slot.
+
+    Per row: `rows` its index among slots x `group` (None while that is the identity), `ids` the caller's id of
+    its sequence, `positions` the position of its next token, `starts` the suffix column it began at (None while
+    every row began at 0).
+
+    `static`: the layout CUDA graphs need (buffers reserved before a step, the write column and the mask updated
+    in place, the capacity doubling)."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], prefix_mask: torch.Tensor, group: int,
+                 max_new: int, *, static: bool = False, first_capacity: int | None = None):
+        self.prefix_keys, self.prefix_values, self.group, self.max_new = keys, values, group, max_new
+        self.static = static
+        bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=prefix_mask.device)
+        self.prefix_bias = bias.masked_fill(prefix_mask == 0, float("-inf")).repeat_interleave(group, 0)[:, None, None]
+        self.rows: torch.Tensor | None = None
+        self.positions = prefix_mask.sum(dim=-1).repeat_interleave(group)
+        self.ids = torch.arange(len(self.positions), device=prefix_mask.device)
+        self.starts: torch.Tensor | None = None
+        if first_capacity is None:
+            first_capacity = STATIC_FIRST_CAPACITY if static else FIRST_CAPACITY
+        self.length, self.capacity = 0, min(max_new, first_capacity)
+        self.keys: list[torch.Tensor | None] = [None] * len(keys)
+        self.values: list[torch.Tensor | None] = [None] * len(keys)
+        self.position = torch.tensor([0], device=prefix_mask.device)
+        self.layout = 0
+        self.graph = None  # static mode: the engine's recorded step over this state (cuda_graphs.DecodeStep)
+        self._step_bias()
+
+    # ------------------------------------------------------------------ one decoding step
+
+    def _step_bias(self) -> None:
+        """`bias` (rows, 1, 1, P + capacity): the prompt's padding and the suffix positions not written yet at
+        -inf, the same for every layer of a step; `position`: where this step's key and value go."""
+        device = self.prefix_bias.device
+        if self.static:
+            self.position.fill_(self.length)  # in place: a recorded step reads this very tensor
+        else:
+            self.position = torch.tensor([self.length], device=device)
+        columns = torch.arange(self.capacity, device=device)
+        suffix = torch.zeros(self.capacity, device=device).masked_fill(columns > self.length, float("-inf"))
+        suffix = suffix.expand(*self.prefix_bias.shape[:3], -1)
+        if self.starts is not None:  # rows added mid-run: the columns before their first are not theirs
+            suffix = suffix.masked_fill(columns < self.starts[:, None, None, None], float("-inf"))
+        self.bias = torch.cat([self.prefix_bias, suffix], dim=-1)
+
+    def reserve(self) -> None:
+        """Static mode: every layer's buffers at the current capacity before the step (a recorded step cannot
+        allocate them)."""
+        for i, (pk, pv) in enumerate(zip(self.prefix_keys, self.prefix_values)):
+            k = self.keys[i]
+            if k is None or k.shape[2] < self.capacity:
+                rows = len(self.prefix_bias)
+                self.keys[i] = self._grown(pk.new_empty(rows, pk.shape[1], 0, pk.shape[3]), k)
+                self.values[i] = self._grown(pv.new_empty(rows, pv.shape[1], 0, pv.shape[3]), self.values[i])
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None, kwargs=None):
+        """Write the current token's key and value; return the suffix buffers. (transformers passes the layer's
+        extra arguments as `cache_kwargs` up to 5.23, as `kwargs` from 5.24; neither matters here.)"""
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        if k is None or k.shape[2] < self.capacity:
+            k, v = self._grown(key_states, k), self._grown(value_states, v)
+            self.keys[layer_idx], self.values[layer_idx] = k, v
+        k.index_copy_(2, self.position, key_states[:, :, -1:])  # a tensor index: no recompiling per position
+        v.index_copy_(2, self.position, value_states[:, :, -1:])
+        return k, v
+
+    def _grown(self, states: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor:
+        rows, heads, _, dim = states.shape
+        new = states.new_empty(rows, heads, self.capacity, dim)
+        kept = 0 if old is None else old.shape[2]
+        if old is not None:
+            new[:, :, :kept] = old
+        new[:, :, kept:] = 0  # masked positions still enter the products: keep them finite
+        return new
+
+    def advance(self) -> None:
+        """The current token is written in every layer: the next step writes the next column, each row's next
+        token is one position further. The capacity grows by a quarter when full (static mode: doubles, so that
+        few steps are recorded)."""
+        self.length += 1
+        self.positions = self.positions + 1
+        if self.length == self.max_new:  # full: a further step needs `add` to allow more
+            return
+        if self.length == self.capacity and self.capacity < self.max_new:
+            self._grow()
+        elif self.static:  # the same tensors, one more position unmasked
+            self.position.fill_(self.length)
+            self.bias[..., self.bias.shape[-1] - self.capacity + self.length] = 0.0
+            return
+        self._step_bias()
+
+    def _grow(self) -> None:
+        grown = 2 * self.capacity if self.static else self.capacity + max(1, self.capacity // 4)
+        self.capacity = min(self.max_new, grown)
+
+    # ------------------------------------------------------------------ gaining and losing rows
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Continue with the current rows `keep` only."""
+        rows = torch.arange(len(self.prefix_bias), device=keep.device) if self.rows is None else self.rows
+        self.rows, self.prefix_bias, self.bias = rows[keep], self.prefix_bias[keep], self.bias[keep]
+        self.positions, self.ids = self.positions[keep], self.ids[keep]
+        if self.starts is not None:
+            self.starts = self.starts[keep]
+        self.keys = [None if k is None else k.index_select(0, keep) for k in self.keys]
+        self.values = [None if v is None else v.index_select(0, keep) for v in self.values]
+        self.layout += 1
+
+    def add(self, keys: list[torch.Tensor], values: list[torch.Tensor], prefix_mask: torch.Tensor, ids: torch.Tensor,
+            max_new: int, *, first_row_only: bool = False) -> None:
+        """New slots (per layer (slots, kv_heads, P', head_dim) and their (slots, P') mask) with their `group` rows
+        each (`first_row_only`: one row each), appended after the current rows with the caller's `ids`; they
+        decode from the next step on, for up to `max_new` more steps. Slots no row reads any more are freed."""
+        self._drop_unread_slots()
+        device = self.prefix_bias.device
+        width = max(self.prefix_keys[0].shape[2], keys[0].shape[2])
+        pad = torch.nn.functional.pad
+
+        def left(x: torch.Tensor, dim: int, value: float = 0.0) -> torch.Tensor:  # widened on the left to `width`
+            extra = width - x.shape[dim]
+            return x if extra == 0 else pad(x, (0, 0) * (x.dim() - 1 - dim) + (extra, 0), value=value)
+
+        slots, new_slots = self.prefix_keys[0].shape[0], keys[0].shape[0]
+        per_slot = torch.arange(1 if first_row_only else self.group, device=device)
+        new_rows = ((slots + torch.arange(new_slots, device=device))[:, None] * self.group + per_slot).flatten()
+        bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=device)
+        bias = bias.masked_fill(prefix_mask == 0, float("-inf")).repeat_interleave(len(per_slot), 0)[:, None, None]
+        old_rows = torch.arange(len(self.prefix_bias), device=device) if self.rows is None else self.rows
+        self.rows = torch.cat([old_rows, new_rows])
+        self.prefix_keys = [torch.cat([left(a, 2), left(b, 2)]) for a, b in zip(self.prefix_keys, keys)]
+        self.prefix_values = [torch.cat([left(a, 2), left(b, 2)]) for a, b in zip(self.prefix_values, values)]
+        self.prefix_bias = torch.cat([left(self.prefix_bias, 3, float("-inf")), left(bias, 3, float("-inf"))])
+        added = len(new_rows)
+        self.positions = torch.cat([self.positions, prefix_mask.sum(-1).repeat_interleave(len(per_slot))])
+        self.ids = torch.cat([self.ids, ids.to(device)])
+        starts = self.starts if self.starts is not None else self.positions.new_zeros(len(old_rows))
+        self.starts = torch.cat([starts, starts.new_full((added,), self.length)])
+        for buffers in (self.keys, self.values):
+            for i, b in enumerate(buffers):
+                if b is not None:
+                    buffers[i] = torch.cat([b, b.new_zeros(added, *b.shape[1:])])
+        self.max_new = max(self.max_new, self.length + max_new)
+        while self.length >= self.capacity and self.capacity < self.max_new:
+            self._grow()
+        self.layout += 1
+        self._step_bias()
+
+    def _drop_unread_slots(self) -> None:
+        """Free the prefixes of slots whose rows have all been removed (a long run keeps adding slots)."""
+        if self.rows is None:
+            return
+        read = torch.unique(self.rows // self.group)
+        if len(read) == self.prefix_keys[0].shape[0]:
+            return
+        self.prefix_keys = [k.index_select(0, read) for k in self.prefix_keys]
+        self.prefix_values = [v.index_select(0, read) for v in self.prefix_values]
+        renumber = torch.zeros(int(read.max()) + 1 if len(read) else 1, dtype=torch.long, device=read.device)
+        renumber[read] = torch.arange(len(read), device=read.device)
+        self.rows = renumber[self.rows // self.group] * self.group + self.rows % self.group
+
+    def past(self, row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Row `row`'s keys and values per layer (1, kv_heads, L, head_dim): its prompt's, then those it wrote,
+        in order — what an ordinary forward over its L tokens would hold."""
+        slot = (row if self.rows is None else int(self.rows[row])) // self.group
+        prompt = (self.prefix_bias[row, 0, 0] == 0).nonzero().squeeze(1)
+        first = 0 if self.starts is None else int(self.starts[row])
+        written = torch.arange(first, self.length, device=prompt.device)
+        keys, values = [], []
+        for layer, (pk, pv) in enumerate(zip(self.prefix_keys, self.prefix_values)):
+            k, v = pk[slot, :, prompt], pv[slot, :, prompt]
+            if self.keys[layer] is not None:
+                k = torch.cat([k, self.keys[layer][row, :, written]], dim=1)
+                v = torch.cat([v, self.values[layer][row, :, written]], dim=1)
+            keys.append(k[None])
+            values.append(v[None])
+        return keys, values
+
+    # ------------------------------------------------------------------ what transformers asks of a cache
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.prefix_keys[0].shape[2] + self.length
+
+    def __len__(self) -> int:
+        return len(self.keys)
