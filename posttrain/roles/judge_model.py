@@ -4,7 +4,8 @@ Placed like the reference: frozen, loaded in the rollout's compute dtype (in one
 dtype as its mixed precision (several processes, built with the same `prepare_model`). Its answers are decoded by
 posttrain's rollout engine (`DecodeEngine`: batched, KV-cached, the prompt prefilled once), greedily unless a
 temperature is set. A sharded judge is gathered once per call (as the policy is for generation), so each rank
-then decodes its own prompts without collectives; every rank must still call `verdicts`, also with no prompts.
+then decodes its own prompts without collectives, except the engine's one-time check, which the ranks agree on;
+every rank must therefore call `verdicts`, also with no prompts.
 The verdicts become rewards in reward/judge.py.
 """
 
@@ -66,6 +67,7 @@ class Judge:
         """The judge's answer to each prompt, decoded without special tokens."""
         with gathered_for_generation(self.model):
             if not prompts:
+                self.engine.ready()  # the engine's one-time check is a collective for a sharded judge
                 return []
             ids = [self.encode(p) for p in prompts]
             width = max(len(x) for x in ids)

@@ -71,6 +71,7 @@ class RolloutEngine:
         chunk = self.micro_batch_size * sampling.n if self.micro_batch_size else len(out)
         images = out.meta.get(MM_KEY)
         with inference_weights(self.model, self.dtype) as model, attention_backends(torch.device(self.device)):
+            self.prepare(model)
             parts = [self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling,
                                     images=images[i:i + chunk] if images is not None else None)
                      for i in range(0, len(out), chunk)]
@@ -85,6 +86,15 @@ class RolloutEngine:
         out["input_ids"] = torch.cat([out["prompts"], responses], dim=1)
         out["attention_mask"] = torch.cat([out["prompt_mask"], mask], dim=1)
         return out
+
+    def ready(self) -> None:
+        """Make the engine's one-time decisions now, as `generate` does first. A sharded model's ranks make them
+        together (a collective), so a rank with no rows to generate calls this where the others call `generate`."""
+        with inference_weights(self.model, self.dtype) as model, attention_backends(torch.device(self.device)):
+            self.prepare(model)
+
+    def prepare(self, model) -> None:
+        """One-time decisions on the decoding weights `model` (none here)."""
 
     def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams, *,
                   images: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -80,10 +80,14 @@ class DecodeEngine(RolloutEngine):
         self.graphs_recorded = 0  # CUDA graphs recorded by the last call
         self._plain_attention: str | None = None  # the model's own attention, while `decoding` has switched it
 
-    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams, *,
-                  images: list | None = None):
+    def prepare(self, model) -> None:
+        """The self-check, once: every rank of a sharded model runs it in the same call (its verdict is agreed)."""
         if self.shared_prefix_ok is None:
             self.shared_prefix_ok = self._check(model)
+
+    def _generate(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams, *,
+                  images: list | None = None):
+        self.prepare(model)
         if not self.shared_prefix_ok:
             return generate_with_transformers(model, prompts, prompt_mask, s, device=self.device, dtype=self.dtype,
                                               eos_ids=self.eos_ids, pad_id=self.pad_id, images=images)

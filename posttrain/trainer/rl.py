@@ -256,7 +256,9 @@ class RLTrainer:
                 items = [self.parts.val_data[i] for i in range(start, min(start + chunk, len(self.parts.val_data)))]
                 share = self.par.my_slice(len(items))
                 mine = []
-                if share.stop > share.start:
+                if share.stop == share.start:
+                    self.parts.engine.ready()  # a sharded policy's one-time decoding check is agreed by every rank
+                else:
                     self._seed(self.cfg.trainer.seed + 17 * start)
                     prompts = _to_batch(items[share], self.parts.engine.pad_id, f"v{start}", share.start,
                                         vision=self.parts.vision)
