@@ -20,11 +20,10 @@ from posttrain.models import shared_prompt
 from posttrain.models.shared_prompt import ATTENTION_NAME, prompt_groups
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.engine import DecodeEngine
+from posttrain.rollout import decode_state, prefill
 from posttrain.rollout.prefill import prefill_buckets
-import posttrain.rollout.prefill as engine_module
 from posttrain.rollout.transformers_generate import TransformersGenerate
 from posttrain.rollout.decode_state import FIRST_CAPACITY
-import posttrain.rollout.decode_state as prefix_attention
 from posttrain.rollout.sampling import next_tokens
 from posttrain.rollout.weights import inference_weights
 
@@ -51,8 +50,8 @@ MODES = ["eager", "static", pytest.param("cuda_graphs", marks=CUDA)]
 def engine_for(mode, model, tok, monkeypatch, **kwargs) -> DecodeEngine:
     """The engine in `mode`, with a static first capacity of 8 (so that 40 new tokens double it twice) and prompts
     prefilled in as many length buckets as there are (up to 4), however short."""
-    monkeypatch.setattr(prefix_attention, "STATIC_FIRST_CAPACITY", 8)
-    monkeypatch.setattr(engine_module, "PREFILL_CALL_COST", 0)
+    monkeypatch.setattr(decode_state, "STATIC_FIRST_CAPACITY", 8)
+    monkeypatch.setattr(prefill, "PREFILL_CALL_COST", 0)
     device = torch.device("cuda") if mode == "cuda_graphs" else CPU
     engine = DecodeEngine(model, tok, device=device, **kwargs)
     assert engine.cuda_graphs == (mode == "cuda_graphs")
@@ -116,7 +115,7 @@ def test_bucketed_prefill_gives_the_one_call_prefill(tiny_model_dir, tiny_tokeni
     engine = DecodeEngine(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
     results = {}
     for cost, calls in ((10**9, 1), (0, 4)):
-        monkeypatch.setattr(engine_module, "PREFILL_CALL_COST", cost)
+        monkeypatch.setattr(prefill, "PREFILL_CALL_COST", cost)
         assert len(prefill_buckets(mask.sum(-1))) == calls
         with torch.no_grad():
             results[calls] = engine._prefill(model, prompts, mask, 2, 4, False)

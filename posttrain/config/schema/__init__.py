@@ -1,4 +1,4 @@
-"""The config key tree users already type, as typed dataclasses with the customary defaults (CONFIG_KEYS.md).
+"""The config key tree users already type, as typed dataclasses with the customary defaults.
 
 One module per top-level section. Each field's documentation is the string literal under it (config/fielddocs.py
 reads them; docs/config.md is generated from them); the few fields kept only so scripts port say so there. Keys of
