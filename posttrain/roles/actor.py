@@ -129,7 +129,7 @@ class Actor:
                 loss = self._router_loss(loss, router, float(mb["attention_mask"].sum()) / all_tokens, totals, watched)
             watched = [(name, value) for name, value in watched if value is not None]
             loss_not_finite |= self.nonfinite.loss_not_finite(loss, watched, mask)
-            loss.backward()
+            runner.backward(loss)
             share = float(mask.sum()) / max(norm.tokens, 1.0)  # token share: metrics averaged per token
             totals["actor/pg_loss"] += pg_loss.item()
             totals["actor/entropy"] += entropy.item()

@@ -85,6 +85,13 @@ class ModelRunner:
                                                 else autocast(self.device, self.dtype)):
             yield
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """`loss.backward()` under the forward's sdpa kernels (`attention_backends`): a layer that activation
+        checkpointing recomputes in the backward pass must pick the kernel its forward picked, or it saves other
+        tensors (on a GPU torch then stops: "Recomputed values ... have different metadata")."""
+        with attention_backends(self.device):
+            loss.backward()
+
     # ------------------------------------------------------------------ splitting a global batch
 
     def my_rows(self, batch: Batch) -> list[int]:

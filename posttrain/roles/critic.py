@@ -88,7 +88,7 @@ class Critic:
                                        loss_agg_mode=self.agg_mode, norm=norm, const=self.norm_const)
             loss_not_finite |= self.nonfinite.loss_not_finite(
                 loss, [("returns", returns), ("old values", old), ("values", values), ("vf_loss", loss)], mask)
-            loss.backward()
+            runner.backward(loss)
             totals["critic/vf_loss"] += loss.item()
             totals["critic/vf_clipfrac"] += float(metrics["critic/vf_clipfrac"]) * float(mask.sum()) / max(norm.tokens, 1.0)
         grad_norm, stepped = runner.clip_and_step(self.optimizer, self.cfg.grad_clip, self.offload_optimizer,
