@@ -190,6 +190,16 @@ def _stop(stop_when, model) -> bool:
         model.train()
 
 
+def remove_model(out: Path) -> None:
+    """Remove an SFT output folder: the link `_save` publishes (or a plain folder from before) and its versions."""
+    out = Path(out)
+    if out.is_symlink():
+        out.unlink()
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out.with_name(f".{out.name}.versions"), ignore_errors=True)
+
+
 def _save(model, tok, out: Path, processor=None) -> None:
     """Write the model as a new version beside `out` and point `out` (a symlink) at it with one rename, the way RL
     checkpoints are published: a crash at any moment leaves `out` naming a complete model, the previous best or the

@@ -28,7 +28,7 @@ from ..models.load import load_tokenizer
 from ..models.tiny import build_tiny_model
 from ..reward.judge import fill
 from ..reward.registry import default_compute_score
-from .sft import SFTArgs, run_sft
+from .sft import SFTArgs, remove_model, run_sft
 
 
 def judge_response(rng: random.Random, a: int, b: int) -> str:
@@ -120,7 +120,7 @@ def build_tiny_judge(out_dir: str | Path, *, operands: range = range(0, 10), agr
         torch.set_num_threads(threads)
         shutil.rmtree(work, ignore_errors=True)
     if reached[-1] < agreement:
-        shutil.rmtree(out, ignore_errors=True)  # no half-trained judge for a later run to pick up
+        remove_model(out)  # no half-trained judge for a later run to pick up
         raise JudgeNotTrained(f"the tiny judge agrees with the rule on {reached[-1]:.1%} of its check rows after "
                               f"max_steps={max_steps} steps (wanted {agreement:.0%}); agreement every {check_every} "
                               f"steps: {[round(a, 3) for a in reached]}. Raise max_steps or lower lr.")
