@@ -295,7 +295,9 @@ from posttrain.trainer.preempt import StopOnSignal
 par = init_parallel(device_name="cpu", tp=2)  # 2 processes, one tensor-parallel pair: a single data-parallel rank
 stop = StopOnSignal()
 stop.signum = 15 if par.rank == 1 else None  # the signal reached rank 1 only
-print(json.dumps({"agreed": stop.agreed(par), "dp_max": par.max(par.rank)}))
+answer = {"agreed": stop.agreed(par), "dp_max": par.max(par.rank)}
+with open(f"{sys.argv[1]}/rank{par.rank}.json", "w") as f:  # a file each: two ranks' prints can share a line
+    json.dump(answer, f)
 shutdown()
 """
 
@@ -305,9 +307,10 @@ def test_a_signal_on_one_rank_of_a_tensor_parallel_pair_stops_both(tmp_path):
     stopped while its tensor-parallel peer went on would leave the peer waiting in the next step's collectives."""
     script = tmp_path / "stop.py"
     script.write_text(STOP_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path)]
     result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     assert result.returncode == 0, result.stderr[-4000:]
-    answers = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    answers = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert sorted(a["agreed"] for a in answers) == [15, 15]
     assert sorted(a["dp_max"] for a in answers) == [0, 1]  # the data-parallel max alone would not have agreed
