@@ -408,21 +408,3 @@ def describe(rule: Rule, captured: list[str]) -> str:
         values = ", ".join("null" if a is None else str(a) for a in rule.allowed)
         return f"accepted when {values}; otherwise rejected: {rule.why}"
     return f"accepted, no effect: {rule.why}"
-
-
-# ------------------------------------------------------------------ names callers found here before
-def __getattr__(name: str):
-    """`DESCRIPTIONS` (now the strings beside the schema's fields) and docs/config.md's `render` / `INTRO_END`
-    (now in docpage.py)."""
-    if name == "DESCRIPTIONS":
-        from .fielddocs import descriptions
-        return descriptions()
-    if name in ("render", "INTRO_END"):
-        from . import docpage
-        return getattr(docpage, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":  # the former command that regenerates docs/config.md
-    from .docpage import main
-    main()
