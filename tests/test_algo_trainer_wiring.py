@@ -143,24 +143,30 @@ def test_new_losses_train_a_step(small_task):
         assert all(torch.isfinite(torch.tensor(metrics[k])) for k in ("actor/pg_loss", "actor/grad_norm")), loss
 
 
+def three_prompt_config(tmp_path, tiny_model_dir, scorer_body: str, extra: list[str]):
+    """A 1-step run's config on three prompts `a+a=` x 2 responses of exactly 5 tokens, scored by a custom
+    `compute_score` whose body is `scorer_body`, with `extra` overrides."""
+    from posttrain.data.dataset import layout_row
+
+    rows = [layout_row("synthetic/arithmetic", f"{a}+{a}=", str(2 * a), {"index": a}) for a in range(3)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "reward.py").write_text(f"def compute_score(*args):\n    {scorer_body}\n")
+    return load_config(None, [
+        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
+        "data.train_batch_size=3", "data.max_prompt_length=32", "data.max_response_length=5",
+        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.ignore_eos=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=3", f"custom_reward_function.path={tmp_path / 'reward.py'}",
+        "reward_model.num_workers=0", "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}",
+        "trainer.logger=['jsonl']", "trainer.val_before_train=False", *extra])
+
+
 def test_remax_greedy_baseline_keeps_ignore_eos_and_counts_its_scoring_errors(tmp_path, tiny_model_dir):
     """ReMax's greedy baseline rollout decodes with the rollout's `ignore_eos` (full-length responses, as the
     sampled ones), and a greedy response that fails to score is counted in `reward/errors` like a sampled one; the
     error-rate check counts the greedy responses in its total (all failing is a rate of 1, which
     `max_error_rate=1` allows)."""
-    from posttrain.data.dataset import layout_row
-
-    rows = [layout_row("synthetic/arithmetic", f"{a}+{a}=", str(2 * a), {"index": a}) for a in range(3)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "reward.py").write_text("def compute_score(*args):\n    raise ValueError('always')\n")
-    cfg = load_config(None, [
-        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
-        "data.train_batch_size=3", "data.max_prompt_length=32", "data.max_response_length=5",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.ignore_eos=True",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=3", "algorithm.adv_estimator=remax",
-        f"custom_reward_function.path={tmp_path / 'reward.py'}", "reward_model.num_workers=0",
-        "reward_model.max_error_rate=1", "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}",
-        "trainer.logger=['jsonl']", "trainer.val_before_train=False"])
+    cfg = three_prompt_config(tmp_path, tiny_model_dir, "raise ValueError('always')", [
+        "algorithm.adv_estimator=remax", "reward_model.max_error_rate=1"])
     trainer = RLTrainer(cfg)
     calls = []
     generate = trainer.parts.engine.generate
@@ -186,25 +192,15 @@ def test_dapo_filter_metrics_follow_verls_definitions(tmp_path, tiny_model_dir):
     on it are dropped even when overlong shaping makes their rewards differ), `seq_reward` the summed token-level
     scores (shaping included), `seq_final_reward` the summed token-level rewards (the in-reward KL penalty
     subtracted, so groups tied on the scores are kept when the KL differs). Every response scores 1.0 here."""
-    from posttrain.data.dataset import layout_row
     from posttrain.models.load import load_causal_lm
 
-    rows = [layout_row("synthetic/arithmetic", f"{a}+{a}=", str(2 * a), {"index": a}) for a in range(3)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "reward.py").write_text("def compute_score(*args):\n    return 1.0\n")
-    cfg = load_config(None, [
-        f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
-        "data.train_batch_size=3", "data.max_prompt_length=32", "data.max_response_length=5",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.ignore_eos=True",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=3", "algorithm.adv_estimator=grpo",
+    cfg = three_prompt_config(tmp_path, tiny_model_dir, "return 1.0", [
+        "algorithm.adv_estimator=grpo",
         "algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=score",
         "algorithm.filter_groups.max_num_gen_batches=2", "algorithm.use_kl_in_reward=True",
         "algorithm.kl_ctrl.kl_coef=0.5", "algorithm.kl_penalty=kl",
         "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=4",  # penalty -(len - 1) / 4
-        f"custom_reward_function.path={tmp_path / 'reward.py'}", "reward_model.num_workers=0",
-        "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
-        "trainer.total_training_steps=1", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=['jsonl']",
-        "trainer.val_before_train=False"])
+        "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32"])
     trainer = RLTrainer(cfg)
     torch.manual_seed(0)
     with torch.no_grad():  # the policy moves away from the reference: the in-reward KL differs by response
