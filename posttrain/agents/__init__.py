@@ -1,0 +1,3 @@
+"""Multi-turn episodes: the policy writes a turn, an environment (tools, a game, a user simulator) answers, the
+policy continues. episode.py holds what one episode is; environment.py the interface and registry of what answers
+the policy."""

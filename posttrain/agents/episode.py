@@ -1,0 +1,52 @@
+"""One multi-turn episode: the prompt's token ids, then the tokens after it in spans — the policy's own sampled
+tokens (mask 1, with the log-prob each was sampled with) and appended tokens (tool results, environment or user
+messages, the chat template's glue between turns; mask 0). A single-turn response is an episode with one span.
+
+The token ids are kept exactly as sampled or appended: nothing is ever re-tokenized. `messages` is the same
+conversation as text, for scorers, environments and logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Episode:
+    prompt_ids: list[int]
+    messages: list[dict]  # the conversation so far: the prompt's messages, then assistant / tool / user turns
+    row: dict = field(default_factory=dict)  # the data row (data_source, ground_truth, extra_info, agent_name ...)
+    tools: list[dict] | None = None  # the JSON schemas offered to the model (the chat template's `tools=`)
+    tokens: list[int] = field(default_factory=list)  # every token after the prompt
+    mask: list[int] = field(default_factory=list)  # 1: sampled by the policy; 0: appended
+    logprobs: list[float] = field(default_factory=list)  # sampling log-prob of each policy token; 0.0 elsewhere
+    assistant_turns: int = 0
+    user_turns: int = 0
+    tool_calls: int = 0
+    tool_errors: dict[str, int] = field(default_factory=dict)  # kind of failure -> count (tools/ names the kinds)
+    tool_time_s: float = 0.0
+    env_reward: float = 0.0  # sum of the rewards the environment gave (tools' rewards included)
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's own, averaged per step
+    truncated: bool = False  # stopped by the response budget, not by the policy or the environment
+    done: bool = False
+    tokenization_mismatch: bool = False  # the kept ids differ from a full re-render (tokenization_sanity_check_mode)
+
+    def add_policy(self, tokens: list[int], logprobs: list[float] | None = None) -> None:
+        """A turn the policy sampled (its tokens as sampled, the end-of-turn token included when it was sampled)."""
+        self.tokens += tokens
+        self.mask += [1] * len(tokens)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(tokens)
+
+    def add_appended(self, tokens: list[int]) -> None:
+        """Tokens the policy did not sample: tool results, environment / user messages, template glue."""
+        self.tokens += tokens
+        self.mask += [0] * len(tokens)
+        self.logprobs += [0.0] * len(tokens)
+
+    @property
+    def response_length(self) -> int:
+        """Every token after the prompt, policy and appended alike (what `data.max_response_length` bounds)."""
+        return len(self.tokens)
+
+    def count_error(self, kind: str) -> None:
+        self.tool_errors[kind] = self.tool_errors.get(kind, 0) + 1
