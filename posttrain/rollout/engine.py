@@ -108,11 +108,23 @@ class DecodeEngine(RolloutEngine):
             logits, keys, values = prefill(_forward(model), model.config, prompts, mask, call_cost)
         return logits, DecodeState(keys, values, mask, n, max_new, static=static, first_capacity=first_capacity)
 
-    def start(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int):
+    def start(self, model, prompts: torch.Tensor, mask: torch.Tensor, n: int, max_new: int, *,
+              share_prefix: bool = True):
         """A new decoding state for left-padded `prompts` (B, P), `n` rows each (ids 0 .. B*n-1), and their first
-        logits (B*n, V)."""
+        logits (B*n, V). `share_prefix=False`: each row gets its own copy of its prompt's keys and values (the
+        prompt is still computed once) — for runs whose rows are parked and resumed one by one (multi-turn
+        episodes), where a resumed row is a slot of its own and a slot shared by `n` rows would compute `n` rows'
+        prefix products for it. Such a run decodes eagerly: its layout changes at every park and resume, and a
+        CUDA graph is recorded per layout."""
         prompts, mask = prompts.to(self.device), mask.to(self.device)
-        logits, state = self._prefill(model, prompts, mask, n, max_new, self.static)
+        if share_prefix:
+            logits, state = self._prefill(model, prompts, mask, n, max_new, self.static)
+        else:
+            with self._prefilling(model):
+                logits, keys, values = prefill(_forward(model), model.config, prompts, mask)
+            copies = lambda xs: [x.repeat_interleave(n, dim=0) for x in xs]  # noqa: E731
+            return logits.repeat_interleave(n, dim=0), DecodeState(
+                copies(keys), copies(values), mask.repeat_interleave(n, dim=0), 1, max_new)
         if self.static:
             state.graph = DecodeStep(_forward(model), graphs=self.cuda_graphs)
         return logits.repeat_interleave(n, dim=0), state
@@ -136,13 +148,26 @@ class DecodeEngine(RolloutEngine):
         """Sequence `seq_id` continues after `tokens` (T,) appended to what the state holds of it (a multi-turn
         episode back from its tools: its last sampled token, if kept, then the tool's output); only those T tokens
         are computed. It becomes the last row; its logits after the last appended token (1, V)."""
+        return self.resume(model, state, seq_id, self.park(state, seq_id), tokens, max_new)
+
+    def park(self, state: DecodeState, seq_id: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Take sequence `seq_id` out of the decoding batch (an episode waiting for its tools): its keys and values
+        per layer (1, kv_heads, L, head_dim), which `resume` takes back. The other rows decode on untouched."""
         row = int((state.ids == seq_id).nonzero().squeeze(1)[0])
-        keys, values = state.past(row)
+        past = state.past(row)
+        others = torch.arange(len(state.ids), device=state.ids.device)
+        state.keep(others[others != row])
+        return past
+
+    def resume(self, model, state: DecodeState, seq_id: int, past, tokens: torch.Tensor,
+               max_new: int) -> torch.Tensor:
+        """A parked sequence (`past`, from `park`) rejoins the batch after `tokens` (T,) appended to it; only those
+        T tokens are computed. It becomes the last row, decoding for up to `max_new` steps; its logits after the
+        last appended token (1, V)."""
+        keys, values = past
         with self._prefilling(model):
             logits, keys, values = prefill_after(_forward(model), model.config, keys, values,
                                                  tokens.to(self.device)[None])
-        others = torch.arange(len(state.ids), device=state.ids.device)
-        state.keep(others[others != row])
         length = keys[0].shape[2]
         state.add(keys, values, torch.ones(1, length, dtype=torch.long, device=self.device),
                   torch.tensor([seq_id]), max_new, first_row_only=True)
