@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from ..agents.rollout import run_episodes
 from ..algo import compute_advantage
 from ..algo.kl import apply_kl_in_reward, kl_penalty
 from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff
@@ -36,6 +37,7 @@ def _to_batch(items, pad_id: int, uid_prefix: str, first_index: int = 0, *, visi
                  {"uid": [f"{uid_prefix}-{first_index + i}" for i in range(len(items))],
                   "data_source": [it.data_source for it in items], "ground_truth": [it.ground_truth for it in items],
                   "extra_info": [it.extra_info for it in items], "raw_prompt": [it.raw_prompt for it in items],
+                  "agent_name": [getattr(it, "agent_name", None) for it in items],
                   **({MM_KEY: [it.images for it in items]} if vision else {})})
 
 
@@ -80,11 +82,11 @@ class RLTrainer:
         batch = _to_batch(items[share], engine.pad_id, uid_prefix, share.start, vision=parts.vision)
         n, greedy_extras = parts.sampling.n, None
         with timer(timing, "gen"), parts.actor.generation():
-            batch = engine.generate(batch, parts.sampling)
+            batch = self._rollout(batch, parts.sampling)
             if parts.info.needs_greedy_baseline:
-                greedy = engine.generate(_to_batch(items[share], engine.pad_id, "greedy", vision=parts.vision),
-                                         SamplingParams(n=1, do_sample=False, max_new_tokens=parts.max_new,
-                                                        ignore_eos=parts.sampling.ignore_eos))
+                greedy = self._rollout(_to_batch(items[share], engine.pad_id, "greedy", vision=parts.vision),
+                                       SamplingParams(n=1, do_sample=False, max_new_tokens=parts.max_new,
+                                                      ignore_eos=parts.sampling.ignore_eos))
                 baseline, greedy_extras = parts.reward(greedy)
                 batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
         with timer(timing, "reward"):
@@ -99,6 +101,13 @@ class RLTrainer:
                          self.cfg.reward_model.max_error_rate,
                          responses=len(out) + (len(out) // n if greedy_extras is not None else 0))
         return out
+
+    def _rollout(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        """Responses for `batch`'s prompts: one generated response each, or with `rollout.multi_turn.enable` one
+        finished episode each (agents/rollout.py: `response_mask` 1 on policy tokens only)."""
+        if self.parts.episodes is None:
+            return self.parts.engine.generate(batch, sampling)
+        return run_episodes(self.parts.episodes, batch, sampling)
 
     def _training_batch(self, timing: dict) -> tuple[Batch, dict]:
         """One training batch of scored rollouts. With DAPO dynamic sampling, groups whose metric does not vary
@@ -262,7 +271,7 @@ class RLTrainer:
                     self._seed(self.cfg.trainer.seed + 17 * start)
                     prompts = _to_batch(items[share], self.parts.engine.pad_id, f"v{start}", share.start,
                                         vision=self.parts.vision)
-                    batch = self.parts.engine.generate(prompts, self.parts.val_sampling)
+                    batch = self._rollout(prompts, self.parts.val_sampling)
                     _, extras = self.parts.rule_reward(batch)
                     m = batch.meta
                     mine = [(ds, uid, s, _answer(ds, t), {"data_source": ds, "ground_truth": str(gt), "response": t,

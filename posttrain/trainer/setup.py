@@ -30,6 +30,8 @@ from ..roles.judge_model import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
 from ..rollout.base import SamplingParams
+from ..agents.loop import EpisodeRunner
+from ..agents.settings import AgentSettings
 from ..rollout.registry import build_engine
 from .recovery import check_run_dir, clear_run_dir
 
@@ -186,6 +188,7 @@ class RLParts:
     val_sampling: SamplingParams
     max_new: int  # response tokens
     needs_old_log_prob: bool  # whether a pass computes the old policy's log-probs
+    episodes: EpisodeRunner | None = None  # multi-turn rollouts (rollout.multi_turn.enable)
 
     @property
     def rule_scoring(self) -> bool:
@@ -240,7 +243,9 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
         actor=roles.actor, reference=roles.reference, critic=roles.critic, engine=roles.engine, trained=roles.trained,
         kl_ctrl=kl_ctrl, info=info, max_new=max_new, needs_old_log_prob=needs_old_log_prob,
         sampling=SamplingParams.of(r, max_new_tokens=max_new, ignore_eos=r.ignore_eos, logprobs=rollout_logprobs),
-        val_sampling=SamplingParams.of(r.val_kwargs, max_new_tokens=max_new, ignore_eos=r.ignore_eos))
+        val_sampling=SamplingParams.of(r.val_kwargs, max_new_tokens=max_new, ignore_eos=r.ignore_eos),
+        episodes=(EpisodeRunner(roles.engine, tokenizer, AgentSettings.from_config(cfg))
+                  if r.multi_turn.enable else None))
     if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not parts.rule_scoring:
         raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
                           "a data source without a scorer turns them off; use metric=score (the reward model's) or "
