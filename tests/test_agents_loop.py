@@ -20,6 +20,8 @@ from posttrain.agents.template import Template, render
 from posttrain.data.batch import Batch
 from posttrain.models.load import load_causal_lm
 from posttrain.rollout.base import SamplingParams
+import posttrain.rollout.decode_state as decode_state
+from posttrain.rollout.decode_state import DecodeState
 from posttrain.rollout.engine import DecodeEngine
 
 PROMPTS = [[{"role": "user", "content": "Add 2 and 3."}], [{"role": "user", "content": "What is 7 times 6?"}]]
@@ -96,9 +98,20 @@ def reference_turn(lm, context: list[int], eos: set[int], limit: int) -> list[in
 GREEDY = SamplingParams(n=2, do_sample=False, max_new_tokens=150)
 
 
-def test_each_turn_is_the_model_s_greedy_continuation_of_the_whole_conversation(lm, tiny_tokenizer):
+def test_each_turn_is_the_model_s_greedy_continuation_of_the_whole_conversation(lm, tiny_tokenizer, monkeypatch):
+    """Also across the decoding state's dropping of suffix columns no live row reads (it happens in this run)."""
+    dropped = []
+    drop = DecodeState._drop_unread_columns
+
+    def counting(state):
+        drop(state)
+        dropped.append(state.columns_dropped)
+    monkeypatch.setattr(DecodeState, "_drop_unread_columns", counting)
+    monkeypatch.setattr(decode_state, "DROP_COLUMNS_MIN", 1)
+    monkeypatch.setattr(decode_state, "FIRST_CAPACITY", 4)
     runner, engine = runner_for(lm, tiny_tokenizer, lambda row: Scripted())
     episodes = runner.run(rows(), 2, GREEDY)
+    assert max(dropped) > 0
     assert len(episodes) == 4
     for ep in episodes:
         spans, i = [], 0

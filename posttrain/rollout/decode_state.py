@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 FIRST_CAPACITY = 16  # suffix positions at first; the buffers grow by a quarter when full
+DROP_COLUMNS_MIN = 16  # unread suffix columns are dropped once there are at least this many (and a quarter)
 STATIC_FIRST_CAPACITY = 256  # the same in static mode (CUDA graphs): doubling from here, each size recorded once
 
 
@@ -53,6 +54,7 @@ class DecodeState:
         self.values: list[torch.Tensor | None] = [None] * len(keys)
         self.position = torch.tensor([0], device=prefix_mask.device)
         self.layout = 0
+        self.columns_dropped = 0  # suffix columns no row read any more, dropped (`_drop_unread_columns`)
         self.graph = None  # static mode: the engine's recorded step over this state (cuda_graphs.DecodeStep)
         self._step_bias()
 
@@ -135,6 +137,24 @@ class DecodeState:
         self.keys = [None if k is None else k.index_select(0, keep) for k in self.keys]
         self.values = [None if v is None else v.index_select(0, keep) for v in self.values]
         self.layout += 1
+        self._drop_unread_columns()
+
+    def _drop_unread_columns(self) -> None:
+        """Drop the suffix columns before every remaining row's first: no row reads them. A run whose rows are
+        parked and resumed (multi-turn episodes: a resumed row's past is its prefix, its suffix starts anew) would
+        otherwise attend over every column it ever wrote. Done once they are a quarter of the buffer, so the copy
+        is paid rarely; not in static mode (a recorded step reads the buffers it was recorded with)."""
+        if self.static or self.starts is None or not len(self.starts):
+            return
+        first = int(self.starts.min())
+        if first < max(DROP_COLUMNS_MIN, self.capacity // 4):
+            return
+        self.keys = [None if k is None else k[:, :, first:].contiguous() for k in self.keys]
+        self.values = [None if v is None else v[:, :, first:].contiguous() for v in self.values]
+        self.length, self.capacity, self.max_new = self.length - first, self.capacity - first, self.max_new - first
+        self.starts = self.starts - first
+        self.columns_dropped += first
+        self._step_bias()
 
     def add(self, keys: list[torch.Tensor], values: list[torch.Tensor], prefix_mask: torch.Tensor, ids: torch.Tensor,
             max_new: int, *, first_row_only: bool = False) -> None:
