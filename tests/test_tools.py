@@ -20,7 +20,7 @@ from posttrain.agents.episode import Episode
 from posttrain.agents.tool_agent import toolbox_for
 from posttrain.reward import sandbox
 from posttrain.tools import ToolBox, ToolLoadError, function_tool, parse_tool_calls
-from posttrain.tools.answers import truncate
+from posttrain.tools.answers import argument_problem, truncate
 from posttrain.tools.builtin.code import CodeInterpreterTool
 from posttrain.tools.builtin.gsm8k import Gsm8kTool
 
@@ -292,6 +292,13 @@ def test_a_bad_tool_yaml_is_refused_with_the_reason(tmp_path, yaml_text, why):
         ToolBox.from_settings(tool_config_path=str(path))
 
 
+def test_from_settings_refuses_a_path_in_place_of_settings_and_unknown_keywords(tmp_path):
+    with pytest.raises(TypeError, match="give paths by keyword"):
+        ToolBox.from_settings(str(tmp_path / "tools.py"))
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) \['tool_path'\]"):
+        ToolBox.from_settings(tool_path="x")
+
+
 def test_tool_names_must_be_unique_across_both_sources(tmp_path):
     (tmp_path / "f.py").write_text(TOOL_FILE.replace("def add(", "def calc_gsm8k_reward("))
     (tmp_path / "t.yaml").write_text(GSM8K_YAML)
@@ -322,6 +329,12 @@ class Counter(BaseTool):
 
     async def release(self, instance_id, **kwargs):
         self.released.append(instance_id)
+
+class AgentLoopStyle(BaseTool):
+    """Written for verl's agent loop, which passes create(create_kwargs={...})."""
+    def create(self, instance_id=None, **kwargs):
+        self.start = kwargs.get("create_kwargs", {}).get("start")
+        return instance_id
 
 class Flaky(BaseTool):
     """Fails where its config says: create, calc_reward, release, or create_hang."""
@@ -366,6 +379,7 @@ def test_a_users_async_stateful_tool_class_loads_and_keeps_state_per_episode(tmp
          "tool_schema": schema("count", by={"type": "integer"})}])
     box = ToolBox.from_settings(tool_config_path=path)
     one, two = box.open({"count": {"create_kwargs": {"start": 10}}}), box.open({})
+    assert one.take_errors() == {} and two.take_errors() == {}
     calls = parse_tool_calls(call_text("count", {"by": 5})).calls
     assert one.run(calls)[0].message["content"] == "count=15"
     assert two.run(calls)[0].message["content"] == "count=5"
@@ -374,6 +388,14 @@ def test_a_users_async_stateful_tool_class_loads_and_keeps_state_per_episode(tmp
     one.close()
     one.close()  # once only
     assert box.tools["count"].released == [one.instances["count"]]
+
+
+def test_create_kwargs_also_reach_a_tool_written_for_verls_agent_loop(tmp_path, monkeypatch):
+    path = user_tools_yaml(tmp_path, monkeypatch, [
+        {"class_name": "user_tools_mod.AgentLoopStyle", "config": {"type": "native"}, "tool_schema": schema("s")}])
+    box = ToolBox.from_settings(tool_config_path=path)
+    assert box.open({"s": {"create_kwargs": {"start": 7}}}).take_errors() == {}
+    assert box.tools["s"].start == 7
 
 
 # ---------------------------------------------------------------- built-ins
@@ -466,6 +488,18 @@ def test_a_turns_calls_run_at_the_same_time():
     (a0, a1), (b0, b1) = spans["a"], spans["b"]
     assert a0 < b1 and b0 < a1  # the two calls overlapped
     assert elapsed < 0.55  # run one after the other they take at least 0.6 s
+
+
+def test_argument_checks_follow_the_json_schema():
+    parameters = {"type": "object", "required": ["a"], "properties": {
+        "a": {"type": "integer"}, "b": {"type": "string", "nullable": True}, "c": {"type": ["number", "string"]},
+        "d": {"type": "string", "enum": ["x", "y"]}}}
+    assert argument_problem({"a": 1, "b": None, "c": 2.5, "d": "x"}, parameters) is None
+    assert argument_problem({"a": 1, "c": "2"}, parameters) is None
+    assert "must be integer, got float" in argument_problem({"a": 1.5}, parameters)
+    assert "must be number or string, got list" in argument_problem({"a": 1, "c": [1]}, parameters)
+    assert "must be one of ['x', 'y']" in argument_problem({"a": 1, "d": "z"}, parameters)
+    assert argument_problem({"a": 1, "z": 0}, {**parameters, "additionalProperties": True}) is None
 
 
 @pytest.mark.parametrize("side, expected", [
@@ -675,6 +709,10 @@ def test_tool_agent_passes_tools_kwargs_and_ends_with_the_tools_reward(tmp_path)
     step = assistant_turn(env, episode, "#### 18")
     assert (step.done, step.reward) == (True, 1.0)
     assert toolbox_for(settings) is env.toolbox  # loaded once per run, not per episode
+    row["extra_info"]["tools_kwargs"] = json.dumps(row["extra_info"]["tools_kwargs"])  # as some files keep it
+    env, _, episode = start_episode(settings, row)
+    assistant_turn(env, episode, call_text("calc_gsm8k_reward", {"answer": "18"}))
+    assert assistant_turn(env, episode, "#### 18").reward == 1.0
 
 
 def test_single_turn_agent_is_done_after_one_turn():

@@ -14,6 +14,7 @@ distinct tool settings and shared by the episodes.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -47,8 +48,10 @@ def prompt_messages(row: dict) -> list[dict]:
 
 
 def tools_kwargs_of(row: dict) -> dict:
+    """The row's `extra_info.tools_kwargs` (a JSON string of it too, as some data files keep it)."""
     extra = row.get("extra_info") or {}
-    return extra.get("tools_kwargs") or row.get("tools_kwargs") or {}
+    kwargs = extra.get("tools_kwargs") or row.get("tools_kwargs") or {}
+    return json.loads(kwargs) if isinstance(kwargs, str) else kwargs
 
 
 @register_environment("tool_agent")

@@ -23,19 +23,20 @@ def argument_problem(arguments: dict, parameters: dict | None) -> str | None:
     if missing:
         return f"missing required argument(s) {missing}"
     unknown = sorted(set(arguments) - set(properties))
-    if unknown:
+    if unknown and not parameters.get("additionalProperties"):
         return f"unknown argument(s) {unknown}; the tool takes {sorted(properties)}"
     for name, value in arguments.items():
-        expected = properties[name].get("type")
+        spec = properties.get(name) or {}
+        expected = spec.get("type")
         if expected is None:
             continue
         names = [expected] if isinstance(expected, str) else list(expected)
-        if properties[name].get("nullable"):
+        if spec.get("nullable"):
             names.append("null")
         if not any(_is(value, t) for t in names):
             return f"argument {name!r} must be {' or '.join(names)}, got {type(value).__name__} {value!r:.60}"
-        if "enum" in properties[name] and value not in properties[name]["enum"]:
-            return f"argument {name!r} must be one of {properties[name]['enum']}, got {value!r:.60}"
+        if "enum" in spec and value not in spec["enum"]:
+            return f"argument {name!r} must be one of {spec['enum']}, got {value!r:.60}"
     return None
 
 

@@ -9,7 +9,9 @@ One object per tool serves every episode; an episode's state lives under its ins
 `create(instance_id, **create_kwargs)`, `execute(instance_id, parameters, **execute_kwargs) -> (response, reward,
 metrics)`, `calc_reward(instance_id, **calc_reward_kwargs)`, `release(instance_id, **release_kwargs)`, sync or async.
 The kwargs come from the row's `extra_info.tools_kwargs` = {tool_name: {"create_kwargs": {...}, "execute_kwargs":
-..., "calc_reward_kwargs": ..., "release_kwargs": ...}}, as verl's data carries them. The class names of verl's
+..., "calc_reward_kwargs": ..., "release_kwargs": ...}}, as verl's data carries them (a `create` that takes **kwargs
+or a `create_kwargs` parameter also gets them as `create_kwargs=`, as verl's agent loop passes them). The class
+names of verl's
 example configs load posttrain's built-ins (builtin/), which behave the same.
 """
 

@@ -22,7 +22,9 @@ raised, hung or gave no number: 0 is used), release_failed.
 
 from __future__ import annotations
 
+import inspect
 import math
+import os
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -69,6 +71,12 @@ class ToolBox:
     def from_settings(cls, settings=None, **fields) -> "ToolBox":
         """The tools an `AgentSettings` (or any object with its attribute names) names; keyword arguments override
         its attributes (`ToolBox.from_settings(function_tool_path=...)` needs no settings object)."""
+        if isinstance(settings, (str, os.PathLike)):
+            raise TypeError("ToolBox.from_settings takes a settings object; give paths by keyword "
+                            "(function_tool_path=..., tool_config_path=...)")
+        unknown = sorted(set(fields) - set(DEFAULTS))
+        if unknown:
+            raise TypeError(f"ToolBox.from_settings: unknown setting(s) {unknown}; known: {sorted(DEFAULTS)}")
         values = {k: getattr(settings, k, default) for k, default in DEFAULTS.items()} | fields
         tools = []
         if values["function_tool_path"]:
@@ -196,9 +204,21 @@ class ToolSession:
         """`tool.<method>(instance_id, **tools_kwargs[name][kwargs_key])` for each named tool, at once, each within
         the time limit."""
         def job(name):
-            kwargs = self.kwargs[name].get(kwargs_key) or {}
-            return lambda: getattr(self.box.tools[name], method)(self.instances[name], **kwargs)
+            fn = getattr(self.box.tools[name], method)
+            kwargs = dict(self.kwargs[name].get(kwargs_key) or {})
+            if method == "create" and _takes(fn, "create_kwargs"):  # as verl's agent loop passes them, too
+                kwargs.setdefault("create_kwargs", dict(kwargs))
+            return lambda: fn(self.instances[name], **kwargs)
         return run_all([job(n) for n in names], max_parallel=max(1, len(names)), timeout_s=self.box.timeout_s)
+
+
+def _takes(fn, name: str) -> bool:
+    """Whether `fn` accepts a keyword argument `name` (named, or through **kwargs)."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def _message(call: ToolCall, text: str) -> dict:
