@@ -29,7 +29,8 @@ def _content(message: dict) -> str:
 
 def _header(record: dict) -> str:
     reward, turns = record.get("reward", {}), record.get("turns", {})
-    parts = [f"reward {reward.get('total', 0):g} (score {reward.get('score', 0):g} + env {reward.get('env_reward', 0):g})",
+    total, score, env = (reward.get(key, 0) for key in ("total", "score", "env_reward"))
+    parts = [f"reward {total:g} (score {score:g} + env {env:g})",
              f"turns {turns.get('assistant', 0)}", f"tool calls {record.get('tool_calls', 0)}"]
     errors = record.get("tool_errors") or {}
     if errors:
@@ -69,7 +70,8 @@ def show_episodes(run_dir: str | Path, step: int | None = None, index: int | Non
     for i in chosen:
         record = records[i]
         source = " · ".join(str(x) for x in (record.get("data_source"), record.get("agent_name")) if x)
-        print_episode(console, record, f"step {step} · episode {i} of {len(records)}" + (f" · {source}" if source else ""))
+        title = f"step {step} · episode {i} of {len(records)}" + (f" · {source}" if source else "")
+        print_episode(console, record, title)
     if index is None and len(records) > len(chosen):
         console.print(Text(f"{len(chosen)} of {len(records)} episodes shown (--limit K, --index I for others)",
                            style="dim"))

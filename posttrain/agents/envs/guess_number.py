@@ -32,7 +32,8 @@ def _prompt(low: int, high: int) -> str:
             "I will say higher or lower.")
 
 
-def guess_number_rows(n: int, low: int = 1, high: int = 100, seed: int = 0, max_guesses: int | None = None) -> list[dict]:
+def guess_number_rows(n: int, low: int = 1, high: int = 100, seed: int = 0,
+                      max_guesses: int | None = None) -> list[dict]:
     """`n` rows in the RL data layout (prompt, data_source, reward_model, extra_info, agent_name), secrets drawn
     uniformly from [low, high] with `seed`."""
     rng = random.Random(seed)
