@@ -173,6 +173,18 @@ def cmd_runs(args) -> int:
     return 0
 
 
+def cmd_episodes(args) -> int:
+    from .agents.episode_log import NoEpisodes
+    from .trainer.episodes import show_episodes
+
+    try:
+        show_episodes(args.run_dir, step=args.step, index=args.index, limit=args.limit)
+    except (NoEpisodes, IndexError) as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_sandbox_server(args) -> int:
     from .reward.sandbox_server import serve
 
@@ -266,6 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder", nargs="?", default="checkpoints",
                    help="searched for run folders (default: checkpoints, where runs go by default)")
     p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("episodes", help="the episodes a multi-turn run logged at a step: messages, tool calls and "
+                                        "results, rewards")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (its episodes/step_N.jsonl)")
+    p.add_argument("--step", type=int, default=None, help="which step (default: the latest with episodes)")
+    p.add_argument("--index", type=int, default=None, help="only this episode (0-based)")
+    p.add_argument("--limit", type=int, default=10, help="at most this many episodes (default 10)")
+    p.set_defaults(func=cmd_episodes)
 
     p = sub.add_parser("sandbox-server", help="serve the code sandbox over SandboxFusion's HTTP API (POST /run_code)")
     p.add_argument("--host", default="127.0.0.1")

@@ -164,3 +164,76 @@ def test_prepare_shows_progress(tmp_path, capsys):
     assert main(["prepare", "code", "--output-dir", str(tmp_path)]) == 0
     err = capsys.readouterr().err
     assert "prepare code 4/4 stages (100%)" in err and " eta " in err
+
+
+# ------------------------------------------------------------------ episodes
+
+
+def logged_run(tmp_path):
+    from posttrain.agents.episode import Episode
+    from posttrain.agents.episode_log import episodes_file, write_episodes
+
+    def ep(answer, errors=None):
+        e = Episode(prompt_ids=[1], row={"data_source": "openai/gsm8k", "agent_name": "tool_agent"}, messages=[
+            {"role": "system", "content": "Use [bold]tools[/bold]."}, {"role": "user", "content": "12*13?"},
+            {"role": "assistant", "content": '<tool_call>{"name": "calc", "arguments": {"x": "12*13"}}</tool_call>'},
+            {"role": "tool", "name": "calc", "content": "156"}, {"role": "assistant", "content": answer}])
+        e.assistant_turns, e.tool_calls, e.tool_errors = 2, 1, errors or {}
+        return e
+
+    write_episodes(episodes_file(tmp_path, 2), [ep("#### 100")], [0.0])
+    write_episodes(episodes_file(tmp_path, 4), [ep("#### 156"), ep("#### 15", {"timeout": 1}), ep("x")],
+                   [1.0, 0.0, 0.0])
+    return tmp_path
+
+
+def test_episodes_prints_the_latest_steps_conversations_plainly_in_a_pipe(tmp_path, capsys):
+    """Without --step: the latest logged step; each episode's header (reward, turns, tool calls, errors) and every
+    message under its role, the text as written (no markup read into it, no colour codes in a pipe)."""
+    assert main(["episodes", str(logged_run(tmp_path)), "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out
+    assert "step 4 · episode 0 of 3 · openai/gsm8k · tool_agent" in out and "episode 1 of 3" in out
+    assert "episode 2 of 3" not in out and "2 of 3 episodes shown" in out
+    assert "reward 1 (score 1 + env 0) · turns 2 · tool calls 1" in out and "tool errors: timeout 1" in out
+    for line in ["[system] Use [bold]tools[/bold].", "[user] 12*13?",
+                 '[assistant] <tool_call>{"name": "calc", "arguments": {"x": "12*13"}}</tool_call>',
+                 "[tool calc] 156", "[assistant] #### 156", "[assistant] #### 15"]:
+        assert line in out.splitlines()
+
+
+def test_episodes_picks_a_step_and_an_index(tmp_path, capsys):
+    run = logged_run(tmp_path)
+    assert main(["episodes", str(run), "--step", "2"]) == 0
+    assert "[assistant] #### 100" in capsys.readouterr().out
+    assert main(["episodes", str(run), "--index", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "episode 2 of 3" in out and "episode 0 " not in out and "[assistant] x" in out
+
+
+def test_episodes_colours_roles_on_a_terminal(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from posttrain.trainer.episodes import show_episodes
+
+    buffer = io.StringIO()
+    show_episodes(logged_run(tmp_path), console=Console(file=buffer, force_terminal=True, highlight=False))
+    styled = {role: f"[{role}" in buffer.getvalue() and f"m[{role}" in buffer.getvalue()
+              for role in ("system", "user", "assistant", "tool")}
+    assert styled == dict.fromkeys(styled, True)  # each role label right after a colour code
+
+
+def test_episodes_says_what_a_folder_holds_instead(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert main(["episodes", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "no episodes in" in err and "episodes/step_N.jsonl" in err and "It holds: metrics.jsonl" in err
+    run = logged_run(tmp_path)
+    assert main(["episodes", str(run), "--step", "3"]) == 1
+    assert "steps with episodes: 2, 4" in capsys.readouterr().err
+    assert main(["episodes", str(run), "--index", "3"]) == 1
+    assert "step 4 logged 3 episodes: --index takes 0 to 2" in capsys.readouterr().err
+    assert main(["episodes", str(tmp_path / "missing")]) == 1
+    assert "is not a folder" in capsys.readouterr().err
