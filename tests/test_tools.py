@@ -692,7 +692,8 @@ def test_a_hung_create_is_a_failed_set_up_not_a_hang(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- the environments
 
-def test_tool_agent_passes_tools_kwargs_and_ends_with_the_tools_reward(tmp_path):
+def test_tool_agent_passes_tools_kwargs_and_records_the_tools_reward_without_adding_it(tmp_path):
+    """verl's rule: the tools' rewards are recorded (`tool_reward`), the episode's reward is the scorer's."""
     (tmp_path / "t.yaml").write_text(GSM8K_YAML)
     settings = SimpleNamespace(format="hermes", function_tool_path=None, tool_config_path=str(tmp_path / "t.yaml"),
                                max_parallel_calls=1, max_tool_response_length=256,
@@ -707,12 +708,12 @@ def test_tool_agent_passes_tools_kwargs_and_ends_with_the_tools_reward(tmp_path)
     assert (step.reward, step.done, episode.tool_calls, episode.tool_errors) == (0.0, False, 1, {})
     assert episode.tool_time_s > 0
     step = assistant_turn(env, episode, "#### 18")
-    assert (step.done, step.reward) == (True, 1.0)
+    assert (step.done, step.reward, step.metrics["tool_reward"]) == (True, 0.0, 1.0)
     assert toolbox_for(settings) is env.toolbox  # loaded once per run, not per episode
     row["extra_info"]["tools_kwargs"] = json.dumps(row["extra_info"]["tools_kwargs"])  # as some files keep it
     env, _, episode = start_episode(settings, row)
     assistant_turn(env, episode, call_text("calc_gsm8k_reward", {"answer": "18"}))
-    assert assistant_turn(env, episode, "#### 18").reward == 1.0
+    assert assistant_turn(env, episode, "#### 18").metrics["tool_reward"] == 1.0
 
 
 def test_single_turn_agent_is_done_after_one_turn():

@@ -2,4 +2,4 @@
 policy continues. episode.py holds what one episode is; environment.py the interface and registry of what answers
 the policy."""
 
-from . import envs  # noqa: F401,E402  (registers the built-in environments)
+from . import envs, tool_agent  # noqa: F401,E402  (registers the built-in environments)
