@@ -410,6 +410,39 @@ def random_mask(rng: random.Random, B: int, L: int, holes: bool = True, zero_row
     return M
 
 
+MULTI_TURN_FIRST_ROW = [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0]  # policy, a run of appended tokens, policy; then padding
+
+
+def multi_turn_mask(rng: random.Random, B: int, L: int):
+    """Response masks of multi-turn episodes (width at least 8): each row is policy turns (runs of 1s) separated by
+    appended tokens (runs of 0s: tool results, template glue), then right padding; some rows end with appended
+    tokens, so their last policy token is not their last real token. The first row is MULTI_TURN_FIRST_ROW."""
+    L = max(L, len(MULTI_TURN_FIRST_ROW) + 1)
+    M = [MULTI_TURN_FIRST_ROW + [0.0] * (L - len(MULTI_TURN_FIRST_ROW))]
+    for _ in range(B - 1):
+        row = []
+        while len(row) < L:
+            row += [1.0] * rng.randint(1, 3)
+            if rng.random() < 0.3:
+                break  # the episode ended on a policy turn
+            row += [0.0] * rng.randint(1, 3)
+            if rng.random() < 0.3:
+                break  # ... or with appended tokens after its last turn (a truncated episode)
+        M.append(row[:L] + [0.0] * (L - len(row)))
+    return M
+
+
+LAYOUTS = ("holes", "multi_turn")
+
+
+def layout_mask(rng: random.Random, B: int, L: int, layout: str, **kwargs):
+    """`random_mask` (scattered holes, zero-length rows) or `multi_turn_mask` (runs of appended tokens); the
+    multi-turn one may be wider than L: callers size the other inputs by `len(M[0])`."""
+    if layout == "multi_turn":
+        return multi_turn_mask(rng, B, L)
+    return random_mask(rng, B, L, **kwargs)
+
+
 def outcome_rewards(rng: random.Random, M, binary: bool):
     """Whole score on the last real response token; zero-length responses score 0."""
     R = []

@@ -63,13 +63,15 @@ def expected_outcome(name, R, M, uids):
 # ----------------------------------------------------------------------------- random batches, every estimator
 
 
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("name", ["grpo", "grpo_drgrpo", "rloo", "gpg", "opo", "grpo_passk"])
-def test_outcome_estimators_random(name, seed):
+def test_outcome_estimators_random(name, seed, layout):
     rng = random.Random(1000 * seed + len(name))
     uids = ref.random_layout(rng, n_groups=rng.randint(2, 5), max_group=5, allow_single=name != "grpo_passk")
     B, L = len(uids), rng.randint(3, 9)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     R = ref.outcome_rewards(rng, M, binary=seed % 2 == 0)
     adv, ret = run(name, R, M, uids)
     assert adv.shape == ret.shape == (B, L)
@@ -78,12 +80,14 @@ def test_outcome_estimators_random(name, seed):
     assert_close(ret, expected)
 
 
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
 @pytest.mark.parametrize("seed", range(6))
-def test_reinforce_plus_plus_baseline_random(seed):
+def test_reinforce_plus_plus_baseline_random(seed, layout):
     rng = random.Random(77 + seed)
     uids = ref.random_layout(rng, n_groups=rng.randint(2, 5), max_group=5)
     B, L = len(uids), rng.randint(3, 9)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     R = ref.outcome_rewards(rng, M, binary=seed % 2 == 0)
     s = ref.scores(R)
     mu, _ = ref.group_mean_std(s, uids)
@@ -100,12 +104,14 @@ def test_reinforce_plus_plus_baseline_random(seed):
         assert len(vals) <= 1
 
 
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
-def test_reinforce_plus_plus_random(seed, gamma):
+def test_reinforce_plus_plus_random(seed, gamma, layout):
     rng = random.Random(300 + seed)
     B, L = rng.randint(3, 7), rng.randint(3, 10)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     R = [[rng.uniform(-1, 1) for _ in range(L)] for _ in range(B)]  # dense, also on masked positions
     adv, ret = run("reinforce_plus_plus", R, M, gamma=gamma)
     e_adv, e_ret = ref.reinforce_pp(R, M, gamma)
@@ -113,11 +119,13 @@ def test_reinforce_plus_plus_random(seed, gamma):
     assert_close(ret, e_ret)
 
 
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
 @pytest.mark.parametrize("seed", range(6))
-def test_remax_random(seed):
+def test_remax_random(seed, layout):
     rng = random.Random(500 + seed)
     B, L = rng.randint(2, 7), rng.randint(2, 10)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     R = [[rng.uniform(-1, 1) for _ in range(L)] for _ in range(B)]
     b = [rng.uniform(-1, 1) for _ in range(B)]
     adv, ret = run("remax", R, M, baselines=b)
@@ -126,12 +134,14 @@ def test_remax_random(seed):
     assert_close(ret, e_ret)
 
 
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.7, 0.3)])
-def test_gae_random(seed, gamma, lam):
+def test_gae_random(seed, gamma, lam, layout):
     rng = random.Random(900 + seed)
     B, L = rng.randint(2, 7), rng.randint(2, 10)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     R = [[rng.uniform(-1, 1) for _ in range(L)] for _ in range(B)]
     V = [[rng.uniform(-1, 1) for _ in range(L)] for _ in range(B)]
     adv, ret = run("gae", R, M, V=V, gamma=gamma, lam=lam)

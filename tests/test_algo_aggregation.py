@@ -25,11 +25,12 @@ def t(x, dtype=F64):
     return torch.tensor(x, dtype=dtype)
 
 
-def rand_case(seed, B=None, L=None):
+def rand_case(seed, B=None, L=None, layout="holes"):
     rng = random.Random(seed)
     B = B or rng.randint(2, 8)
     L = L or rng.randint(2, 9)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     LM = [[rng.uniform(-3, 3) for _ in range(L)] for _ in range(B)]
     return LM, M
 
@@ -39,8 +40,9 @@ def rand_case(seed, B=None, L=None):
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_agg_formulas(seed, mode):
-    LM, M = rand_case(seed)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_agg_formulas(seed, mode, layout):
+    LM, M = rand_case(seed, layout=layout)
     got = agg_loss(t(LM), t(M), mode, const=C)
     exp = ref.agg(LM, M, mode, C)
     assert abs(got.item() - exp) <= 1e-12 * max(1, abs(exp))
@@ -61,9 +63,10 @@ def test_agg_hand():
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("seed", range(3))
-def test_padding_wider_changes_nothing(mode, seed):
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_padding_wider_changes_nothing(mode, seed, layout):
     """seq-mean-token-sum-norm divides by the constant C, never by the padded length of the current batch."""
-    LM, M = rand_case(seed + 50)
+    LM, M = rand_case(seed + 50, layout=layout)
     base = agg_loss(t(LM), t(M), mode, const=C).item()
     rng = random.Random(seed)
     extra = rng.randint(1, 20)
@@ -167,10 +170,11 @@ def accumulate(model, rows_list, fn):
     return total, [p.grad.clone() for p in model.params()]
 
 
-def invariance_case(seed):
+def invariance_case(seed, layout="holes"):
     rng = random.Random(seed)
     B, L = rng.randint(6, 10), rng.randint(3, 8)
-    M = ref.random_mask(rng, B, L, zero_rows=False)
+    M = ref.layout_mask(rng, B, L, layout, zero_rows=False)
+    L = len(M[0])
     dead = rng.sample(range(B), 2)
     for i in dead:
         M[i] = [0.0] * L
@@ -180,9 +184,10 @@ def invariance_case(seed):
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("name", ["vanilla", "gpg", "gspo", "cispo", "sapo", "geo_mean", "dppo_tv", "dppo_kl"])
-def test_policy_loss_micro_batch_invariance(name, mode, seed):
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_policy_loss_micro_batch_invariance(name, mode, seed, layout):
     """clip_cov / kl_cov are not here: their token selection is per call (micro-batch), as in verl."""
-    rng, B, L, mask, dead = invariance_case(1000 * seed + 7)
+    rng, B, L, mask, dead = invariance_case(1000 * seed + 7, layout=layout)
     model = Model(seed, B, L)
     old = (model.out(list(range(B)))[0] + model.noise).detach()
     adv = model.seq_adv if name in ("gspo", "geo_mean") else model.adv
@@ -210,8 +215,9 @@ def test_policy_loss_micro_batch_invariance(name, mode, seed):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_value_loss_micro_batch_invariance(mode, seed):
-    rng, B, L, mask, dead = invariance_case(99 + seed)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_value_loss_micro_batch_invariance(mode, seed, layout):
+    rng, B, L, mask, dead = invariance_case(99 + seed, layout=layout)
     model = Model(seed + 10, B, L)
     old_v = (model.out(list(range(B)))[1] + model.noise).detach()
     full_norm = agg_norm(mask, C)

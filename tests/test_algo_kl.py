@@ -167,15 +167,17 @@ def test_unknown_controller():
 # ----------------------------------------------------------------------------- KL in the reward
 
 
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
 @pytest.mark.parametrize("kind", ["kl", "low_var_kl", "abs", "k2", "k3+"])
-def test_apply_kl_in_reward_sequence(kind):
+def test_apply_kl_in_reward_sequence(kind, layout):
     rng = random.Random(21)
     target, horizon = 0.02, 50
     ctrl = make_kl_controller("adaptive", kl_coef=0.2, target_kl=target, horizon=horizon)
     beta = 0.2
     for step in range(4):
         B, L = rng.randint(2, 6), rng.randint(2, 7)
-        M = ref.random_mask(rng, B, L)
+        M = ref.layout_mask(rng, B, L, layout)
+        L = len(M[0])
         S = [[rng.uniform(-1, 1) if rng.random() < 0.3 else 0.0 for _ in range(L)] for _ in range(B)]
         OLD = [[-rng.uniform(0.1, 2) for _ in range(L)] for _ in range(B)]
         RF = [[o + rng.uniform(-0.4, 0.4) for o in row] for row in OLD]

@@ -29,11 +29,12 @@ def close(a, b, atol=1e-10):
     return abs(a - b) <= atol * max(1.0, abs(b))
 
 
-def batch(seed, B=None, L=None, spread=0.6, adv_per_seq=False):
+def batch(seed, B=None, L=None, spread=0.6, adv_per_seq=False, layout="holes"):
     rng = random.Random(seed)
     B = B or rng.randint(3, 7)
     L = L or rng.randint(3, 9)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     OLD = [[-rng.uniform(0.05, 3.0) for _ in range(L)] for _ in range(B)]
     LP = [[o + rng.uniform(-spread, spread) for o in row] for row in OLD]
     if adv_per_seq:
@@ -49,8 +50,9 @@ def batch(seed, B=None, L=None, spread=0.6, adv_per_seq=False):
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("eps", [(0.2, 0.2), (0.2, 0.28), (0.1, 0.4)])
-def test_vanilla_value_and_metrics(seed, mode, eps):
-    LP, OLD, ADV, M = batch(seed, spread=1.5)  # wide spread: both clips and the dual clip bind
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_vanilla_value_and_metrics(seed, mode, eps, layout):
+    LP, OLD, ADV, M = batch(seed, spread=1.5, layout=layout)  # wide spread: both clips and the dual clip bind
     lo, hi = eps
     loss, metrics = call("vanilla", t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode,
                                                clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=3.0, const=C)
@@ -170,8 +172,9 @@ def grads(fn, LP):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_vanilla_gradient(seed, mode):
-    LP, OLD, ADV, M = batch(100 + seed, spread=1.5)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_vanilla_gradient(seed, mode, layout):
+    LP, OLD, ADV, M = batch(100 + seed, spread=1.5, layout=layout)
     lo, hi, c = 0.2, 0.28, 3.0
     v1, g1 = grads(lambda lp: call("vanilla", lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode,
                                                          clip_ratio_low=lo, clip_ratio_high=hi, clip_ratio_c=c,
@@ -183,8 +186,9 @@ def test_vanilla_gradient(seed, mode):
 
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("per_seq", [True, False])
-def test_gspo_value_and_gradient(seed, per_seq):
-    LP, OLD, ADV, M = batch(200 + seed, spread=0.5, adv_per_seq=per_seq)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_gspo_value_and_gradient(seed, per_seq, layout):
+    LP, OLD, ADV, M = batch(200 + seed, spread=0.5, adv_per_seq=per_seq, layout=layout)
     lo, hi = 0.2, 0.28
     fn = get_policy_loss("gspo")
     v1, g1 = grads(lambda lp: call(fn, lp, t(OLD), t(ADV), t(M), clip_ratio_low=lo, clip_ratio_high=hi)[0], LP)
@@ -219,8 +223,9 @@ def test_gspo_hand():
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_cispo_value_and_gradient(seed, mode):
-    LP, OLD, ADV, M = batch(300 + seed, spread=1.0)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_cispo_value_and_gradient(seed, mode, layout):
+    LP, OLD, ADV, M = batch(300 + seed, spread=1.0, layout=layout)
     lo, hi = 0.2, 0.28
     fn = get_policy_loss("cispo")
     v1, g1 = grads(lambda lp: call(fn, lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode, clip_ratio_low=lo,
@@ -246,8 +251,9 @@ def test_cispo_metrics():
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_gpg_loss(seed, mode):
-    LP, OLD, ADV, M = batch(400 + seed)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_gpg_loss(seed, mode, layout):
+    LP, OLD, ADV, M = batch(400 + seed, layout=layout)
     fn = get_policy_loss("gpg")
     v1, g1 = grads(lambda lp: call(fn, lp, t(OLD), t(ADV), t(M), loss_agg_mode=mode, const=C)[0], LP)
     v2, g2 = grads(lambda lp: own_gpg(lp, ADV, M, mode), LP)
@@ -287,13 +293,15 @@ def test_huge_log_ratio_is_finite(name, mode):
 # ----------------------------------------------------------------------------- value loss
 
 
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 @pytest.mark.parametrize("clip", [0.5, 0.2])
-def test_value_loss(seed, mode, clip):
+def test_value_loss(seed, mode, clip, layout):
     rng = random.Random(600 + seed)
     B, L = rng.randint(2, 7), rng.randint(2, 9)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     VOLD = [[rng.uniform(-1, 1) for _ in range(L)] for _ in range(B)]
     VP = [[v + rng.uniform(-1, 1) for v in row] for row in VOLD]
     RET = [[rng.uniform(-2, 2) for _ in range(L)] for _ in range(B)]

@@ -33,11 +33,12 @@ def assert_close(actual, expected, atol=1e-9):
             assert abs(a[i][j] - e) <= atol * max(1.0, abs(e)), (i, j, a[i][j], e)
 
 
-def case(seed, binary=False, holes=True):
+def case(seed, binary=False, holes=True, layout="holes"):
     rng = random.Random(seed)
     uids = ref.random_layout(rng, rng.randint(2, 4), 5)
     B, L = len(uids), rng.randint(3, 9)
-    M = ref.random_mask(rng, B, L, holes=holes)
+    M = ref.layout_mask(rng, B, L, layout, holes=holes)
+    L = len(M[0])
     R = ref.outcome_rewards(rng, M, binary)
     return rng, uids, M, R
 
@@ -47,8 +48,9 @@ def case(seed, binary=False, holes=True):
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("with_is", [False, True])
-def test_optimal_token_baseline_random(seed, with_is):
-    rng, uids, M, R = case(500 + seed)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_optimal_token_baseline_random(seed, with_is, layout):
+    rng, uids, M, R = case(500 + seed, layout=layout)
     B, L = len(M), len(M[0])
     OLD = [[-rng.uniform(0.01, 3.0) for _ in range(L)] for _ in range(B)]
     SPS = [[rng.uniform(0.05, 1.0) for _ in range(L)] for _ in range(B)]
@@ -83,8 +85,9 @@ def test_optimal_token_baseline_says_what_it_needs():
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("norm_by_std", [True, False])
-def test_gdpo_random(seed, norm_by_std):
-    rng, uids, M, _ = case(600 + seed)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_gdpo_random(seed, norm_by_std, layout):
+    rng, uids, M, _ = case(600 + seed, layout=layout)
     K = rng.randint(1, 3)
     COMPS = [[rng.choice([0.0, 1.0]) if k == 0 else rng.uniform(-3, 3) for k in range(K)] for _ in M]
     weights = [rng.uniform(0.2, 2.0) for _ in range(K)] if seed % 2 else None
@@ -126,8 +129,9 @@ def test_gdpo_weight_count_must_match():
 @pytest.mark.parametrize("alias,base,expected", [("grpo_vectorized", "grpo", ref.grpo),
                                                  ("rloo_vectorized", "rloo", ref.rloo)])
 @pytest.mark.parametrize("seed", range(4))
-def test_vectorized_names_give_identical_numbers(alias, base, expected, seed):
-    _, uids, M, R = case(700 + seed, binary=True)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_vectorized_names_give_identical_numbers(alias, base, expected, seed, layout):
+    _, uids, M, R = case(700 + seed, binary=True, layout=layout)
     a, _ = compute_advantage(alias, token_level_rewards=t(R), response_mask=t(M), index=uids)
     b, _ = compute_advantage(base, token_level_rewards=t(R), response_mask=t(M), index=uids)
     assert torch.equal(a, b)
@@ -153,10 +157,12 @@ def test_token_sum_has_no_normaliser_and_ignores_the_mini_batch_norm():
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("threshold", [2.0, 1.2])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_rollout_is_weights_random(seed, level, threshold, normalize):
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_rollout_is_weights_random(seed, level, threshold, normalize, layout):
     rng = random.Random(800 + seed)
     B, L = rng.randint(3, 7), rng.randint(2, 8)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     ROLL = [[-rng.uniform(0.05, 3.0) for _ in range(L)] for _ in range(B)]
     OLD = [[r + rng.uniform(-0.4, 0.4) for r in row] for row in ROLL]
     w, metrics = rollout_is_weights(t(OLD), t(ROLL), t(M), level=level, threshold=threshold,

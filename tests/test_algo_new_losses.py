@@ -28,10 +28,11 @@ def close(a, b, tol=1e-10):
     return abs(float(torch.as_tensor(a).detach()) - b) <= tol * max(1.0, abs(b))
 
 
-def batch(seed, spread=0.6, adv_scale=2.0, B=None, L=None, lp_range=(0.05, 3.0)):
+def batch(seed, spread=0.6, adv_scale=2.0, B=None, L=None, lp_range=(0.05, 3.0), layout="holes"):
     rng = random.Random(seed)
     B, L = B or rng.randint(3, 7), L or rng.randint(3, 9)
-    M = ref.random_mask(rng, B, L)
+    M = ref.layout_mask(rng, B, L, layout)
+    L = len(M[0])
     OLD = [[-rng.uniform(*lp_range) for _ in range(L)] for _ in range(B)]
     LP = [[min(o + rng.uniform(-spread, spread), -1e-3) for o in row] for row in OLD]
     ADV = [[rng.uniform(-adv_scale, adv_scale) for _ in range(L)] for _ in range(B)]
@@ -50,8 +51,9 @@ def grad_of(fn, LP):
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_clip_cov_drops_a_random_budget_of_candidates(seed, mode):
-    LP, OLD, ADV, M = batch(40 + seed, spread=0.3, adv_scale=3.0, B=6, L=9, lp_range=(0.05, 4.0))
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_clip_cov_drops_a_random_budget_of_candidates(seed, mode, layout):
+    LP, OLD, ADV, M = batch(40 + seed, spread=0.3, adv_scale=3.0, B=6, L=9, lp_range=(0.05, 4.0), layout=layout)
     lo, hi, lb, ub, share = 0.2, 0.28, 0.05, 5.0, 0.1
     cand = ref.clip_cov_candidates(LP, OLD, ADV, M, lo, hi, lb, ub)
     budget = max(int(share * sum(ref.flat(M))), 1)
@@ -79,8 +81,9 @@ def test_clip_cov_all_candidates_dropped_when_within_budget():
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("share", [0.0002, 0.2, 0.5])
-def test_kl_cov_value(seed, share):
-    LP, OLD, ADV, M = batch(60 + seed)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_kl_cov_value(seed, share, layout):
+    LP, OLD, ADV, M = batch(60 + seed, layout=layout)
     for mode in LOSS_AGG_MODES:
         loss, _ = call("kl_cov", t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode, kl_cov_ratio=share, ppo_kl_coef=0.3)
         assert close(loss, ref.kl_cov(LP, OLD, ADV, M, mode, share, 0.3, C=C))
@@ -116,8 +119,9 @@ def own_sapo(lp, OLD, ADV, M, tp, tn):
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("taus", [(1.0, 1.05), (2.0, 3.0)])
-def test_sapo_value_and_gradient(seed, taus):
-    LP, OLD, ADV, M = batch(80 + seed)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_sapo_value_and_gradient(seed, taus, layout):
+    LP, OLD, ADV, M = batch(80 + seed, layout=layout)
     fn = lambda lp: call("sapo", lp, t(OLD), t(ADV), t(M), loss_agg_mode="token-mean", tau_pos=taus[0],
                          tau_neg=taus[1])[0]
     assert close(fn(t(LP)), ref.sapo(LP, OLD, ADV, M, *taus))  # always seq-mean-token-mean, like gspo
@@ -155,8 +159,9 @@ def own_geo_mean(lp, OLD, ADV, M, lo, hi):
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("eps", [(0.2, 0.2), (0.4, 0.4)])
-def test_geo_mean_value_and_gradient(seed, eps):
-    LP, OLD, ADV, M = batch(100 + seed)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_geo_mean_value_and_gradient(seed, eps, layout):
+    LP, OLD, ADV, M = batch(100 + seed, layout=layout)
     fn = lambda lp: call("geo_mean", lp, t(OLD), t(ADV), t(M), clip_ratio_low=eps[0],
                          clip_ratio_high=eps[1])[0]
     assert close(fn(t(LP)), ref.geo_mean(LP, OLD, ADV, M, *eps))
@@ -182,8 +187,9 @@ def own_dppo(lp, OLD, ADV, M, mode, lo, hi, c, kind):
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("kind", ["tv", "kl"])
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
-def test_dppo_value(seed, kind, mode):
-    LP, OLD, ADV, M = batch(120 + seed, spread=1.2, lp_range=(0.01, 1.5))
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_dppo_value(seed, kind, mode, layout):
+    LP, OLD, ADV, M = batch(120 + seed, spread=1.2, lp_range=(0.01, 1.5), layout=layout)
     (lo, hi), c = ((0.1, 0.15) if kind == "tv" else (0.05, 0.08)), 3.0
     loss, metrics = call(f"dppo_{kind}", t(LP), t(OLD), t(ADV), t(M), loss_agg_mode=mode, clip_ratio_low=lo,
                          clip_ratio_high=hi, clip_ratio_c=c)

@@ -24,11 +24,13 @@ def t(x, dtype=F64):
 # ----------------------------------------------------------------------------- stats
 
 
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
 @pytest.mark.parametrize("seed", range(5))
-def test_masked_mean_var_whiten(seed):
+def test_masked_mean_var_whiten(seed, layout):
     rng = random.Random(seed)
     B, L = rng.randint(2, 6), rng.randint(2, 8)
-    M = ref.random_mask(rng, B, L, zero_rows=True)
+    M = ref.layout_mask(rng, B, L, layout, zero_rows=True)
+    L = len(M[0])
     if sum(ref.flat(M)) < 2:
         M[0][:2] = [1.0, 1.0]
     X = [[rng.uniform(-5, 5) for _ in range(L)] for _ in range(B)]

@@ -364,3 +364,78 @@ def test_integer_and_bool_reward_extras_are_averaged(tiny_model_dir, tmp_path):
     assert metrics["reward/short/mean"] == pytest.approx(sum(len(t) < 4 for t in texts) / len(texts))
     assert metrics["reward/mixed/mean"] == pytest.approx((1 + 0.5 * (len(texts) - 1)) / len(texts))
     assert "reward/response_text/mean" not in metrics
+
+
+# ---------------------------------------------------------------- multi-turn episodes
+
+
+def episode_batch(extra_infos=None):
+    """Two episodes (FakeTokenizer: id k is a letter). Row 0: policy 'ab', a tool result 'cd', policy 'e', padding.
+    Row 1: policy 'f', then the appended 'gh' of a truncated episode, padding: its last policy token is not its
+    last real token."""
+    from posttrain.agents.episode import Episode
+
+    episodes = [Episode(prompt_ids=[0], messages=[{"role": "user", "content": "q0"},
+                                                  {"role": "assistant", "content": "ab"},
+                                                  {"role": "tool", "content": "cd"},
+                                                  {"role": "assistant", "content": "e"}]),
+                Episode(prompt_ids=[0], messages=[{"role": "user", "content": "q1"},
+                                                  {"role": "assistant", "content": "f"},
+                                                  {"role": "tool", "content": "gh"}])]
+    tensors = {"responses": torch.tensor([[0, 1, 2, 3, 4, 25], [5, 6, 7, 25, 25, 25]]),
+               "response_mask": torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]]),
+               "response_attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]])}
+    meta = {"data_source": ["t", "t"], "ground_truth": ["x", "y"],
+            "extra_info": extra_infos if extra_infos is not None else [{"tools_kwargs": {"k": 1}}, None],
+            "episode": episodes, "env_reward": [0.25, -1.0]}
+    return Batch(tensors, meta)
+
+
+def test_an_episode_is_scored_on_its_whole_response_and_rewarded_on_its_last_policy_token():
+    """The scorer reads every real response token (tool results too) and the conversation in a copy of the row's
+    extra_info; the reward (score + env_reward) lands on the last token the policy wrote; overlong shaping counts
+    every response token."""
+    seen = []
+
+    def recording(data_source, solution_str, ground_truth, extra_info):
+        seen.append((solution_str, extra_info))
+        return {"abcde": 1.0, "fgh": 0.5}[solution_str]
+
+    infos = [{"tools_kwargs": {"k": 1}}, None]
+    batch = episode_batch(infos)
+    rm = RewardManager(FakeTokenizer(), compute_score=recording, manager="dapo", overlong=(5, 2, 1.0),
+                       log_overlong=True)
+    scores, extras = rm(batch)
+    assert [s for s, _ in seen] == ["abcde", "fgh"] == extras["response_text"]
+    assert seen[0][1] == {"tools_kwargs": {"k": 1}, "messages": batch.meta["episode"][0].messages}
+    assert seen[1][1] == {"messages": batch.meta["episode"][1].messages}
+    assert infos == [{"tools_kwargs": {"k": 1}}, None]  # the rows' own extra_info are left as they were
+    # lengths 5 and 3 (every response token); L_max 5, L_buf 2: free up to 3, then -1/2 per token
+    assert extras["overlong_penalty"] == [-1.0, 0.0]
+    assert extras["score"] == [1.0, 0.5] and extras["env_reward"] == [0.25, -1.0]
+    want = torch.zeros(2, 6)
+    want[0, 4] = 1.0 + 0.25 - 1.0  # the last policy token of row 0 is at index 4, not sum(mask) - 1 = 2
+    want[1, 0] = 0.5 - 1.0
+    assert scores.tolist() == want.tolist()
+
+
+def test_a_reward_model_scores_the_whole_episode_and_its_reward_lands_on_the_last_policy_token():
+    from posttrain.reward.model import ModelRewardManager
+
+    manager = ModelRewardManager(RewardManager(FakeTokenizer()), lambda batch: torch.tensor([2.0, 3.0]))
+    manager.check_data_sources(["no-scorer-for-this"])  # the reward model alone scores
+    scores, extras = manager(episode_batch())
+    assert extras["response_text"] == ["abcde", "fgh"] and extras["score"] == [2.0, 3.0]
+    assert scores.nonzero().tolist() == [[0, 4], [1, 0]]
+    assert scores[0, 4].item() == 2.25 and scores[1, 0].item() == 2.0
+
+
+def test_a_single_turn_batch_is_scored_as_before():
+    """Without response_attention_mask / episode / env_reward the response is response_mask's tokens and the
+    extra_info the row's own object."""
+    seen = []
+    rm = RewardManager(FakeTokenizer(), compute_score=lambda *a: seen.append(a) or 1.0)
+    info = {"k": 1}
+    scores, extras = rm(make_batch([[0, 1, 2]], [[1, 1, 0]], extras=[info]))
+    assert seen[0][1] == "ab" and seen[0][3] is info and "env_reward" not in extras
+    assert scores.tolist() == [[0.0, 1.0, 0.0]]

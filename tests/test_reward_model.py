@@ -97,6 +97,21 @@ def test_scores_are_the_classifier_on_the_reencoded_exchange(rm_dir, tiny_tokeni
     torch.testing.assert_close(torch.tensor(extras["rm_score"]), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_the_reward_model_reads_an_episodes_whole_response(rm_dir, tiny_tokenizer):
+    """A multi-turn row's response holds tool results between the policy's turns (response_mask 0 there): the
+    reward model reads them too, as it reads the whole exchange."""
+    tok = tiny_tokenizer
+    batch, _ = scored_batch(tok)
+    turn, tool = tok("7 then", add_special_tokens=False)["input_ids"], tok(" 30", add_special_tokens=False)["input_ids"]
+    ids = turn + tool + turn
+    row = batch.select([1])
+    row["responses"] = torch.tensor([ids + [tok.pad_token_id]])
+    row["response_mask"] = torch.tensor([[1] * len(turn) + [0] * len(tool) + [1] * len(turn) + [0]])
+    row["response_attention_mask"] = torch.tensor([[1] * len(ids) + [0]])
+    rm = RewardModel.from_config(rm_config(rm_dir), Parallel(), tok)
+    assert "assistant: " + tok.decode(ids, skip_special_tokens=True) in rm.tokenizer.decode(rm.encode(row)[0])
+
+
 @pytest.mark.parametrize("extra", [["reward_model.micro_batch_size_per_gpu=1"], ["reward_model.micro_batch_size_per_gpu=2"],
                                    ["reward_model.use_dynamic_bsz=True", "reward_model.forward_max_token_len_per_gpu=30"]])
 def test_micro_batches_do_not_change_scores(rm_dir, tiny_tokenizer, extra):

@@ -184,3 +184,24 @@ def test_lora_checkpoint_exports_merged_weights(small_task, tmp_path):
         merged = plain(input_ids=ids).logits
     assert (adapted - base).abs().max() > 1e-3  # the adapter did learn something
     assert torch.allclose(merged, adapted, atol=1e-4)
+
+
+def test_length_metrics_of_an_episode_batch_count_every_response_token():
+    """response_length/* counts every token after the prompt (policy and appended); a multi-turn batch adds the
+    policy's own share; the critic/* statistics stay on the policy's tokens."""
+    from posttrain.data.batch import Batch
+    from posttrain.trainer.metrics import data_metrics
+
+    policy = torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]])
+    real = torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    advantages = torch.tensor([[1.0, 2.0, 50.0, 50.0, 3.0, 0.0], [4.0, 50.0, 50.0, 50.0, 50.0, 50.0]])
+    tensors = {"response_mask": policy, "response_attention_mask": real, "advantages": advantages,
+               "returns": advantages, "token_level_scores": torch.zeros(2, 6), "token_level_rewards": torch.zeros(2, 6),
+               "prompt_mask": torch.ones(2, 3)}
+    out = data_metrics(Batch(tensors, {"uid": ["a", "a"]}), max_response_length=6)
+    assert (out["response_length/mean"], out["response_length/max"], out["response_length/min"]) == (5.5, 6.0, 5.0)
+    assert out["response_length/clip_ratio"] == 0.5 and out["response_length/policy_tokens_mean"] == 2.0
+    assert (out["critic/advantages/max"], out["critic/advantages/min"]) == (4.0, 1.0)
+    single = {k: v for k, v in tensors.items() if k != "response_attention_mask"}
+    out = data_metrics(Batch(single, {"uid": ["a", "a"]}), max_response_length=6)
+    assert out["response_length/mean"] == 2.0 and "response_length/policy_tokens_mean" not in out

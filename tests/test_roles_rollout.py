@@ -179,3 +179,125 @@ def test_concat_over_rounds_keeps_every_reward_key():
         assert out.meta["reward:acc"] == [1.0, 0.0, 0.0, 1.0, 1.0]
         assert out.meta["reward:fmt"] == [1.0, 1.0, None, None, None]
         assert out.meta["reward:pass_rate"] == [None, None, None, None, 0.5]
+
+
+# ------------------------------------------------------------------ multi-turn batches (response_mask with holes)
+
+EPISODES = [  # (response_mask, response_attention_mask) of each row; 0 in the first where a tool result etc. is
+    ([1, 1, 1, 0, 0, 0, 1, 1, 1], [1] * 9),
+    ([1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 0], [1] * 11),  # appended tokens after its last policy token
+    ([1, 0, 0, 1, 1, 1, 1], [1] * 7),
+    ([1, 1, 0, 0, 1, 0, 0, 0, 0, 0], [1] * 10),
+]
+
+
+def multi_turn_batch(vocab: int, *, width: int = 13) -> Batch:
+    """Two prompts (one left-padded) x two episodes each, in the multi-turn layout: `response_mask` 1 on the
+    policy's tokens only, `response_attention_mask` on every real response token, attention_mask their prompt's
+    mask then the latter. Each row's policy tokens reach past the most policy tokens any row has (6), so a width
+    taken from response_mask would cut them off."""
+    g = torch.Generator().manual_seed(1)
+    prompt_mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])
+    prompts = (torch.randint(3, vocab, prompt_mask.shape, generator=g) * prompt_mask).repeat_interleave(2, 0)
+    prompt_mask = prompt_mask.repeat_interleave(2, 0)
+    policy = torch.zeros(4, width, dtype=torch.long)
+    real = torch.zeros(4, width, dtype=torch.long)
+    for i, (m, a) in enumerate(EPISODES):
+        policy[i, : len(m)], real[i, : len(a)] = torch.tensor(m), torch.tensor(a)
+    responses = torch.randint(3, vocab, real.shape, generator=g) * real
+    return Batch({"prompts": prompts, "prompt_mask": prompt_mask, "responses": responses, "response_mask": policy,
+                  "response_attention_mask": real, "input_ids": torch.cat([prompts, responses], 1),
+                  "attention_mask": torch.cat([prompt_mask, real], 1)}, {"uid": ["a", "a", "b", "b"]})
+
+
+def plain_forward(lm, batch: Batch, temperature: float):
+    """Float64 log-probs and entropies of every response token from one ordinary forward over the whole sequences
+    (positions counted over the real tokens)."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    L = batch["responses"].shape[1]
+    with torch.no_grad():
+        logits = lm(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    z = logits[:, -(L + 1):-1].double() / temperature
+    logp = torch.log_softmax(z, -1)
+    chosen = logp.gather(-1, ids[:, -L:, None]).squeeze(-1)
+    entropy = torch.logsumexp(z, -1) - (logp.exp() * z).sum(-1)
+    return chosen, entropy
+
+
+@pytest.mark.parametrize("micro,max_tokens", [(None, None), (3, None), (None, 40)])
+def test_old_and_reference_log_probs_of_an_episode_batch_equal_a_plain_forward(tiny_model_dir, micro, max_tokens):
+    """The old-log-prob pass (prompts shared and not) and the reference pass on a batch with holes give, at every
+    policy token, the log-prob and entropy of one plain forward over prompt, policy and appended tokens."""
+    from posttrain.roles.reference import Reference
+
+    cfg = load_config(None, [])
+    model = PolicyModel(load_causal_lm(str(tiny_model_dir), device=CPU))
+    batch = multi_turn_batch(model.config.vocab_size)
+    policy = batch["response_mask"].bool()
+    want_logp, want_ent = plain_forward(model.lm, batch, 0.7)
+    actor = Actor(ModelRunner(model, Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.actor, temperature=0.7,
+                  max_response_length=13, total_steps=1)
+    without_uid = Batch(batch.tensors, {})  # no prompt groups: the plain path
+    for rows in (batch, without_uid):
+        logp, ent = actor.compute_log_prob(rows, micro_batch_size=micro, max_tokens=max_tokens, with_entropy=True)
+        assert logp.shape == ent.shape == policy.shape
+        torch.testing.assert_close(logp[policy].double(), want_logp[policy], atol=2e-5, rtol=0)
+        torch.testing.assert_close(ent[policy].double(), want_ent[policy], atol=2e-5, rtol=0)
+    assert model.shared_prompt_ok is True  # the shared-prompt path did run
+    reference = Reference(ModelRunner(model, Parallel(), dtype=torch.float32), cfg.actor_rollout_ref.ref,
+                          temperature=0.7)
+    torch.testing.assert_close(reference.compute_log_prob(batch)[policy].double(), want_logp[policy], atol=2e-5,
+                               rtol=0)
+
+
+def test_critic_values_of_an_episode_batch_equal_a_plain_forward(tiny_model_dir):
+    """The critic's value for each policy token is the value head on the plain forward's hidden state before it."""
+    from posttrain.models.policy import ValueModel
+    from posttrain.roles.critic import Critic
+
+    cfg = load_config(None, [])
+    torch.manual_seed(0)
+    model = ValueModel.from_pretrained(str(tiny_model_dir))
+    batch = multi_turn_batch(model.backbone.config.vocab_size)
+    ids, mask, L = batch["input_ids"], batch["attention_mask"], batch["responses"].shape[1]
+    with torch.no_grad():
+        hidden = model.backbone(input_ids=ids, attention_mask=mask,
+                                position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).last_hidden_state
+        want = model.value_head(hidden).squeeze(-1)[:, -(L + 1):-1]
+    critic = Critic(ModelRunner(model, Parallel(), dtype=torch.float32), cfg.critic, cfg.actor_rollout_ref.actor,
+                    max_response_length=13, total_steps=1)
+    policy = batch["response_mask"].bool()
+    for rows in (batch, Batch(batch.tensors, {})):
+        values = critic.compute_values(rows)
+        torch.testing.assert_close(values[policy], want[policy], atol=2e-5, rtol=0)
+        assert not values[~policy].any()  # nothing off the policy's tokens (GAE skips them)
+
+
+def test_forward_width_keeps_every_real_response_token():
+    """A forward's response width reaches each row's last real token, appended tokens after its last policy token
+    included; a single-turn batch keeps its width as before."""
+    from posttrain.roles.common import padded_widths, trimmed
+
+    batch = multi_turn_batch(50)
+    ids, mask, width, full = trimmed(batch)
+    assert (width, full) == (11, 13) and ids.shape[1] == 6 + 11
+    assert padded_widths(batch) == ([6, 6, 4, 4], [9, 11, 7, 10])
+    single = Batch({k: batch[k] for k in ("prompts", "prompt_mask", "responses", "input_ids")}
+                   | {"response_mask": batch["response_attention_mask"],
+                      "attention_mask": batch["attention_mask"]})
+    assert trimmed(single)[2] == 11 and padded_widths(single)[1] == [9, 11, 7, 10]
+
+
+def test_concat_rollouts_keeps_the_holes_and_attends_to_every_real_token():
+    from posttrain.rollout.base import concat_rollouts
+
+    batch = multi_turn_batch(50)
+    narrow = batch.select([2, 3])
+    for key in ("responses", "response_mask", "response_attention_mask"):
+        narrow[key] = narrow[key][:, :10]
+    narrow["prompts"], narrow["prompt_mask"] = narrow["prompts"][:, 2:], narrow["prompt_mask"][:, 2:]
+    out = concat_rollouts([batch.select([0, 1]), narrow], pad_id=0)
+    assert out["response_mask"].tolist() == batch["response_mask"].tolist()
+    assert out["response_attention_mask"].tolist() == batch["response_attention_mask"].tolist()
+    assert out["attention_mask"].tolist() == batch["attention_mask"].tolist()
+    assert out["input_ids"].tolist() == batch["input_ids"].tolist()

@@ -53,3 +53,10 @@ class Batch:
     def get(self, key: str, default: Any = None) -> Any:
         return self.tensors.get(key, self.meta.get(key, default))
 
+
+def response_attention(batch: Batch) -> Tensor:
+    """(B, L) 1 on every real response token, 0 on right padding. A multi-turn batch holds it as
+    `response_attention_mask` (its `response_mask` is 1 on the policy's tokens only, with holes where tool results
+    and other appended tokens are); in a single-turn batch every real token is the policy's, so it is
+    `response_mask`. What scorers read, what a forward attends to and what counts as the response's length."""
+    return batch.tensors.get("response_attention_mask", batch["response_mask"])

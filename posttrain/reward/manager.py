@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..data.batch import Batch
+from ..data.batch import Batch, response_attention
 from .checks import unpack
 from .pool import CRASH, ERROR, OK, TIMEOUT, ScorerPool
 from .registry import (BatchCall, FileFunction, RegisteredScorers, _unknown, default_compute_score,
@@ -51,6 +51,51 @@ def _call_here(fn, args):
         return (OK, fn(*args))
     except Exception:  # the scorer is user code: anything it raises is contained
         return (ERROR, traceback.format_exc(limit=4))
+
+
+def response_texts(tokenizer, batch: Batch) -> list[str]:
+    """Each row's whole response decoded without special tokens: every real token after the prompt, the policy's
+    and (in a multi-turn episode) the appended tool results and messages, as scorers ported from verl expect."""
+    real = response_attention(batch)
+    return tokenizer.batch_decode([r[m.bool()].tolist() for r, m in zip(batch["responses"], real)],
+                                  skip_special_tokens=True)
+
+
+def scorer_extra_info(batch: Batch) -> list:
+    """The rows' `extra_info`; for multi-turn episodes (meta `episode`) each a copy with the episode's conversation
+    added as `messages`, so a scorer can read tool calls and results (the row's own dict is left unchanged)."""
+    infos = batch.meta["extra_info"]
+    episodes = batch.meta.get("episode")
+    if episodes is None:
+        return infos
+    return [info if ep is None else {**(info or {}), "messages": list(ep.messages)}
+            for info, ep in zip(infos, episodes)]
+
+
+def place_reward(batch: Batch, scores: torch.Tensor, extras: dict[str, list], overlong, log_overlong: bool):
+    """token_level_scores (B, L): each row's `scores` plus, for a multi-turn episode, its `env_reward` (the
+    environment's and tools' rewards, meta `env_reward`), plus DAPO's overlong shaping of the response's length
+    (every token after the prompt), on the row's last policy token (the last where response_mask is 1; a row
+    without one gets nothing). Adds `env_reward` / `overlong_penalty` to `extras` when they apply."""
+    mask = batch["response_mask"]
+    scores = scores.to(torch.float32)
+    if "env_reward" in batch.meta:
+        env = [float(e or 0.0) for e in batch.meta["env_reward"]]
+        extras["env_reward"] = env
+        scores = scores + torch.tensor(env, dtype=torch.float32)
+    if overlong:
+        max_len, buf, factor = overlong
+        lengths = response_attention(batch).sum(-1).tolist()
+        penalties = [overlong_penalty(int(n), max_len, buf, factor) for n in lengths]
+        if log_overlong:
+            extras["overlong_penalty"] = penalties
+        scores = scores + torch.tensor(penalties)
+    has_policy = mask.bool().any(-1)
+    last = mask.shape[-1] - 1 - mask.bool().flip(-1).int().argmax(-1)  # the last policy token (0 in an empty row)
+    last = torch.where(has_policy, last, torch.zeros_like(last))
+    token_scores = torch.zeros(mask.shape, dtype=torch.float32)
+    token_scores[torch.arange(len(scores)), last] = scores * has_policy
+    return token_scores
 
 
 _WHAT = {ERROR: "raised", CRASH: "crashed its worker process", TIMEOUT: "timed out",
@@ -99,11 +144,11 @@ class RewardManager:
                     raise _unknown(source)
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
-        """token_level_scores (B, L) with each score on the last real response token, and per-response extras."""
-        responses, mask = batch["responses"], batch["response_mask"]
-        texts = self.tokenizer.batch_decode([r[m.bool()].tolist() for r, m in zip(responses, mask)],
-                                            skip_special_tokens=True)
-        rows = list(zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], batch.meta["extra_info"]))
+        """token_level_scores (B, L) with each reward on the last policy token (`place_reward`), and per-response
+        extras. A scorer reads the whole response (a multi-turn episode's tool results too) and, for an episode,
+        its conversation as `extra_info["messages"]`."""
+        texts = response_texts(self.tokenizer, batch)
+        rows = list(zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], scorer_extra_info(batch)))
         outcomes = self._score_batch(rows) if self.manager == "batch" else self._score_rows(rows)
         scores = torch.zeros(len(rows))
         own_acc: dict[int, float] = {}  # rows whose scorer reported its own `acc` (partial credit is not success)
@@ -124,19 +169,9 @@ class RewardManager:
                     extras.setdefault(key, [None] * len(rows))[i] = v  # None: this row's scorer gave no such key
             scores[i] = score
         extras["acc"] = [own_acc.get(i, float(s > 0)) for i, s in enumerate(scores.tolist())]
-        extras["score"] = scores.tolist()  # the task's own score; shaping below changes only the training reward
-        if self.overlong:
-            max_len, buf, factor = self.overlong
-            lengths = mask.sum(-1).tolist()
-            penalties = [overlong_penalty(int(n), max_len, buf, factor) for n in lengths]
-            if self.log_overlong:
-                extras["overlong_penalty"] = penalties
-            scores = scores + torch.tensor(penalties)
+        extras["score"] = scores.tolist()  # the task's own score: what place_reward adds is training reward only
         extras["response_text"] = texts
-        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
-        last = (mask.sum(-1) - 1).clamp(min=0)
-        token_scores[torch.arange(len(rows)), last] = scores * (mask.sum(-1) > 0)
-        return token_scores, extras
+        return place_reward(batch, scores, extras, self.overlong, self.log_overlong), extras
 
     def _log_once(self, status: str, detail, row) -> None:
         """The first failure of each kind, with its sample; later ones are only counted."""

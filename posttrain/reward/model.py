@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from ..data.batch import Batch
-from .manager import RewardManager, overlong_penalty
+from .manager import RewardManager, place_reward, response_texts
 from .registry import default_compute_score, known_data_sources
 
 
@@ -59,28 +59,17 @@ class ModelRewardManager:
             extras["rule_score"] = extras["score"]
             extras.pop("overlong_penalty", None)  # recomputed in placed(), on the model's score
         else:
-            extras["response_text"] = self.rule.tokenizer.batch_decode(
-                [r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])],
-                skip_special_tokens=True)
+            extras["response_text"] = response_texts(self.rule.tokenizer, batch)
         extras.setdefault("errors", [0.0] * len(batch))
         extras.setdefault("timeouts", [0.0] * len(batch))
         return extras
 
     def placed(self, batch: Batch, scores: torch.Tensor, extras: dict[str, list]):
         """(token_level_scores, extras): `scores` (the training reward before shaping, kept as extras' `score` for
-        rollout dumps and filter_groups) plus DAPO's overlong shaping, on the last response token."""
-        mask = batch["response_mask"]
+        rollout dumps and filter_groups) plus an episode's env_reward and DAPO's overlong shaping, on the last
+        policy token (`place_reward`)."""
         extras["score"] = scores.tolist()
-        if self.rule.overlong:
-            max_len, buf, factor = self.rule.overlong
-            penalties = [overlong_penalty(int(n), max_len, buf, factor) for n in mask.sum(-1).tolist()]
-            if self.rule.log_overlong:
-                extras["overlong_penalty"] = penalties
-            scores = scores + torch.tensor(penalties)
-        token_scores = torch.zeros(mask.shape, dtype=torch.float32)
-        last = (mask.sum(-1) - 1).clamp(min=0)
-        token_scores[torch.arange(len(scores)), last] = scores * (mask.sum(-1) > 0)
-        return token_scores, extras
+        return place_reward(batch, scores, extras, self.rule.overlong, self.rule.log_overlong), extras
 
     def close(self) -> None:
         self.rule.close()

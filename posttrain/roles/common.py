@@ -30,13 +30,21 @@ def group_rows(uids) -> list[list[int]]:
     return groups
 
 
+def response_widths(attention: torch.Tensor) -> torch.Tensor:
+    """(B,) each row's response width up to its last real token, from the response part of the attention mask
+    (a multi-turn response's appended tokens count, also those after its last policy token)."""
+    real = attention.bool()
+    last = real.shape[-1] - real.flip(-1).int().argmax(-1)
+    return torch.where(real.any(-1), last, torch.zeros_like(last))
+
+
 def trimmed(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """input_ids / attention_mask without all-padding columns; returns the kept response width and the full one."""
     prompts_w = batch["prompts"].shape[1]
     full_l = batch["responses"].shape[1]
     mask = batch["attention_mask"]
     start = leading_padding(mask[:, :prompts_w])
-    resp_l = max(int(batch["response_mask"].sum(-1).max()), 1)
+    resp_l = max(int(response_widths(mask[:, prompts_w:]).max()), 1)
     end = prompts_w + resp_l
     return batch["input_ids"][:, start:end], mask[:, start:end], resp_l, full_l
 
@@ -51,7 +59,7 @@ def padded_widths(batch: Batch) -> tuple[list[int], list[int]]:
     prompts_w = batch["prompts"].shape[1]
     real = mask[:, :prompts_w].bool()
     first = torch.where(real.any(-1), real.int().argmax(-1), torch.full_like(real[:, 0], prompts_w, dtype=torch.long))
-    return (prompts_w - first).tolist(), batch["response_mask"].sum(-1).tolist()
+    return (prompts_w - first).tolist(), response_widths(mask[:, prompts_w:]).tolist()
 
 
 def images_of(mb: Batch):

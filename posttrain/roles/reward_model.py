@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data.batch import Batch
+from ..data.batch import Batch, response_attention
 from ..models.load import compute_dtype, eval_mode, load_reward_model, load_tokenizer
 from ..parallel import Parallel, ShardSettings, prepare_model
 from .common import ModelRunner
@@ -69,9 +69,10 @@ class RewardModel:
 
     def encode(self, batch: Batch) -> list[list[int]]:
         """The reward model's ids for each row: the prompt's chat (`raw_prompt`; without it the decoded prompt as
-        one user turn) and the decoded response."""
+        one user turn) and the decoded response (all of it: a multi-turn episode's tool results too)."""
         dec = self.input_tokenizer
-        responses = dec.batch_decode([r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])],
+        responses = dec.batch_decode([r[m.bool()].tolist() for r, m in zip(batch["responses"],
+                                                                           response_attention(batch))],
                                      skip_special_tokens=True)
         chats = batch.meta.get("raw_prompt") or [None] * len(batch)
         out = []

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..data.batch import Batch
+from ..data.batch import Batch, response_attention
 from ..models.load import attention_backends
 from ..models.vision import MM_KEY
 from .weights import inference_weights
@@ -105,7 +105,9 @@ class RolloutEngine:
 
 def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:
     """Join scored rollouts of different widths: prompts re-padded on the left, responses (and every other (B, L)
-    field) on the right, then input_ids / attention_mask rebuilt from the two."""
+    field: masks, log-probs, scores) on the right, then input_ids / attention_mask rebuilt from the two — the
+    attention over every real response token (`response_attention`), which in a multi-turn batch also covers the
+    appended tokens that `response_mask` leaves out."""
     if len(batches) == 1:
         return batches[0]
     P = max(b["prompts"].shape[1] for b in batches)
@@ -124,5 +126,5 @@ def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:
         parts.append(Batch(t, b.meta))
     out = Batch.concat(parts)
     out["input_ids"] = torch.cat([out["prompts"], out["responses"]], dim=1)
-    out["attention_mask"] = torch.cat([out["prompt_mask"], out["response_mask"]], dim=1)
+    out["attention_mask"] = torch.cat([out["prompt_mask"], response_attention(out)], dim=1)
     return out

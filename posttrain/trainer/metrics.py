@@ -9,6 +9,7 @@ from math import comb
 import torch
 
 from ..algo import group_ids
+from ..data.batch import response_attention
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -18,7 +19,8 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def data_metrics(batch, max_response_length: int) -> dict[str, float]:
-    """critic/score, critic/rewards, critic/advantages, critic/returns, critic/values, lengths, zero-std groups."""
+    """critic/score, critic/rewards, critic/advantages, critic/returns, critic/values (over policy tokens),
+    lengths (every response token; multi-turn batches add the policy's share), zero-std groups."""
     mask = batch["response_mask"].bool()
     valid_rows = mask.any(-1)
     out = {}
@@ -28,9 +30,11 @@ def data_metrics(batch, max_response_length: int) -> dict[str, float]:
     out |= _stats("critic/returns", batch["returns"][mask])
     if "values" in batch:
         out |= _stats("critic/values", batch["values"][mask])
-    lengths = mask.sum(-1).float()
+    lengths = response_attention(batch).sum(-1).float()  # every token after the prompt, policy and appended
     out |= _stats("response_length", lengths)
     out["response_length/clip_ratio"] = float((lengths >= max_response_length).float().mean())
+    if "response_attention_mask" in batch:  # multi-turn: how many of those tokens the policy wrote
+        out["response_length/policy_tokens_mean"] = float(mask.sum(-1).float().mean())
     out |= _stats("prompt_length", batch["prompt_mask"].sum(-1).float())
     scores = batch["token_level_scores"].sum(-1)
     gid = group_ids(batch.meta["uid"])
