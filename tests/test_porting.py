@@ -75,13 +75,14 @@ def test_config_docs_are_generated_from_the_table():
 def test_all_problems_in_one_message_grouped():
     message = rejects(OK + ["actor_rollout_ref.actor.use_kl_los=True", "trainer.total_epoch=3",
                             "actor_rollout_ref.rollout.n=two", "algorithm.use_pf_ppo=True",
-                            "actor_rollout_ref.rollout.multi_turn.enable=True", "actor_rollout_ref.actor.clip_ratio_c=1",
+                            "actor_rollout_ref.rollout.multi_turn.format=llama3_json",
+                            "actor_rollout_ref.actor.clip_ratio_c=1",
                             "data.train_files=/no/such.parquet", "actor_rollout_ref.model.path=/nope"])
     assert message.startswith("8 problems")
     for group in ("unknown keys:", "not supported by posttrain:", "wrong values:",
                   "settings that do not fit together:", "files, models and packages:"):
         assert group in message
-    for fragment in ("use_kl_loss", "trainer.total_epochs", "rollout.n", "PF-PPO", "multi-turn", "clip_ratio_c",
+    for fragment in ("use_kl_loss", "trainer.total_epochs", "rollout.n", "PF-PPO", "hermes format only", "clip_ratio_c",
                      "/no/such.parquet", "'/nope'"):
         assert fragment in message
 
