@@ -280,7 +280,8 @@ RULES: list[Rule] = [
          "quantized decoding is not supported", (None,)),
     Rule("actor_rollout_ref.rollout.quantization_config_file", "only", "quantized decoding is not supported",
          (None,)),
-    Rule("actor_rollout_ref.rollout.over_sample_rate", "only", "every prompt is sampled rollout.n times", (0, 0.0)),
+    Rule("actor_rollout_ref.rollout.over_sample_rate", "note", "every sample runs to its end: the slowest are "
+         "not cut short, and each prompt keeps its rollout.n samples"),
     Rule("actor_rollout_ref.rollout.skip_rollout", "only", "rollouts are always generated", (False,)),
     Rule("actor_rollout_ref.rollout.enable_rollout_routing_replay", "only", "MoE router replay is not supported",
          (False,)),
