@@ -24,6 +24,17 @@ def layout_row(data_source: str, user_text: str, ground_truth: str, extra_info: 
             "reward_model": {"style": "rule", "ground_truth": ground_truth}, "extra_info": extra_info}
 
 
+def tool_agent_row(data_source: str, system: str, user_text: str, ground_truth: str, extra_info: dict, tool: str,
+                   ability: str = "math") -> dict:
+    """One row of the tool-agent layout (verl's): a system turn offering `tool`, the question, episodes run by the
+    `tool_agent` environment, and the ground truth given to the tool when its episode's instance is created."""
+    return {"data_source": data_source, "agent_name": "tool_agent",
+            "prompt": [{"role": "system", "content": system}, {"role": "user", "content": user_text}],
+            "ability": ability, "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": {**extra_info, "need_tools_kwargs": True,
+                           "tools_kwargs": {tool: {"create_kwargs": {"ground_truth": ground_truth}}}}}
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     """(1-based line number, row) for each non-blank line of a jsonl file, so later checks can name the line too."""
     path = Path(path)
