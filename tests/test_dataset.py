@@ -115,6 +115,11 @@ def test_bad_tool_rows_and_templates_are_named(tmp_path, tiny_tokenizer):
     good = rl_row(1, 2, "train", 0)
     with pytest.raises(DataError, match=r"a.jsonl: row 0, column 'agent_name': expected the name of an environment"):
         RLDataset(write_jsonl(tmp_path / "a.jsonl", [{**good, "agent_name": 5}]), tiny_tokenizer)
+    unknown = write_jsonl(tmp_path / "u.jsonl", [good, {**good, "agent_name": "tool_agnet"}])
+    with pytest.raises(DataError, match=r"u.jsonl: row 1, column 'agent_name': no environment is registered as "
+                                        r"'tool_agnet' \(registered: single_turn_agent, tool_agent\)"):
+        RLDataset(unknown, tiny_tokenizer, agent_names={"tool_agent", "single_turn_agent"})
+    assert RLDataset(unknown, tiny_tokenizer)[1].agent_name == "tool_agnet"  # a single-turn run does not read it
     bad_kwargs = {**good, "extra_info": {"tools_kwargs": {"add": "ground_truth=3"}}}
     with pytest.raises(DataError, match=r"k.jsonl: row 0, column 'extra_info': 'tools_kwargs' must map each tool"):
         RLDataset(write_jsonl(tmp_path / "k.jsonl", [bad_kwargs]), tiny_tokenizer)

@@ -178,13 +178,15 @@ class RLDataset:
     def __init__(self, files, tokenizer, *, prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=512,
                  filter_overlong_prompts=False, truncation="error", return_raw_chat=False, image_key="images",
                  max_samples=-1, apply_chat_template_kwargs=None, missing_chat_template="error", processor=None,
-                 tools=None):
+                 tools=None, agent_names=None):
         """`processor`: a vision-language model's VisionProcessor (models/vision.py); rows with images need one.
         `tools`: the JSON schemas of the tools multi-turn episodes offer; prompts are encoded with them (the chat
-        template's `tools=`), so prompt lengths and the overlong filter count them as the policy will see them."""
+        template's `tools=`), so prompt lengths and the overlong filter count them as the policy will see them.
+        `agent_names`: the environments a run has (registered ones); a row's agent_name must be one of them."""
         self.items: list[PromptItem] = []
         self.processor = processor
         self.tools = list(tools) if tools else None
+        self.agent_names = sorted(agent_names) if agent_names is not None else None
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
         self.num_filtered = 0
         self.row_notes = RowNotes()
@@ -244,7 +246,7 @@ class RLDataset:
             ids = encode_prompt(tokenizer, messages, self.template_kwargs, where, self.tools)
         return PromptItem(prompt_ids=ids, data_source=data_source, ground_truth=truth, extra_info=extra_info,
                           raw_prompt=messages, images=images,  # raw_prompt: for the reward model's own template
-                          agent_name=agent_name_of(row.get("agent_name"), where))
+                          agent_name=agent_name_of(row.get("agent_name"), where, self.agent_names))
 
     def __len__(self) -> int:
         return len(self.items)

@@ -63,14 +63,18 @@ def data_source_of(value: Any, where: str, column: str) -> str:
                     f"'openai/gsm8k'), got {value!r:.60}")
 
 
-def agent_name_of(value: Any, where: str) -> str | None:
-    """The `agent_name` cell (which environment runs the row's episodes): a name, or None when absent or null."""
+def agent_name_of(value: Any, where: str, known: list[str] | None = None) -> str | None:
+    """The `agent_name` cell (which environment runs the row's episodes): a name (one of `known`, where given), or
+    None when absent or null."""
     if value is None or isinstance(value, float) and math.isnan(value):
         return None
-    if isinstance(value, str) and value.strip():
-        return value
-    raise DataError(f"{where}, column 'agent_name': expected the name of an environment (e.g. 'tool_agent') or null, "
-                    f"got {value!r:.60}")
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}, column 'agent_name': expected the name of an environment (e.g. 'tool_agent') or "
+                        f"null, got {value!r:.60}")
+    if known is not None and value not in known:
+        raise DataError(f"{where}, column 'agent_name': no environment is registered as {value!r} (registered: "
+                        f"{', '.join(known)})")
+    return value
 
 
 def with_tools_kwargs(extra_info: dict, where: str) -> dict:
