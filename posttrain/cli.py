@@ -97,7 +97,7 @@ def cmd_export(args) -> int:
 def cmd_prepare(args) -> int:
     from .data.preprocess import prepare
 
-    summary = prepare(args.dataset, args.input, args.output_dir, fmt=args.format, quiet=False)
+    summary = prepare(args.dataset, args.input, args.output_dir, fmt=args.format, tools=args.tools, quiet=False)
     for split, (path, rows) in summary.items():
         print(f"{split}: {rows} rows -> {path}" if path else f"{split}: the source has no {split} split")
     return 0
@@ -240,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input", default=None, help="original file or folder (default: the shared data folder)")
     p.add_argument("--output-dir", default=None, help="where to write train/test files (default: data/<dataset>)")
     p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "both"])
+    p.add_argument("--tools", action="store_true", help="gsm8k, math: the tool-agent layout (agent_name tool_agent, a "
+                   "system prompt offering calc_gsm8k_reward / code_interpreter, extra_info.tools_kwargs with the "
+                   "ground truth); default output data/<dataset>_tools")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("eval", help="accuracy of a model on a dataset: mean@n, maj@n, pass@k per data_source")

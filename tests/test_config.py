@@ -160,6 +160,94 @@ def test_kl_plus_variant_accepted():
     assert cfg.actor_rollout_ref.actor.kl_loss_type == "k3+"
 
 
+MT = "actor_rollout_ref.rollout.multi_turn"
+MT_ON = f"{MT}.enable=True"
+
+
+def test_multi_turn_defaults_are_the_familiar_ones():
+    """The multi-turn and agent keys keep the familiar tree's names and defaults, so its command lines mean the
+    same; tool_timeout_s is posttrain's own."""
+    from posttrain.config.loader import default_of
+
+    familiar = {"enable": False, "max_assistant_turns": None, "tool_config_path": None, "function_tool_path": None,
+                "max_user_turns": None, "max_parallel_calls": 1, "max_tool_response_length": 256,
+                "tool_response_truncate_side": "middle", "use_inference_chat_template": False,
+                "tokenization_sanity_check_mode": "strict", "format": "hermes"}
+    assert {k: default_of(f"{MT}.{k}") for k in familiar} == familiar
+    assert default_of(f"{MT}.tool_timeout_s") == 30
+    assert default_of("actor_rollout_ref.rollout.agent.default_agent_loop") == "single_turn_agent"
+    assert default_of("actor_rollout_ref.rollout.agent.num_workers") == 8
+    assert default_of("actor_rollout_ref.rollout.mode") == "async"
+
+
+def test_multi_turn_settings_act(tmp_path):
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {type: native}\n")
+    functions = tmp_path / "functions.py"
+    functions.write_text("def add(a: int, b: int) -> int:\n    return a + b\n")
+    cfg = load_config(None, OK + [MT_ON, f"{MT}.max_assistant_turns=5", f"{MT}.tool_config_path={tools}",
+                                  f"{MT}.function_tool_path={functions}", f"{MT}.tool_response_truncate_side=left",
+                                  "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
+                                  "actor_rollout_ref.rollout.name=sglang", "actor_rollout_ref.rollout.mode=sync"])
+    mt = cfg.actor_rollout_ref.rollout.multi_turn
+    assert mt.enable and mt.max_assistant_turns == 5 and mt.tool_config_path == str(tools)
+    assert mt.function_tool_path == str(functions) and mt.tool_response_truncate_side == "left"
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == "tool_agent"
+
+
+def test_tools_no_episode_offers_are_noted(tmp_path):
+    from posttrain.config import config_warnings
+
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: Gsm8kTool\n")
+    off = "\n".join(config_warnings(load_config(None, OK + [f"{MT}.tool_config_path={tools}"])))
+    assert "enable=False: rollouts are single-turn and offer no tools" in off
+    single = "\n".join(config_warnings(load_config(None, OK + [MT_ON, f"{MT}.tool_config_path={tools}"])))
+    assert "only rows whose agent_name column names tool_agent call the tools" in single
+    assert not config_warnings(load_config(None, OK + [MT_ON, f"{MT}.tool_config_path={tools}",
+                                                       "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"]))
+
+
+def test_multi_turn_settings_it_cannot_run_are_rejected(tmp_path):
+    bad_python = tmp_path / "bad.py"
+    bad_python.write_text("def add(a, b):\n  return a +\n")
+    no_tools = tmp_path / "trainer.yaml"
+    no_tools.write_text("data:\n  train_batch_size: 8\n")
+    vision = tmp_path / "vl_model"
+    vision.mkdir()
+    (vision / "config.json").write_text('{"model_type": "qwen2_5_vl", "vision_config": {"depth": 2}}')
+    cases = [
+        ([MT_ON, "actor_rollout_ref.rollout.name=hf"], "rollout.name=hf (transformers' generate) cannot"),
+        ([MT_ON, f"{MT}.format=llama3_json"], "format='llama3_json': posttrain parses tool calls in the hermes"),
+        ([f"{MT}.use_inference_chat_template=True"], "use_inference_chat_template=True: posttrain's episodes go on"),
+        ([f"{MT}.tool_config_path=/no/such/tools.yaml"], "tool_config_path: '/no/such/tools.yaml' does not exist"),
+        ([f"{MT}.function_tool_path={bad_python}"], "is not valid Python (line 2"),
+        ([f"{MT}.tool_config_path={no_tools}"], "must hold a list `tools:` whose entries each have a class_name"),
+        ([f"{MT}.tool_response_truncate_side=top"], "tool_response_truncate_side='top' is not one of"),
+        ([f"{MT}.tokenization_sanity_check_mode=loose"], "tokenization_sanity_check_mode='loose' is not one of"),
+        ([f"{MT}.max_assistant_turns=0"], "max_assistant_turns=0 must be >= 1 (or null: no limit)"),
+        ([f"{MT}.max_user_turns=-1"], "max_user_turns=-1 must be >= 1 (or null: no limit)"),
+        ([f"{MT}.max_parallel_calls=0"], "max_parallel_calls=0 must be >= 1"),
+        ([f"{MT}.max_tool_response_length=0"], "max_tool_response_length=0 must be >= 1"),
+        ([f"{MT}.tool_timeout_s=0"], "tool_timeout_s=0.0 must be positive"),
+        (["actor_rollout_ref.rollout.agent.num_workers=0"], "agent.num_workers=0 must be >= 1"),
+        (["actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent"],
+         "default_agent_loop=tool_agent runs multi-turn episodes, which need"),
+        ([MT_ON, "actor_rollout_ref.rollout.agent.default_agent_loop="], "default_agent_loop must name an environment"),
+        (["actor_rollout_ref.rollout.agent.agent_loop_config_path=loops.yaml"],
+         "custom agent loop and interaction classes are not loaded"),
+        ([f"{MT}.interaction_config_path=interaction.yaml"], "custom agent loop and interaction classes are not loaded"),
+        (["actor_rollout_ref.rollout.agent.custom_async_server.path=server.py"], "no separate server or manager"),
+        (["actor_rollout_ref.rollout.mode=batch"], "rollout.mode='batch' is not one of"),
+        ([MT_ON, f"actor_rollout_ref.model.path={vision}"], "episodes are text-only"),
+    ]
+    for overrides, fragment in cases:
+        rejects(OK + overrides, fragment)
+    # the same model single-turn, and the defaults, load
+    load_config(None, OK + [f"actor_rollout_ref.model.path={vision}"])
+    load_config(None, OK + [MT_ON])
+
+
 def test_yaml_round_trip(tmp_path):
     cfg = load_config(None, OK + ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=5",
                                   "actor_rollout_ref.model.override_config.attention_dropout=0.0"])

@@ -67,6 +67,76 @@ def test_truncation_and_filtering(tmp_path, tiny_tokenizer):
     assert left == full[-40:] and right == full[:40] and middle == full[:20] + full[-20:]
 
 
+# A chat template that lists the offered tools' names in a system turn before the conversation (as Qwen's lists
+# their schemas), so what `tools=` adds to a prompt can be written out here.
+TOOLS_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n<tools>' }}{%- for t in tools %}{{- t['function']['name'] + ';' }}"
+    "{%- endfor %}{{- '</tools><|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+SCHEMAS = [{"type": "function", "function": {"name": name, "description": f"{name} two numbers",
+                                              "parameters": {"type": "object", "properties": {}}}}
+           for name in ("add", "mul")]
+
+
+def test_prompts_carry_tool_schemas_agent_name_and_tools_kwargs(tmp_path, tiny_tokenizer):
+    """Prompts of multi-turn runs are encoded with the offered tools' schemas, so prompt lengths and the overlong
+    filter count them; each item names its row's environment (agent_name, None when the row has none), and
+    extra_info.tools_kwargs keeps only the tools the row names (parquet pads the others with null)."""
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = TOOLS_TEMPLATE
+    rows = [{**rl_row(12, 34, "train", 0), "agent_name": "tool_agent",
+             "extra_info": {"index": 0, "tools_kwargs": {"add": {"create_kwargs": {"ground_truth": "46"}}}}},
+            {**rl_row(1, 2, "train", 1), "agent_name": None,
+             "extra_info": {"index": 1, "tools_kwargs": {"mul": {"create_kwargs": {"ground_truth": "3"}}}}}]
+    path = write_parquet(tmp_path / "t.parquet", rows)
+    data = RLDataset(path, tok, tools=SCHEMAS)
+    assert tok.decode(data[0].prompt_ids) == ("<|im_start|>system\n<tools>add;mul;</tools><|im_end|>\n"
+                                              "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n")
+    assert [it.agent_name for it in data] == ["tool_agent", None] and not data.notes
+    assert data[0].extra_info["tools_kwargs"] == {"add": {"create_kwargs": {"ground_truth": "46"}}}
+    assert data[1].extra_info["tools_kwargs"] == {"mul": {"create_kwargs": {"ground_truth": "3"}}}
+    plain = RLDataset(path, tok)
+    assert tok.decode(plain[0].prompt_ids) == "<|im_start|>user\n12+34=<|im_end|>\n<|im_start|>assistant\n"
+    longest = max(len(it.prompt_ids) for it in plain)
+    assert len(RLDataset(path, tok, max_prompt_length=longest, filter_overlong_prompts=True)) == 2
+    with pytest.raises(DataError, match="dropped all 2 rows"):
+        RLDataset(path, tok, tools=SCHEMAS, max_prompt_length=longest, filter_overlong_prompts=True)
+    # a row without the column at all has no environment of its own either
+    bare = write_jsonl(tmp_path / "n.jsonl", [rl_row(5, 6, "train", 0)])
+    assert RLDataset(bare, tok, tools=SCHEMAS)[0].agent_name is None
+
+
+def test_bad_tool_rows_and_templates_are_named(tmp_path, tiny_tokenizer):
+    good = rl_row(1, 2, "train", 0)
+    with pytest.raises(DataError, match=r"a.jsonl: row 0, column 'agent_name': expected the name of an environment"):
+        RLDataset(write_jsonl(tmp_path / "a.jsonl", [{**good, "agent_name": 5}]), tiny_tokenizer)
+    unknown = write_jsonl(tmp_path / "u.jsonl", [good, {**good, "agent_name": "tool_agnet"}])
+    with pytest.raises(DataError, match=r"u.jsonl: row 1, column 'agent_name': no environment is registered as "
+                                        r"'tool_agnet' \(registered: single_turn_agent, tool_agent\)"):
+        RLDataset(unknown, tiny_tokenizer, agent_names={"tool_agent", "single_turn_agent"})
+    assert RLDataset(unknown, tiny_tokenizer)[1].agent_name == "tool_agnet"  # a single-turn run does not read it
+    bad_kwargs = {**good, "extra_info": {"tools_kwargs": {"add": "ground_truth=3"}}}
+    with pytest.raises(DataError, match=r"k.jsonl: row 0, column 'extra_info': 'tools_kwargs' must map each tool"):
+        RLDataset(write_jsonl(tmp_path / "k.jsonl", [bad_kwargs]), tiny_tokenizer)
+    path = write_jsonl(tmp_path / "g.jsonl", [good])
+    ignores = RLDataset(path, tiny_tokenizer, tools=SCHEMAS)  # its template has no place for tools
+    assert any("does not render tools=" in note for note in ignores.notes)
+    assert ignores[0].prompt_ids == RLDataset(path, tiny_tokenizer)[0].prompt_ids
+    import copy
+
+    untemplated = copy.deepcopy(tiny_tokenizer)
+    untemplated.chat_template = None
+    with pytest.raises(DataError, match="tokenizer has none"):
+        RLDataset(path, untemplated, tools=SCHEMAS, missing_chat_template="join")
+    with pytest.raises(DataError, match="text-only models"):
+        RLDataset(path, tiny_tokenizer, tools=SCHEMAS, processor=object())
+
+
 def test_epoch_batches_are_seeded_and_disjoint():
     a = list(epoch_batches(10, 3, shuffle=True, seed=1, epoch=0))
     assert a == list(epoch_batches(10, 3, shuffle=True, seed=1, epoch=0))

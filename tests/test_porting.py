@@ -75,13 +75,14 @@ def test_config_docs_are_generated_from_the_table():
 def test_all_problems_in_one_message_grouped():
     message = rejects(OK + ["actor_rollout_ref.actor.use_kl_los=True", "trainer.total_epoch=3",
                             "actor_rollout_ref.rollout.n=two", "algorithm.use_pf_ppo=True",
-                            "actor_rollout_ref.rollout.multi_turn.enable=True", "actor_rollout_ref.actor.clip_ratio_c=1",
+                            "actor_rollout_ref.rollout.multi_turn.format=llama3_json",
+                            "actor_rollout_ref.actor.clip_ratio_c=1",
                             "data.train_files=/no/such.parquet", "actor_rollout_ref.model.path=/nope"])
     assert message.startswith("8 problems")
     for group in ("unknown keys:", "not supported by posttrain:", "wrong values:",
                   "settings that do not fit together:", "files, models and packages:"):
         assert group in message
-    for fragment in ("use_kl_loss", "trainer.total_epochs", "rollout.n", "PF-PPO", "multi-turn", "clip_ratio_c",
+    for fragment in ("use_kl_loss", "trainer.total_epochs", "rollout.n", "PF-PPO", "hermes format only", "clip_ratio_c",
                      "/no/such.parquet", "'/nope'"):
         assert fragment in message
 
@@ -113,6 +114,94 @@ def test_foreign_keys_map_note_or_reject():
     # harmless values of unsupported features pass; others are rejected with the reason
     load_config(None, OK + ["actor_rollout_ref.rollout.multi_turn.enable=False", "algorithm.use_pf_ppo=False"])
     rejects(OK + ["actor_rollout_ref.model.lora_adapter_path=/x"], "is not supported", "saved adapter")
+
+
+# The familiar GSM8K multi-turn example: its config file (a Hydra defaults list on the stock tree), its tool file and
+# its command line, with only the paths changed.
+GSM8K_MULTITURN_YAML = """hydra:
+  searchpath:
+    - file://verl/trainer/config
+
+defaults:
+  - ppo_trainer
+  - _self_
+
+data:
+  max_prompt_length: 1024
+  max_response_length: 1024
+  train_batch_size: 256
+  return_raw_chat: True
+
+actor_rollout_ref:
+  hybrid_engine: True
+  rollout:
+    name: sglang
+    multi_turn:
+      enable: True
+      max_assistant_turns: 5
+"""
+GSM8K_TOOL_YAML = """tools:
+  - class_name: "verl.tools.gsm8k_tool.Gsm8kTool"
+    config:
+      type: native
+    tool_schema:
+      type: "function"
+      function:
+        name: "calc_gsm8k_reward"
+        description: "A tool for calculating the reward of gsm8k."
+        parameters:
+          type: "object"
+          properties:
+            answer:
+              type: "string"
+              description: "The model's answer to the GSM8K math problem, must be a digits"
+          required: ["answer"]
+"""
+GSM8K_MULTITURN_ARGS = """algorithm.adv_estimator=grpo data.train_batch_size=256 data.max_prompt_length=1024
+data.max_response_length=1024 data.filter_overlong_prompts=True data.truncation='error' data.return_raw_chat=True
+actor_rollout_ref.model.path=MODEL actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.model.use_remove_padding=True
+actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32
+actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_coef=0.001
+actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
+actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.actor.fsdp_config.param_offload=False
+actor_rollout_ref.actor.fsdp_config.optimizer_offload=False global_profiler.tool=torch_memory
+global_profiler.save_path=./mem_snapshots global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries=100000
+global_profiler.global_tool_config.torch_memory.stack_depth=32 actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=32
+actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.name=sglang
+actor_rollout_ref.rollout.gpu_memory_utilization=0.85 actor_rollout_ref.rollout.multi_stage_wake_up=True
+actor_rollout_ref.rollout.n=16 actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=32
+actor_rollout_ref.ref.fsdp_config.param_offload=True actor_rollout_ref.rollout.over_sample_rate=0.1
+actor_rollout_ref.rollout.mode=async algorithm.use_kl_in_reward=False trainer.critic_warmup=0
+trainer.logger=["console","wandb"] trainer.project_name='multi-turn-grpo-qwen2.5-3b-sglang' trainer.experiment_name=x
+trainer.n_gpus_per_node=8 trainer.nnodes=1 trainer.save_freq=-1 trainer.test_freq=20 trainer.val_before_train=True
+data.train_files=DATA data.val_files=DATA actor_rollout_ref.rollout.multi_turn.tool_config_path=TOOLS
+trainer.total_epochs=15"""
+
+
+def test_familiar_multi_turn_example_loads(tmp_path, tiny_model_dir, gsm8k_file, tracking_installed):
+    """The GSM8K multi-turn example's config file, Hydra defaults list included, and command line load with only the
+    paths changed; its multi-turn keys act, and what has no effect here is said."""
+    (tmp_path / "gsm8k_multiturn_grpo.yaml").write_text(GSM8K_MULTITURN_YAML)
+    (tmp_path / "gsm8k_tool_config.yaml").write_text(GSM8K_TOOL_YAML)
+    args = (GSM8K_MULTITURN_ARGS.replace("MODEL", str(tiny_model_dir)).replace("DATA", gsm8k_file)
+            .replace("TOOLS", str(tmp_path / "gsm8k_tool_config.yaml")).split())
+    config_file, base = hydra_config(str(tmp_path), "gsm8k_multiturn_grpo")
+    cfg = load_config(config_file, base + args)
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.multi_turn.enable and rollout.multi_turn.max_assistant_turns == 5
+    assert rollout.multi_turn.tool_config_path == str(tmp_path / "gsm8k_tool_config.yaml")
+    assert cfg.data.return_raw_chat and rollout.mode == "async" and rollout.n == 16
+    notes = "\n".join(config_warnings(cfg))
+    assert "hydra (Hydra's own settings" in notes and "over_sample_rate" in notes
+    assert "only rows whose agent_name column names tool_agent call the tools" in notes
+    # a defaults list naming another tree is not read
+    (tmp_path / "other.yaml").write_text("defaults:\n  - ppo_trainer\n  - override rollout: sglang\n")
+    with pytest.raises(ConfigError, match="has a Hydra 'defaults' list with .*override rollout"):
+        load_config(str(tmp_path / "other.yaml"))
+    (tmp_path / "megatron.yaml").write_text("defaults:\n  - ppo_megatron_trainer\n  - _self_\n"
+                                            "actor_rollout_ref:\n  actor:\n    strategy: fsdp\n")
+    assert load_config(str(tmp_path / "megatron.yaml"), OK).critic.strategy == "megatron"
+    assert load_config(str(tmp_path / "megatron.yaml"), OK).actor_rollout_ref.actor.strategy == "fsdp"
 
 
 def test_hydra_flags_and_python_dash_m(tmp_path):

@@ -69,6 +69,71 @@ def test_prepare_math_only_test_split(tmp_path):
     assert len(jsonl) == 500 and jsonl[0] == first
 
 
+GSM8K_TOOL_SYSTEM = ("You are a math expert. You are given a question and you need to solve it step by step. "
+                     "Reasoning step by step before any tool call. You should use the `calc_gsm8k_reward` tool after "
+                     "step by step solving the question, before generate final answer at least once and refine your "
+                     "answer if necessary. Put your final answer in the format of `#### <answer>`.")
+
+
+@needs_data
+def test_prepare_gsm8k_tool_agent_layout(tmp_path, monkeypatch, tiny_tokenizer):
+    """`prepare gsm8k --tools` writes the familiar GSM8K tool-agent rows: agent_name tool_agent, the system prompt
+    offering calc_gsm8k_reward, and that tool's create arguments (the ground truth) in extra_info.tools_kwargs; they
+    still score through the GSM8K scorer and load as prompts naming their environment."""
+    from posttrain.cli import main
+    from posttrain.data.dataset import RLDataset
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare", "gsm8k", "--tools", "--input", str(DATA / "gsm8k")]) == 0
+    out = tmp_path / "data" / "gsm8k_tools"  # beside, not over, the single-turn files
+    rows = pq.read_table(out / "test.parquet").to_pylist()
+    assert len(rows) == 1319 and pq.read_metadata(out / "train.parquet").num_rows == 7473
+    assert list(rows[0]) == ["data_source", "agent_name", "prompt", "ability", "reward_model", "extra_info"]
+    assert rows[0] == {
+        "data_source": "openai/gsm8k",
+        "agent_name": "tool_agent",
+        "prompt": [{"role": "system", "content": GSM8K_TOOL_SYSTEM},
+                   {"role": "user", "content": GSM8K_Q0 + " Let's think step by step and output the final answer "
+                                                          "after `####`."}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": "18"},
+        "extra_info": {"split": "test", "index": 0, "answer": GSM8K_A0, "question": GSM8K_Q0,
+                       "need_tools_kwargs": True,
+                       "tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "18"}}}},
+    }
+    assert all(r["extra_info"]["tools_kwargs"]["calc_gsm8k_reward"]["create_kwargs"]["ground_truth"]
+               == r["reward_model"]["ground_truth"] for r in rows)
+    assert all(default_compute_score(r["data_source"], r["extra_info"]["answer"], r["reward_model"]["ground_truth"],
+                                     r["extra_info"]) == 1.0 for r in rows)
+    items = RLDataset(str(out / "test.parquet"), tiny_tokenizer, max_prompt_length=4096, max_samples=3)
+    assert [it.agent_name for it in items] == ["tool_agent"] * 3
+    assert items[0].extra_info["tools_kwargs"] == {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "18"}}}
+
+
+@needs_data
+def test_prepare_math_code_interpreter_layout(tmp_path):
+    summary = prepare("math", DATA / "math500", tmp_path, fmt="jsonl", tools=True)
+    assert summary == {"train": (None, 0), "test": (tmp_path / "test.jsonl", 500)}
+    first = json.loads((tmp_path / "test.jsonl").open().readline())
+    original = json.loads((DATA / "math500" / "test.jsonl").open().readline())
+    truth = "\\left( 3, \\frac{\\pi}{2} \\right)"
+    assert first == {
+        "data_source": "DigitalLearningGmbH/MATH-lighteval",
+        "agent_name": "tool_agent",
+        "prompt": [{"role": "system", "content": "You are a math expert. You are given a question and you need to "
+                                                 "solve it step by step. You may use the `code_interpreter` tool to "
+                                                 "run Python code for any calculation; it returns what the code "
+                                                 "prints. Put your final answer within \\boxed{}."},
+                   {"role": "user", "content": original["problem"] + " Let's think step by step and output the "
+                                                                     "final answer within \\boxed{}."}],
+        "ability": "math",
+        "reward_model": {"style": "rule", "ground_truth": truth},
+        "extra_info": {"split": "test", "index": 0, "answer": original["solution"], "question": original["problem"],
+                       "need_tools_kwargs": True,
+                       "tools_kwargs": {"code_interpreter": {"create_kwargs": {"ground_truth": truth}}}},
+    }
+
+
 def test_math_ground_truth_falls_back_to_last_box(tmp_path):
     src = tmp_path / "train.jsonl"
     src.write_text(json.dumps({"problem": "1+1?", "solution": "First \\boxed{3}, no: $\\boxed{\\frac{4}{2}}$."}) + "\n"
@@ -128,6 +193,8 @@ def test_bad_arguments(tmp_path):
         prepare("mmlu", tmp_path)
     with pytest.raises(ValueError, match="unknown format"):
         prepare("gsm8k", tmp_path, fmt="csv")
+    with pytest.raises(ValueError, match=r"layout \(--tools\) is written for \['gsm8k', 'math'\], not 'code'"):
+        prepare("code", tmp_path, tools=True)
 
 
 @needs_data

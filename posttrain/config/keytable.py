@@ -37,7 +37,10 @@ MEGATRON_LAYOUT = ("Megatron's pipeline/context/expert parallel have no equivale
                    "model with FSDP2 instead (tensor parallel maps onto actor.fsdp_config.tp_size)")
 DIST_CKPT = ("a Megatron checkpoint converted from the Hugging Face weights, for faster loading; posttrain reads the "
              "Hugging Face weights at model.path")
-SINGLE_TURN = "posttrain's rollout is single-turn generation; multi-turn tool rollouts are not supported"
+ENVIRONMENTS = ("custom agent loop and interaction classes are not loaded: write the turn logic as an environment "
+                "(posttrain.agents.register_environment, docs/agents.md) and name it in a row's agent_name or "
+                "actor_rollout_ref.rollout.agent.default_agent_loop")
+OWN_ENGINE = "posttrain's engine serves the episodes in the training processes; no separate server or manager"
 VL = "vision-language rows are read as the model's own image processor decides (images only, no video)"
 NO_SP = ("sequence parallelism is not supported: each device holds whole sequences (use_dynamic_bsz and gradient "
          "checkpointing bound the memory), and the devices train as FSDP2 data-parallel ranks")
@@ -246,12 +249,13 @@ RULES: list[Rule] = [
          "kernels save"),
 
     # ---- rollout
-    Rule("actor_rollout_ref.rollout.multi_turn.enable", "only", SINGLE_TURN, (False,)),
-    Rule("actor_rollout_ref.rollout.multi_turn.**", "note", SINGLE_TURN),
-    Rule("actor_rollout_ref.rollout.agent.default_agent_loop", "only", SINGLE_TURN, ("single_turn_agent",)),
-    Rule("actor_rollout_ref.rollout.agent.agent_loop_config_path", "only", SINGLE_TURN, (None,)),
-    Rule("actor_rollout_ref.rollout.agent.custom_async_server.*", "only", SINGLE_TURN, (None,)),
-    Rule("actor_rollout_ref.rollout.agent.num_workers", "note", "posttrain generates in the training processes"),
+    Rule("actor_rollout_ref.rollout.multi_turn.interaction_config_path", "only", ENVIRONMENTS, (None,)),
+    Rule("actor_rollout_ref.rollout.multi_turn.completion_callback", "only", ENVIRONMENTS, (None,)),
+    Rule("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", "note", "each prompt's episodes are its "
+         "rollout.n samples"),
+    Rule("actor_rollout_ref.rollout.agent.agent_loop_config_path", "only", ENVIRONMENTS, (None,)),
+    Rule("actor_rollout_ref.rollout.agent.agent_loop_manager_class", "only", OWN_ENGINE, (None,)),
+    Rule("actor_rollout_ref.rollout.agent.custom_async_server.*", "only", OWN_ENGINE, (None,)),
     Rule("actor_rollout_ref.rollout.engine_kwargs.**", "note", ENGINE),
     Rule("actor_rollout_ref.rollout.engine_kwargs", "note", ENGINE),
     Rule("actor_rollout_ref.rollout.checkpoint_engine.**", "note", "posttrain's engine reads the training weights "
@@ -276,7 +280,8 @@ RULES: list[Rule] = [
          "quantized decoding is not supported", (None,)),
     Rule("actor_rollout_ref.rollout.quantization_config_file", "only", "quantized decoding is not supported",
          (None,)),
-    Rule("actor_rollout_ref.rollout.over_sample_rate", "only", "every prompt is sampled rollout.n times", (0, 0.0)),
+    Rule("actor_rollout_ref.rollout.over_sample_rate", "note", "every sample runs to its end: the slowest are "
+         "not cut short, and each prompt keeps its rollout.n samples"),
     Rule("actor_rollout_ref.rollout.skip_rollout", "only", "rollouts are always generated", (False,)),
     Rule("actor_rollout_ref.rollout.enable_rollout_routing_replay", "only", "MoE router replay is not supported",
          (False,)),
@@ -296,7 +301,9 @@ RULES: list[Rule] = [
     Rule("data.return_full_prompt", "note", "scorers receive the raw chat with data.return_raw_chat"),
     Rule("data.return_raw_input_ids", "note", "the reward model reads its own tokenization"),
     Rule("data.tokenizer", "only", "prompts are tokenized with the actor's tokenizer", (None,)),
-    Rule("data.tool_config_path", "only", SINGLE_TURN, (None,)),
+    *[Rule(f"data.{k}", "note", "prompts are encoded with the schemas of the tools of "
+           f"actor_rollout_ref.rollout.multi_turn.{k} (from which this key takes its value in the familiar tree)")
+      for k in ("tool_config_path", "function_tool_path")],
     Rule("data.trust_remote_code", "note", "follows actor_rollout_ref.model.trust_remote_code"),
     Rule("data.use_shm", "note", "data files are read from disk"),
     Rule("data.validation_shuffle", "note", "validation runs over every row in file order"),

@@ -325,6 +325,19 @@ FAMILIAR_CONFIGS = {"ppo_trainer": [], "ppo_megatron_trainer": ["actor_rollout_r
                                                                 "critic.strategy=megatron"]}
 
 
+def familiar_defaults(path: Path, defaults) -> list[str]:
+    """A YAML file's Hydra `defaults` list, when it names only the familiar trees (posttrain's defaults, see
+    hydra_config) and `_self_` (the file's own keys, last when not listed, as Hydra places it); else a ConfigError."""
+    entries = defaults if isinstance(defaults, list) else [defaults]
+    names = [e[:-5] if isinstance(e, str) and e.endswith(".yaml") else e for e in entries]
+    other = [n for n in names if not isinstance(n, str) or n != "_self_" and n not in FAMILIAR_CONFIGS]
+    if other:
+        raise ConfigError(f"config file '{path}' has a Hydra 'defaults' list with {other}; posttrain reads one file "
+                          f"on top of {' or '.join(FAMILIAR_CONFIGS)}: put the other keys in it (or pass them as "
+                          "key=value overrides)")
+    return names if "_self_" in names else [*names, "_self_"]
+
+
 def hydra_config(config_path: str | None, config_name: str | None) -> tuple[str | None, list[str]]:
     """`--config-path/--config-name` of the familiar command lines: the two stock trees are posttrain's defaults
     (the Megatron one with strategy=megatron); another name is a YAML file in config_path."""
@@ -351,11 +364,12 @@ def load_config(config_file: str | None = None, overrides: list[str] | tuple = (
         data = read_yaml(path)
         if not isinstance(data, dict):
             raise ConfigError(f"config file '{path}' must hold a mapping at the top level")
-        if "defaults" in data:
-            raise ConfigError(f"config file '{path}' has a Hydra 'defaults' list; posttrain reads one file: put the "
-                              "keys in it (or pass them as key=value overrides)")
-        for key, value in data.items():
-            load.set(str(key), value)
+        if "hydra" in data:  # Hydra's own settings (searchpath, run dir): there is no Hydra here
+            load.notes.setdefault("Hydra's own settings; posttrain reads this one file", []).append("hydra")
+        own = [(str(key), value) for key, value in data.items() if key not in ("defaults", "hydra")]
+        for entry in familiar_defaults(path, data.get("defaults", ["_self_"])):
+            for key, value in own if entry == "_self_" else [parse_override(o) for o in FAMILIAR_CONFIGS[entry]]:
+                load.set(key, value)
     for item in overrides:
         if not item.strip():
             continue  # an empty argument, e.g. from an unset shell variable

@@ -8,7 +8,7 @@ from .schema.actor_rollout_ref import RolloutConfig
 
 OTHER_ENGINES = ("vllm", "sglang", "trtllm")  # accepted; generation runs on posttrain's engine (a note says so)
 ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "free_cache_engine",
-                    "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill", "mode")
+                    "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")
 
 
 def _layout_note(cfg: Config) -> str | None:
@@ -22,6 +22,19 @@ def _layout_note(cfg: Config) -> str | None:
             "expert parallel have no equivalent here, so those devices shard the model with FSDP2 instead")
 
 
+def _multi_turn_notes(rollout: RolloutConfig) -> list[str]:
+    """Tools that are set up but that no episode will offer."""
+    mt, key = rollout.multi_turn, "actor_rollout_ref.rollout.multi_turn"
+    paths = [k for k in ("tool_config_path", "function_tool_path") if getattr(mt, k) is not None]
+    if paths and not mt.enable:
+        return [f"{key}.{' and '.join(paths)} set, but {key}.enable=False: rollouts are single-turn and offer no "
+                "tools"]
+    if paths and rollout.agent.default_agent_loop == "single_turn_agent":
+        return [f"{key}.{' and '.join(paths)} set with actor_rollout_ref.rollout.agent.default_agent_loop="
+                "single_turn_agent: only rows whose agent_name column names tool_agent call the tools"]
+    return []
+
+
 def config_warnings(cfg: Config) -> list[str]:
     """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
     rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
@@ -31,6 +44,7 @@ def config_warnings(cfg: Config) -> list[str]:
         notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: posttrain generates with its own engine "
                      f"(rollout.name=posttrain); engine-only keys have no effect"
                      + (f" ({', '.join(changed)})" if changed else ""))
+    notes += _multi_turn_notes(rollout)
     layout = _layout_note(cfg)
     if layout:
         notes.append(layout)

@@ -7,6 +7,7 @@ nothing. The loader adds them to the problems of loading and reports all of them
 from __future__ import annotations
 
 from .loader import Problems
+from .multi_turn import check_multi_turn
 from .normalise import normalise
 from .notes import OTHER_ENGINES
 from .schema import Config
@@ -157,6 +158,8 @@ def _validate(cfg: Config, check: Checks) -> None:
     check(rollout.temperature >= 0, "actor_rollout_ref.rollout.temperature must be >= 0")
     check(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p must lie in (0, 1]")
     check(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n must be >= 1")
+    check.choice(rollout.mode, ("async", "sync"), "actor_rollout_ref.rollout.mode")
+    check_multi_turn(cfg, check)
 
     # ---- data
     check.choice(d.truncation, ("error", "left", "right", "middle"), "data.truncation")

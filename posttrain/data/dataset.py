@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from .rows import (DataError, RowNotes, data_source_of, extra_info_of, ground_truth_of, missing_column,
-                   prompt_messages)
+from .rows import (DataError, RowNotes, agent_name_of, data_source_of, extra_info_of, ground_truth_of, missing_column,
+                   prompt_messages, with_tools_kwargs)
 
 
 def _as_list(files) -> list[str]:
@@ -22,6 +22,17 @@ def layout_row(data_source: str, user_text: str, ground_truth: str, extra_info: 
     """One row of the RL data layout (DESIGN.md): a single user turn scored by the rule scorer of ``data_source``."""
     return {"data_source": data_source, "prompt": [{"role": "user", "content": user_text}], "ability": ability,
             "reward_model": {"style": "rule", "ground_truth": ground_truth}, "extra_info": extra_info}
+
+
+def tool_agent_row(data_source: str, system: str, user_text: str, ground_truth: str, extra_info: dict, tool: str,
+                   ability: str = "math") -> dict:
+    """One row of the tool-agent layout (verl's): a system turn offering `tool`, the question, episodes run by the
+    `tool_agent` environment, and the ground truth given to the tool when its episode's instance is created."""
+    return {"data_source": data_source, "agent_name": "tool_agent",
+            "prompt": [{"role": "system", "content": system}, {"role": "user", "content": user_text}],
+            "ability": ability, "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": {**extra_info, "need_tools_kwargs": True,
+                           "tools_kwargs": {tool: {"create_kwargs": {"ground_truth": ground_truth}}}}}
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
@@ -84,19 +95,38 @@ def check_chat_template(tokenizer, missing: str, option: str) -> None:
 
 
 def encode_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None = None,
-                  where: str = "a prompt") -> list[int]:
-    """Token ids of the chat template applied to `messages` (with the generation prompt); without a template, the
-    contents joined by newlines (check_chat_template decides whether that is allowed)."""
+                  where: str = "a prompt", tools: list[dict] | None = None) -> list[int]:
+    """Token ids of the chat template applied to `messages` (with the generation prompt, and the tool schemas
+    `tools` where given); without a template, the contents joined by newlines (check_chat_template decides whether
+    that is allowed)."""
     if getattr(tokenizer, "chat_template", None):
         try:
             ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                **(template_kwargs or {}))
+                                                **({"tools": tools} if tools else {}), **(template_kwargs or {}))
         except Exception as e:  # jinja errors of a template that rejects this conversation (e.g. a system turn)
             raise DataError(f"{where}: the tokenizer's chat template failed on this row "
                             f"({type(e).__name__}: {e})") from None
         ids = ids["input_ids"] if hasattr(ids, "keys") else ids
         return list(ids)
     return tokenizer("\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
+
+
+def check_tools_template(tokenizer, tools: list[dict], template_kwargs: dict, processor) -> str | None:
+    """Tool schemas reach the policy through the chat template's `tools=`: an error without a template or with
+    images (episodes are text-only), and a note (returned) when the template renders the same prompt without them."""
+    if processor is not None:
+        raise DataError("tools are offered to text-only models: multi-turn episodes do not carry image inputs")
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("tools are offered through the chat template's tools=, and the tokenizer has none; give a "
+                        "tokenizer whose chat template renders tools (e.g. Qwen2.5's)")
+    def render(**with_tools) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True,
+                                             tokenize=False, **with_tools, **template_kwargs)
+
+    if render(tools=tools) == render():
+        return ("the tokenizer's chat template does not render tools=: the tool schemas do not reach the policy, "
+                "only what the prompts say about the tools")
+    return None
 
 
 def encode_with_images(processor, messages: list[dict], images, where: str, image_key: str,
@@ -139,6 +169,7 @@ class PromptItem:
     extra_info: dict = field(default_factory=dict)
     raw_prompt: list | None = None
     images: dict | None = None  # the model's image inputs of this prompt (pixel_values, image_grid_thw)
+    agent_name: str | None = None  # the environment of this prompt's episodes (the row's agent_name column)
 
 
 class RLDataset:
@@ -146,10 +177,16 @@ class RLDataset:
 
     def __init__(self, files, tokenizer, *, prompt_key="prompt", reward_fn_key="data_source", max_prompt_length=512,
                  filter_overlong_prompts=False, truncation="error", return_raw_chat=False, image_key="images",
-                 max_samples=-1, apply_chat_template_kwargs=None, missing_chat_template="error", processor=None):
-        """`processor`: a vision-language model's VisionProcessor (models/vision.py); rows with images need one."""
+                 max_samples=-1, apply_chat_template_kwargs=None, missing_chat_template="error", processor=None,
+                 tools=None, agent_names=None):
+        """`processor`: a vision-language model's VisionProcessor (models/vision.py); rows with images need one.
+        `tools`: the JSON schemas of the tools multi-turn episodes offer; prompts are encoded with them (the chat
+        template's `tools=`), so prompt lengths and the overlong filter count them as the policy will see them.
+        `agent_names`: the environments a run has (registered ones); a row's agent_name must be one of them."""
         self.items: list[PromptItem] = []
         self.processor = processor
+        self.tools = list(tools) if tools else None
+        self.agent_names = sorted(agent_names) if agent_names is not None else None
         self.template_kwargs = dict(apply_chat_template_kwargs or {})
         self.num_filtered = 0
         self.row_notes = RowNotes()
@@ -157,6 +194,7 @@ class RLDataset:
         if not paths:
             raise DataError("no data files given (data.train_files / data.val_files)")
         check_chat_template(tokenizer, missing_chat_template, "data.missing_chat_template")
+        tools_note = self.tools and check_tools_template(tokenizer, self.tools, self.template_kwargs, processor)
         shortest, seen = None, 0
         for path in paths:
             for i, row in enumerate(read_rows(path)):
@@ -176,7 +214,7 @@ class RLDataset:
                                     "data.filter_overlong_prompts=True")
                 item.prompt_ids = truncate(item.prompt_ids, max_prompt_length, truncation, where)
                 self.items.append(item)
-        self.notes = self.row_notes.messages()
+        self.notes = self.row_notes.messages() + ([tools_note] if tools_note else [])
         if filter_overlong_prompts:
             self.notes.insert(0, f"data.filter_overlong_prompts dropped {self.num_filtered} of {seen} rows of "
                                  f"{paths} (prompts longer than data.max_prompt_length={max_prompt_length} tokens)")
@@ -195,7 +233,7 @@ class RLDataset:
         if not isinstance(reward, dict) or "ground_truth" not in reward:
             raise DataError(f"{where}: column 'reward_model' must be a struct with 'ground_truth', got {reward!r:.80}")
         messages = prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'")
-        extra_info = extra_info_of(row.get("extra_info"), where)
+        extra_info = with_tools_kwargs(extra_info_of(row.get("extra_info"), where), where)
         data_source = data_source_of(row[reward_fn_key], where, reward_fn_key)
         truth = ground_truth_of(reward["ground_truth"], where, self.row_notes)
         if return_raw_chat:  # scorers see the conversation, e.g. to grade with their own template
@@ -205,9 +243,10 @@ class RLDataset:
             ids, images = encode_with_images(self.processor, messages, row.get(image_key), where, image_key,
                                              self.template_kwargs)
         else:
-            ids = encode_prompt(tokenizer, messages, self.template_kwargs, where)
+            ids = encode_prompt(tokenizer, messages, self.template_kwargs, where, self.tools)
         return PromptItem(prompt_ids=ids, data_source=data_source, ground_truth=truth, extra_info=extra_info,
-                          raw_prompt=messages, images=images)  # raw_prompt: for the reward model's own template
+                          raw_prompt=messages, images=images,  # raw_prompt: for the reward model's own template
+                          agent_name=agent_name_of(row.get("agent_name"), where, self.agent_names))
 
     def __len__(self) -> int:
         return len(self.items)

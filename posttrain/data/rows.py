@@ -63,6 +63,32 @@ def data_source_of(value: Any, where: str, column: str) -> str:
                     f"'openai/gsm8k'), got {value!r:.60}")
 
 
+def agent_name_of(value: Any, where: str, known: list[str] | None = None) -> str | None:
+    """The `agent_name` cell (which environment runs the row's episodes): a name (one of `known`, where given), or
+    None when absent or null."""
+    if value is None or isinstance(value, float) and math.isnan(value):
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}, column 'agent_name': expected the name of an environment (e.g. 'tool_agent') or "
+                        f"null, got {value!r:.60}")
+    if known is not None and value not in known:
+        raise DataError(f"{where}, column 'agent_name': no environment is registered as {value!r} (registered: "
+                        f"{', '.join(known)})")
+    return value
+
+
+def with_tools_kwargs(extra_info: dict, where: str) -> dict:
+    """extra_info with its `tools_kwargs` ({tool name: {create_kwargs, ...}}) checked; the entries a parquet struct
+    column pads with null for tools this row does not name are dropped."""
+    kwargs = extra_info.get("tools_kwargs")
+    if kwargs is None:
+        return extra_info
+    if not isinstance(kwargs, dict) or not all(isinstance(v, dict) for v in kwargs.values() if v is not None):
+        raise DataError(f"{where}, column 'extra_info': 'tools_kwargs' must map each tool name to its arguments "
+                        f"({{'calc_gsm8k_reward': {{'create_kwargs': {{...}}}}}}), got {kwargs!r:.80}")
+    return {**extra_info, "tools_kwargs": {name: v for name, v in kwargs.items() if v is not None}}
+
+
 class RowNotes:
     """Things worth saying about a data set once: how many rows, and the first file and row."""
 

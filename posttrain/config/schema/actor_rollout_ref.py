@@ -206,11 +206,66 @@ class ValKwargsConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    enable: bool = False
+    """True: each sample is an episode (docs/agents.md): the policy writes a turn, the row's environment (its
+    `agent_name` column, else `agent.default_agent_loop`) answers with tool results or a user message, and the policy
+    goes on from the tokens it sampled, until a turn without a tool call, a turn limit below, or
+    `data.max_response_length`, which counts every token after the prompt (the episode is then truncated, counted).
+    `response_mask` is 1 on the policy's tokens only. Runs on posttrain's engine (not `rollout.name=hf`), with
+    text-only models"""
+    max_assistant_turns: Optional[int] = None
+    """most assistant (policy) turns of an episode; null = no limit but the response budget"""
+    max_user_turns: Optional[int] = None
+    """most turns the environment answers in an episode (tool results or a user message); null = no limit but the
+    response budget"""
+    max_parallel_calls: int = 1
+    """most tool calls of one assistant turn that are run (concurrently, each within `tool_timeout_s`)"""
+    max_tool_response_length: int = 256
+    """a tool result longer than this many characters is cut (`tool_response_truncate_side`) before it is appended"""
+    tool_response_truncate_side: str = "middle"
+    """which side of a long tool result is cut, as in verl: `left` (the end is kept), `right` (the start is kept) or
+    `middle` (half the length from each end is kept); a marker says it was truncated"""
+    tool_config_path: Optional[str] = None
+    """YAML of stateful tools (`tools: - class_name, config, tool_schema`; one instance per episode, created with the
+    row's `extra_info.tools_kwargs`); verl's example tool class names resolve to posttrain's built-ins"""
+    function_tool_path: Optional[str] = None
+    """Python file of plain functions decorated with `posttrain.tools.function_tool` (schema from the signature and
+    docstring); may be set together with `tool_config_path` (a name in both is an error)"""
+    format: str = "hermes"
+    """how tool calls are written in the policy's text: `hermes`, the only format
+    (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as the Qwen2.5 / Qwen3 chat templates write them)"""
+    use_inference_chat_template: bool = False
+    """False (the only value): the policy continues from exactly the tokens it sampled, reasoning included, and only
+    the appended messages are tokenized; True (re-rendering earlier turns with the chat template, which may drop
+    their reasoning) is rejected"""
+    tokenization_sanity_check_mode: str = "strict"
+    """at an episode's end, compare its tokens with the chat template's rendering of its whole conversation:
+    `strict` (any difference), `ignore_strippable` (differences in whitespace only are ignored) or `disable`; a
+    mismatch is counted in `agent/tokenization_mismatch`, and training goes on with the sampled tokens"""
+    tool_timeout_s: float = 30.0
+    """time limit of one tool call in seconds (posttrain's key); a call past it returns a timeout message to the
+    policy and is counted in `agent/tool_errors`"""
+
+
+@dataclass
+class AgentConfig:
+    default_agent_loop: str = "single_turn_agent"
+    """the environment of rows without an `agent_name` column (or with it null): `single_turn_agent` (the episode
+    ends after the first turn), `tool_agent` (the multi_turn tools), or a name registered with
+    `posttrain.agents.register_environment` (checked when the run starts). Another value than `single_turn_agent`
+    needs `multi_turn.enable=True`"""
+    num_workers: int = 8
+    """threads per process that run environment steps (tool calls among them) while the other episodes decode"""
+
+
+@dataclass
 class RolloutConfig:
     name: str = "posttrain"
     """`posttrain` or `hf`; `vllm`/`sglang` are accepted and run on `posttrain` (see above)"""
-    mode: str = "sync"
-    """engine-only"""
+    mode: str = "async"
+    """`async` or `sync`, the same here: posttrain's engine decodes the step's live samples together, and an episode
+    whose tools are running leaves the batch and rejoins when they answer, either way"""
     n: int = 1
     """samples per prompt"""
     temperature: float = 1.0
@@ -262,6 +317,8 @@ class RolloutConfig:
     enable_chunked_prefill: bool = True
     """engine-only (see above)"""
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 @dataclass

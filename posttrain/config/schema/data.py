@@ -35,7 +35,8 @@ class DataConfig:
     truncation: str = "error"
     """too-long prompt: `error` (names file and row), `left`, `right`, `middle`"""
     return_raw_chat: bool = False
-    """pass the chat messages to scorers as `extra_info["raw_prompt"]`"""
+    """pass the chat messages to scorers as `extra_info["raw_prompt"]`. Multi-turn episodes start from the row's
+    messages either way (verl's agent loop needs it True)"""
     image_key: str = "images"
     """column holding a row's images (a list of bytes, {"bytes", "path"} structs or paths), one per `<image>` in the
     prompt; needs a vision-language model (its processor makes the image tokens)"""

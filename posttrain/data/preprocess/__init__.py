@@ -110,7 +110,7 @@ def _prepare_images(name: str, source, output_dir, fmt: str) -> dict[str, tuple[
 
 
 def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: str | Path | None = None,
-            fmt: str = "parquet", *, quiet: bool = True) -> dict[str, tuple[Path | None, int]]:
+            fmt: str = "parquet", *, tools: bool = False, quiet: bool = True) -> dict[str, tuple[Path | None, int]]:
     """Convert dataset `name` ("gsm8k", "math", or "code": the bundled code problems) and write `<split>.parquet`
     (fmt="jsonl": `.jsonl`; "both": both).
 
@@ -118,12 +118,16 @@ def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: 
     {split: (path written, rows)}. A split whose original file does not exist is listed as (None, 0) so the absence
     is visible: MATH-500 is a test set only, so "math" yields test rows and `train: (None, 0)`. With fmt="both" the
     path is the parquet file; the jsonl file lies beside it. `quiet=False` shows a progress bar (a unit per split
-    read and per split written).
+    read and per split written). `tools=True` (gsm8k, math) writes the tool-agent layout instead (agent_name
+    `tool_agent`, a system prompt offering the tool: TOOL_SYSTEM in gsm8k.py and math.py, extra_info.tools_kwargs),
+    by default to `data/<name>_tools`.
     """
     if name not in DATASET_DIRS and name not in EXTRA_DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of {sorted([*DATASET_DIRS, *EXTRA_DATASETS])}")
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}; choose one of {list(FORMATS)}")
+    if tools and name not in DATASET_DIRS:
+        raise ValueError(f"the tool-agent layout (--tools) is written for {sorted(DATASET_DIRS)}, not {name!r}")
     if name in ("geo3k", "visual-count"):
         return _prepare_images(name, input_dir_or_file, output_dir, fmt)
     if name == "code":
@@ -159,12 +163,12 @@ def prepare(name: str, input_dir_or_file: str | Path | None = None, output_dir: 
         from .math import convert
 
     files = _split_files(name, source)
-    out_dir = Path(output_dir) if output_dir is not None else Path("data") / name
+    out_dir = Path(output_dir) if output_dir is not None else Path("data") / (f"{name}_tools" if tools else name)
     summary: dict[str, tuple[Path | None, int]] = {}
     with ProgressBar(f"prepare {name}", 2 * len(files), unit="stages", enabled=not quiet, stderr=True) as bar:
         converted = {}
         for split, path in files.items():  # all parsed before anything is written
-            converted[split] = convert(path, split)
+            converted[split] = convert(path, split, tools)
             bar.advance()
         out_dir.mkdir(parents=True, exist_ok=True)
         for split in SPLITS:

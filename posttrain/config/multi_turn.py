@@ -1,0 +1,106 @@
+"""Checks of multi-turn episodes' settings (actor_rollout_ref.rollout.multi_turn.* and agent.*) when the config
+loads: the values the episode loop runs with, the tool files it will read, and the settings it does not run with."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import yaml
+
+from .schema import Config
+
+
+def check_multi_turn(cfg: Config, check) -> None:
+    """Add each problem to `check` (validate.Checks). Environment names beyond their form are checked when the run
+    starts: config sits beside agents in the layers, so it cannot read the registry."""
+    rollout = cfg.actor_rollout_ref.rollout
+    mt, agent, key = rollout.multi_turn, rollout.agent, "actor_rollout_ref.rollout.multi_turn"
+    for name in ("max_assistant_turns", "max_user_turns"):
+        value = getattr(mt, name)
+        check(value is None or value >= 1, f"{key}.{name}={value} must be >= 1 (or null: no limit)", "wrong values")
+    for name in ("max_parallel_calls", "max_tool_response_length"):
+        check(getattr(mt, name) >= 1, f"{key}.{name}={getattr(mt, name)} must be >= 1", "wrong values")
+    check(mt.tool_timeout_s > 0, f"{key}.tool_timeout_s={mt.tool_timeout_s} must be positive (seconds per tool call)",
+          "wrong values")
+    check(agent.num_workers >= 1, f"actor_rollout_ref.rollout.agent.num_workers={agent.num_workers} must be >= 1",
+          "wrong values")
+    check.choice(mt.tool_response_truncate_side, ("left", "right", "middle"), f"{key}.tool_response_truncate_side")
+    check.choice(mt.tokenization_sanity_check_mode, ("strict", "ignore_strippable", "disable"),
+                 f"{key}.tokenization_sanity_check_mode")
+    check.unsupported(mt.format == "hermes", f"{key}.format={mt.format!r}: posttrain parses tool calls in the hermes "
+                                             'format only (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, '
+                                             "as the Qwen2.5 / Qwen3 chat templates write them); set format=hermes")
+    check.unsupported(not mt.use_inference_chat_template,
+                      f"{key}.use_inference_chat_template=True: posttrain's episodes go on from exactly the tokens "
+                      "the policy sampled (only appended messages are tokenized), never a re-rendered conversation; "
+                      "set it to False")
+    check(isinstance(agent.default_agent_loop, str) and bool(agent.default_agent_loop.strip()),
+          "actor_rollout_ref.rollout.agent.default_agent_loop must name an environment (single_turn_agent, "
+          "tool_agent or a registered one)", "wrong values")
+    for name in ("tool_config_path", "function_tool_path"):
+        path = getattr(mt, name)
+        if path is not None:
+            problem = tool_file_problem(str(path), name)
+            check(problem is None, f"{key}.{name}: {problem}", "files, models and packages")
+    if not mt.enable:
+        check(agent.default_agent_loop == "single_turn_agent",
+              f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop} runs multi-turn "
+              f"episodes, which need {key}.enable=True (or default_agent_loop=single_turn_agent)")
+        return
+    check(rollout.name != "hf", f"{key}.enable=True runs episodes on posttrain's engine, which keeps each episode's "
+                                "keys and values between its turns; rollout.name=hf (transformers' generate) "
+                                "cannot: set rollout.name=posttrain")
+    vision = vision_model(cfg.actor_rollout_ref.model.path)
+    check.unsupported(not vision, f"{key}.enable=True with the vision-language model "
+                                  f"{cfg.actor_rollout_ref.model.path}: episodes are text-only (tool results are "
+                                  "appended as text, and image inputs are not carried across turns)")
+
+
+def tool_file_problem(path: str, name: str) -> str | None:
+    """What keeps a tool file from loading, found by reading it (nothing is imported or run), or None."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"'{path}' does not exist (or is not a file)"
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        return f"{file} cannot be read as text ({e})"
+    if name == "function_tool_path":
+        try:
+            ast.parse(text, filename=str(file))
+        except SyntaxError as e:
+            return f"{file} is not valid Python (line {e.lineno}: {e.msg})"
+        return None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        return f"{file} is not valid YAML ({getattr(e, 'problem', None) or e})"
+    tools = data.get("tools") if isinstance(data, dict) else None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("class_name") for t in tools):
+        return (f"{file} must hold a list `tools:` whose entries each have a class_name (and config, tool_schema), "
+                "as verl's tool YAML files do")
+    return None
+
+
+def vision_model(path) -> bool:
+    """Whether the model's config.json (a local folder, or a hub id already in the cache) describes a
+    vision-language model; False when it cannot be read without downloading (the model is not loaded here)."""
+    if not path:
+        return False
+    local = Path(str(path)).expanduser() / "config.json"
+    if not local.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(str(path), "config.json")
+        except Exception:  # noqa: BLE001 - not a hub id: sources.py names the bad path
+            return False
+        if not isinstance(cached, str):
+            return False
+        local = Path(cached)
+    try:
+        return json.loads(local.read_text(encoding="utf-8")).get("vision_config") is not None
+    except (OSError, ValueError, AttributeError):
+        return False
