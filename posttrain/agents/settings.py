@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 
 @dataclass(frozen=True)
 class AgentSettings:
@@ -29,12 +31,18 @@ class AgentSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "AgentSettings":
+        from .environment import ENVIRONMENTS
+
         rollout = cfg.actor_rollout_ref.rollout
         mt, agent = rollout.multi_turn, rollout.agent
+        if agent.default_agent_loop not in ENVIRONMENTS:
+            raise ConfigError(f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop!r}: no "
+                              f"such environment (registered: {', '.join(sorted(ENVIRONMENTS))}); an environment of "
+                              "your own joins with posttrain.agents.environment.register_environment")
         return cls(format=mt.format, max_assistant_turns=mt.max_assistant_turns, max_user_turns=mt.max_user_turns,
                    max_parallel_calls=mt.max_parallel_calls, max_tool_response_length=mt.max_tool_response_length,
                    tool_response_truncate_side=mt.tool_response_truncate_side, tool_config_path=mt.tool_config_path,
                    function_tool_path=mt.function_tool_path,
                    tokenization_sanity_check_mode=mt.tokenization_sanity_check_mode,
                    default_agent_loop=agent.default_agent_loop, num_workers=agent.num_workers,
-                   tool_timeout_s=getattr(mt, "tool_timeout_s", 30.0))
+                   tool_timeout_s=mt.tool_timeout_s)

@@ -63,18 +63,20 @@ def response_texts(tokenizer, batch: Batch) -> list[str]:
 
 def scorer_extra_info(batch: Batch) -> list:
     """The rows' `extra_info`; for multi-turn episodes (meta `episode`) each a copy with the episode's conversation
-    added as `messages`, so a scorer can read tool calls and results (the row's own dict is left unchanged)."""
+    added as `messages`, so a scorer can read tool calls and results, and the tools' rewards as `tool_reward`
+    (recorded, not added to the reward: a scorer that wants them adds them). The row's own dict is left unchanged."""
     infos = batch.meta["extra_info"]
     episodes = batch.meta.get("episode")
     if episodes is None:
         return infos
-    return [info if ep is None else {**(info or {}), "messages": list(ep.messages)}
+    return [info if ep is None else {**(info or {}), "messages": list(ep.messages),
+                                     "tool_reward": ep.metrics.get("tool_reward", 0.0)}
             for info, ep in zip(infos, episodes)]
 
 
 def place_reward(batch: Batch, scores: torch.Tensor, extras: dict[str, list], overlong, log_overlong: bool):
     """token_level_scores (B, L): each row's `scores` plus, for a multi-turn episode, its `env_reward` (the
-    environment's and tools' rewards, meta `env_reward`), plus DAPO's overlong shaping of the response's length
+    environment's rewards, meta `env_reward`), plus DAPO's overlong shaping of the response's length
     (every token after the prompt), on the row's last policy token (the last where response_mask is 1; a row
     without one gets nothing). Adds `env_reward` / `overlong_penalty` to `extras` when they apply."""
     mask = batch["response_mask"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from ..agents.episode_log import episodes_file, write_episodes
+from ..agents.metrics import episode_metrics
 from ..agents.rollout import run_episodes
 from ..algo import compute_advantage
 from ..algo.kl import apply_kl_in_reward, kl_penalty
@@ -165,6 +167,8 @@ class RLTrainer:
         timing = {}
         t_step = time.perf_counter()
         batch, metrics = self._training_batch(timing)
+        if "episode" in batch.meta:
+            metrics |= episode_metrics(batch.meta["episode"])
         metrics |= self.learn(batch, timing)
         timing["step"] = time.perf_counter() - t_step
         metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
@@ -274,10 +278,11 @@ class RLTrainer:
                     batch = self._rollout(prompts, self.parts.val_sampling)
                     _, extras = self.parts.rule_reward(batch)
                     m = batch.meta
+                    episodes = m.get("episode") or [None] * len(batch)
                     mine = [(ds, uid, s, _answer(ds, t), {"data_source": ds, "ground_truth": str(gt), "response": t,
-                                                          "score": s})
-                            for ds, uid, gt, t, s in zip(m["data_source"], m["uid"], m["ground_truth"],
-                                                         extras["response_text"], extras["score"])]
+                                                          "score": s}, ep)
+                            for ds, uid, gt, t, s, ep in zip(m["data_source"], m["uid"], m["ground_truth"],
+                                                             extras["response_text"], extras["score"], episodes)]
                 records += [r for part in self.par.gather(mine) for r in part]
         out = validation_metrics([r[0] for r in records], [r[1] for r in records], [r[2] for r in records],
                                  [r[3] for r in records])
@@ -286,6 +291,12 @@ class RLTrainer:
         if self.par.is_main and tr.log_val_generations:
             for s in samples[: tr.log_val_generations]:
                 print(f"[val] score={s['score']:.2f} truth={s['ground_truth']!r} response={s['response'][:200]!r}")
+        episodes = [(r[5], r[2]) for r in records if r[5] is not None]
+        if episodes:
+            out |= {f"val-{k}": v for k, v in episode_metrics([e for e, _ in episodes]).items()}
+            if self.par.is_main:  # the validation episodes, readable with `posttrain episodes RUN_DIR`
+                write_episodes(episodes_file(self.parts.run_dir, self.global_step), [e for e, _ in episodes],
+                               [s for _, s in episodes], self.parts.tokenizer)
         if self.par.is_main and tr.validation_data_dir:
             path = Path(tr.validation_data_dir) / f"{self.global_step}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,9 @@ from ..roles.judge_model import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
 from ..rollout.base import SamplingParams
+from ..agents.environment import ENVIRONMENTS
 from ..agents.loop import EpisodeRunner
+from ..agents.tool_agent import toolbox_for
 from ..agents.settings import AgentSettings
 from ..rollout.registry import build_engine
 from .recovery import check_run_dir, clear_run_dir
@@ -270,6 +272,9 @@ def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
                        return_raw_chat=d.return_raw_chat, image_key=d.image_key,
                        apply_chat_template_kwargs=d.apply_chat_template_kwargs,
                        missing_chat_template=d.missing_chat_template, processor=processor)
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # prompts rendered with the tools episodes offer
+        data_kwargs |= dict(tools=toolbox_for(AgentSettings.from_config(cfg)).schemas() or None,
+                            agent_names=ENVIRONMENTS)
     train = RLDataset(d.train_files, tokenizer, max_samples=d.train_max_samples, **data_kwargs)
     val = RLDataset(d.val_files, tokenizer, max_samples=d.val_max_samples, **data_kwargs) if d.val_files else None
     for data in (train, val):
