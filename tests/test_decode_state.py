@@ -145,6 +145,39 @@ def test_an_extended_sequence_samples_as_its_whole_text_from_scratch(lm, tiny_to
     assert_same(run, 0, *reference(lm, whole, 8, torch.Generator(engine.device).manual_seed(2)), skip=4)
 
 
+def test_parked_sequences_resumed_together_decode_as_their_whole_texts_from_scratch(lm, tiny_tokenizer,
+                                                                                    monkeypatch):
+    """Three sequences of different lengths are parked at different steps (episodes waiting for their tools) while
+    the fourth decodes on; then all three resume in one forward with appended tokens of different counts (their
+    pasts and appended tokens padded inside one call) and decode 6 more: each gives the greedy tokens and
+    log-probs of its whole text decoded from scratch, and the fourth those of its prompt decoded without a pause.
+    Eager mode (parking is how multi-turn episodes run, and they decode eagerly)."""
+    engine, lm = engine_for("eager", lm, tiny_tokenizer, monkeypatch)
+    texts = [[5, 17, 33, 2, 9, 41], [71, 8, 12], [30, 2, 7, 7, 61], [9, 23]]
+    prompts, mask = left_padded(texts, tiny_tokenizer.pad_token_id)
+    run = Run(engine, lm)
+    with torch.no_grad():
+        logits, state = engine.start(lm, prompts, mask, 1, 20, share_prefix=False)
+        run.logits, run.state = logits, state
+        parked = {}
+        for steps, seq_id in ((2, 0), (3, 2), (1, 1)):
+            run.steps(steps)
+            others = run.state.ids != seq_id
+            parked[seq_id] = engine.park(run.state, seq_id)
+            run.logits = run.logits[others]
+        appended = {0: [44, 3, 19], 1: [8], 2: [12, 12, 40, 5, 6]}
+        back = [(i, parked[i], torch.tensor(appended[i])) for i in (2, 0, 1)]
+        more = engine.resume_many(lm, run.state, back, max_new=6)
+        run.logits = torch.cat([run.logits, more])
+        run.steps(6)
+    assert run.state.ids.tolist() == [3, 2, 0, 1]
+    for i in (0, 1, 2):
+        own = len(run.tokens[i]) - 6
+        whole = texts[i] + run.tokens[i][:own] + appended[i]
+        assert_same(run, i, *reference(lm, whole, 6), skip=own)
+    assert_same(run, 3, *reference(lm, texts[3], 12))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_sequences_joining_and_leaving_mid_run_leave_the_others_alone(lm, tiny_tokenizer, mode, monkeypatch):
     """Prompts A and B (two samples each) decode 3 tokens; A's rows are removed and a longer prompt C joins (its

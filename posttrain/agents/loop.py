@@ -125,14 +125,16 @@ class EpisodeRunner:
                                            return_when=futures.FIRST_COMPLETED)
                     now = time.monotonic()
                     late = [f for f in waiting if f not in done and now - waiting[f][2] > self.settings.step_timeout_s]
+                    back = []
                     for f in list(done) + late:
                         e, past, _ = waiting.pop(f)
                         appended = self._answer(episodes[e], f)
-                        if appended is None:
-                            continue
-                        last = episodes[e].tokens[-len(appended) - 1]  # the turn's end-of-turn token, not in `past`
-                        more = engine.resume(model, state, e, past, torch.tensor([last] + appended),
-                                             budget - len(episodes[e].tokens))
+                        if appended is not None:
+                            last = episodes[e].tokens[-len(appended) - 1]  # the turn's end token, not in `past`
+                            back.append((e, past, torch.tensor([last] + appended)))
+                    if back:  # the episodes whose environments answered rejoin together: one forward
+                        more = engine.resume_many(model, state, back,
+                                                  max(budget - len(episodes[e].tokens) for e, _, _ in back))
                         logits = torch.cat([logits, more.to(logits.dtype)])
         for ep in episodes:
             ep.done = True

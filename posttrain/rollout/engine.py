@@ -164,13 +164,16 @@ class DecodeEngine(RolloutEngine):
         """A parked sequence (`past`, from `park`) rejoins the batch after `tokens` (T,) appended to it; only those
         T tokens are computed. It becomes the last row, decoding for up to `max_new` steps; its logits after the
         last appended token (1, V)."""
-        keys, values = past
+        return self.resume_many(model, state, [(seq_id, past, tokens)], max_new)
+
+    def resume_many(self, model, state: DecodeState, parked: list[tuple[int, object, torch.Tensor]],
+                    max_new: int) -> torch.Tensor:
+        """`resume` for several parked sequences (seq_id, past, tokens) in one forward: they become the last rows,
+        in order; their logits (k, V)."""
         with self._prefilling(model):
-            logits, keys, values = prefill_after(_forward(model), model.config, keys, values,
-                                                 tokens.to(self.device)[None])
-        length = keys[0].shape[2]
-        state.add(keys, values, torch.ones(1, length, dtype=torch.long, device=self.device),
-                  torch.tensor([seq_id]), max_new, first_row_only=True)
+            logits, keys, values, mask = prefill_after(_forward(model), model.config, [p for _, p, _ in parked],
+                                                       [t.to(self.device) for _, _, t in parked])
+        state.add(keys, values, mask, torch.tensor([i for i, _, _ in parked]), max_new, first_row_only=True)
         return logits
 
     @contextlib.contextmanager

@@ -2,8 +2,8 @@
 
 Two cases: prompts (`prefill`), in buckets of similar length, not all padded to the longest (padding to the batch's
 longest prompt is ~40% of a GSM8K batch's positions); and tokens appended to one sequence whose keys and values
-are already computed (`prefill_after`: a tool's output returned into a multi-turn episode), where only the
-appended tokens are computed.
+are already computed (`prefill_after`: tools' outputs returned into multi-turn episodes, several sequences in one
+call), where only the appended tokens are computed.
 """
 
 from __future__ import annotations
@@ -68,17 +68,28 @@ def prefill(forward, config, prompts: torch.Tensor, mask: torch.Tensor, call_cos
     return logits, keys, values
 
 
-def prefill_after(forward, config, keys: list[torch.Tensor], values: list[torch.Tensor], tokens: torch.Tensor):
-    """Tokens (1, T) appended to one sequence whose per-layer keys and values (1, kv_heads, L, head_dim) are given:
-    the last appended token's logits (1, V) and the sequence's keys and values now (1, kv_heads, L + T,
-    head_dim). Only the T appended positions are computed."""
+def prefill_after(forward, config, pasts: list[tuple[list[torch.Tensor], list[torch.Tensor]]],
+                  tokens: list[torch.Tensor]):
+    """Tokens `tokens[i]` (T_i,) appended to sequence i, whose per-layer keys and values (1, kv_heads, L_i,
+    head_dim) are `pasts[i]`: one forward computing only the appended positions. Returns the last appended token's
+    logits (k, V), per layer the sequences' keys and values now (k, kv_heads, P + T, head_dim), and their mask
+    (k, P + T): each row is its past left-padded to the longest past P, then its tokens left-padded to the longest
+    T (padding holds zeros, masked; a row's real positions are its L_i + T_i tokens, in order)."""
     from transformers import DynamicCache
 
+    pad = torch.nn.functional.pad
+    device = tokens[0].device
+    lengths = [k[0].shape[2] for k, _ in pasts]
+    counts = [len(t) for t in tokens]
+    P, T = max(lengths), max(counts)
     cache = DynamicCache(config=config)
-    for layer, (k, v) in enumerate(zip(keys, values)):
-        cache.update(k, v, layer)
-    past, new = keys[0].shape[2], tokens.shape[1]
-    mask = torch.ones(1, past + new, dtype=torch.long, device=tokens.device)
-    positions = torch.arange(past, past + new, device=tokens.device)[None]
-    logits, cache = _call(forward, config, tokens, mask, positions, cache)
-    return logits, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers]
+    for layer in range(len(pasts[0][0])):
+        keys = torch.cat([pad(k[layer], (0, 0, P - n, 0)) for (k, _), n in zip(pasts, lengths)])
+        values = torch.cat([pad(v[layer], (0, 0, P - n, 0)) for (_, v), n in zip(pasts, lengths)])
+        cache.update(keys, values, layer)
+    ids = torch.stack([pad(t, (T - c, 0)) for t, c in zip(tokens, counts)])
+    mask = torch.tensor([[0] * (P - n) + [1] * n + [0] * (T - c) + [1] * c for n, c in zip(lengths, counts)],
+                        dtype=torch.long, device=device)
+    positions = torch.stack([torch.arange(T, device=device) + n - (T - c) for n, c in zip(lengths, counts)])
+    logits, cache = _call(forward, config, ids, mask, positions.clamp(min=0), cache)
+    return logits, [layer.keys for layer in cache.layers], [layer.values for layer in cache.layers], mask
