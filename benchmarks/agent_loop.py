@@ -3,7 +3,8 @@
     python benchmarks/agent_loop.py [--models S,M] [--prompts 16] [--n 4] [--tool-ms 50] [--tool-turns 3]
                                     [--turn-tokens 32] [--budget 512] [--repeats 2] [--workdir DIR]
 
-Workload: the random Qwen2 models S and M of grpo_step.py (same tokenizer, GSM8K questions as prompts), fp32,
+Workload: the random Qwen2 models S and M of grpo_step.py (same tokenizer; GSM8K questions after a system message
+offering a tool, as a tool agent's prompt reads — about 300 tokens of prompt), fp32,
 `--prompts` x `--n` episodes sampled at temperature 1. Every turn of the policy ends on an end-of-turn token; with
 random weights the sampled tokens are near uniform, so the end-of-turn set is every `--turn-tokens`-th id (turns of
 about that many tokens). A tool answers each turn after `--tool-ms` milliseconds with a short message, `--tool-turns`
@@ -34,6 +35,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step import build, matmul_ceiling  # noqa: E402
 
 
+SYSTEM = """You are a math expert. You are given a question and you need to solve it step by step. Reasoning step by \
+step before any tool call. You should use the `calc_gsm8k_reward` tool after step by step solving the question, \
+before generate final answer at least once and refine your answer if necessary.
+
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{"type": "function", "function": {"name": "calculator", "description": "Evaluate an arithmetic expression of \
+integers with + - * / and parentheses.", "parameters": {"type": "object", "properties": {"expression": \
+{"type": "string", "description": "The expression, e.g. 1234*567."}}, "required": ["expression"]}}}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML \
+tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call>"""
+
+
 def worker(args) -> None:
     import torch
     from transformers import AutoTokenizer
@@ -51,7 +74,8 @@ def worker(args) -> None:
     tok = AutoTokenizer.from_pretrained(path)
     model = load_causal_lm(str(path)).eval()
     rows = [json.loads(line) for line in (Path(args.workdir) / "train.jsonl").read_text().splitlines()]
-    rows = [{"prompt": r["prompt"]} for r in rows[: args.prompts]]
+    system = {"role": "system", "content": SYSTEM}  # a tool-agent prompt offers its tools, as Qwen's template does
+    rows = [{"prompt": [system] + list(r["prompt"])} for r in rows[: args.prompts]]
 
     class SlowTool:
         def __init__(self):

@@ -17,7 +17,6 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from posttrain.config import load_config
-from posttrain.parallel.checkpoint import full_model_state
 from posttrain.parallel.context import exit_process, shutdown
 from posttrain.rollout.base import SamplingParams
 from posttrain.trainer.rl import RLTrainer
@@ -34,6 +33,13 @@ class CountAllGathers(TorchDispatchMode):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
+
+
+def full_model_state(model) -> dict:
+    """The whole model's weights as plain CPU tensors, gathered from the shards (a collective when sharded)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 def record_gradients(role) -> list[dict]:
     """What each optimizer step of `role` applies: {"lr": its learning rate, "grads": the full gradients after
@@ -108,7 +114,7 @@ def main(spec_path: str) -> None:
             checks = {role: obj.model.shared_prompt_ok for role, obj in models.items() if obj is not None}
             checks["rollout"] = parts.engine.shared_prefix_ok
             (out / f"{name}_checks_rank{par.rank}.json").write_text(json.dumps(checks))
-        states = {role: full_model_state(obj.model) for role, obj in trainer.parts.trained.items()}
+        states = {role: full_model_state(obj.model) for role, obj in trainer.parts.trained.items()}  # a collective
         if par.is_main:
             shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.parts.trained.items()}
             shards = {role: {name: tuple(p.to_local().shape) for name, p in obj.model.named_parameters()

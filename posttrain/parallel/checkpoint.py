@@ -7,8 +7,8 @@ import warnings
 from pathlib import Path
 
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_model_state_dict, set_state_dict)
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 
 from .safeload import SafeReader, check_dcp_files
 
@@ -41,7 +41,3 @@ def load_role(path: Path, model, optimizer=None, *, alone: bool = False) -> None
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
-
-def full_model_state(model) -> dict:
-    """The whole model's weights as plain CPU tensors (for export); a collective when the model is sharded."""
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
