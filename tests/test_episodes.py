@@ -26,7 +26,7 @@ def test_episode_metrics_of_hand_built_episodes():
     """Means over episodes, the maximum of turns, error totals overall and per kind, shares of truncated and
     mismatched episodes, and an environment metric averaged over the episodes that reported it only."""
     eps = [
-        episode(assistant_turns=1, tool_calls=0, tool_time_s=0.0, env_reward=0.0),
+        episode(assistant_turns=1, tool_calls=0, tool_time_s=0.0, env_reward=0.0, tool_reward=0.9),
         episode(assistant_turns=3, tool_calls=4, tool_errors={"malformed_json": 1, "timeout": 2}, tool_time_s=1.5,
                 env_reward=1.0, truncated=True, metrics={"invalid_guess": 0.5}),
         episode(assistant_turns=4, tool_calls=2, tool_errors={"timeout": 1}, tool_time_s=0.3, env_reward=0.5,
@@ -36,7 +36,8 @@ def test_episode_metrics_of_hand_built_episodes():
         "agent/turns/mean": 8 / 3, "agent/turns/max": 4.0, "agent/tool_calls/mean": 2.0,
         "agent/tool_errors": 4.0, "agent/tool_errors/malformed_json": 1.0, "agent/tool_errors/timeout": 3.0,
         "agent/tool_time_s": 0.6, "agent/truncated_share": 1 / 3, "agent/tokenization_mismatch": 1 / 3,
-        "agent/env_reward/mean": 0.5, "agent/env/invalid_guess": 0.25, "agent/env/solved": 1.0,
+        "agent/env_reward/mean": 0.5, "agent/tool_reward/mean": 0.3, "agent/env/invalid_guess": 0.25,
+        "agent/env/solved": 1.0,
     })
 
 

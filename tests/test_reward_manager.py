@@ -381,7 +381,7 @@ def episode_batch(extra_infos=None):
                                                   {"role": "assistant", "content": "e"}]),
                 Episode(prompt_ids=[0], messages=[{"role": "user", "content": "q1"},
                                                   {"role": "assistant", "content": "f"},
-                                                  {"role": "tool", "content": "gh"}])]
+                                                  {"role": "tool", "content": "gh"}], tool_reward=0.75)]
     tensors = {"responses": torch.tensor([[0, 1, 2, 3, 4, 25], [5, 6, 7, 25, 25, 25]]),
                "response_mask": torch.tensor([[1, 1, 0, 0, 1, 0], [1, 0, 0, 0, 0, 0]]),
                "response_attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 0, 0, 0]])}
@@ -407,8 +407,9 @@ def test_an_episode_is_scored_on_its_whole_response_and_rewarded_on_its_last_pol
                        log_overlong=True)
     scores, extras = rm(batch)
     assert [s for s, _ in seen] == ["abcde", "fgh"] == extras["response_text"]
-    assert seen[0][1] == {"tools_kwargs": {"k": 1}, "messages": batch.meta["episode"][0].messages}
-    assert seen[1][1] == {"messages": batch.meta["episode"][1].messages}
+    assert seen[0][1] == {"tools_kwargs": {"k": 1}, "messages": batch.meta["episode"][0].messages,
+                          "tool_reward": 0.0}
+    assert seen[1][1] == {"messages": batch.meta["episode"][1].messages, "tool_reward": 0.75}
     assert infos == [{"tools_kwargs": {"k": 1}}, None]  # the rows' own extra_info are left as they were
     # lengths 5 and 3 (every response token); L_max 5, L_buf 2: free up to 3, then -1/2 per token
     assert extras["overlong_penalty"] == [-1.0, 0.0]

@@ -25,11 +25,13 @@ class Episode:
     tool_calls: int = 0
     tool_errors: dict[str, int] = field(default_factory=dict)  # kind of failure -> count (tools/ names the kinds)
     tool_time_s: float = 0.0
-    env_reward: float = 0.0  # sum of the rewards the environment gave (tools' rewards included)
-    metrics: dict[str, float] = field(default_factory=dict)  # the environment's own, averaged per step
+    env_reward: float = 0.0  # sum of the rewards the environment gave (added to the episode's reward)
+    tool_reward: float = 0.0  # sum of the tools' rewards (recorded, not added: verl's rule; docs/agents.md)
+    metrics: dict[str, float] = field(default_factory=dict)  # the environment's own, averaged over its steps
     truncated: bool = False  # stopped by the response budget, not by the policy or the environment
     done: bool = False
     tokenization_mismatch: bool = False  # the kept ids differ from a full re-render (tokenization_sanity_check_mode)
+    _metric_steps: dict[str, int] = field(default_factory=dict, repr=False)
 
     def add_policy(self, tokens: list[int], logprobs: list[float] | None = None) -> None:
         """A turn the policy sampled (its tokens as sampled, the end-of-turn token included when it was sampled)."""
@@ -50,3 +52,10 @@ class Episode:
 
     def count_error(self, kind: str) -> None:
         self.tool_errors[kind] = self.tool_errors.get(kind, 0) + 1
+
+    def add_metrics(self, metrics: dict[str, float]) -> None:
+        """One environment step's metrics into the episode's: each the mean over the steps that reported it."""
+        for key, value in metrics.items():
+            seen = self._metric_steps.get(key, 0)
+            self.metrics[key] = (self.metrics.get(key, 0.0) * seen + float(value)) / (seen + 1)
+            self._metric_steps[key] = seen + 1

@@ -198,8 +198,7 @@ class EpisodeRunner:
             ep.count_error("environment_raised")
             return self._finish(ep)
         ep.env_reward += float(step.reward)
-        for key, value in step.metrics.items():
-            ep.metrics[key] = ep.metrics.get(key, 0.0) + float(value)
+        ep.add_metrics(step.metrics)
         users = sum(m.get("role") == "user" for m in step.messages)
         limit = self.settings.max_user_turns
         if step.done or not step.messages or (limit is not None and ep.user_turns + users > limit):

@@ -35,6 +35,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "agent/truncated_share": _mean(float(ep.truncated) for ep in episodes),
         "agent/tokenization_mismatch": _mean(float(ep.tokenization_mismatch) for ep in episodes),
         "agent/env_reward/mean": _mean(ep.env_reward for ep in episodes),
+        "agent/tool_reward/mean": _mean(ep.tool_reward for ep in episodes),
     }
     out.update({f"agent/tool_errors/{kind}": float(n) for kind, n in sorted(errors.items())})
     env: dict[str, list[float]] = {}

@@ -5,7 +5,7 @@ tool_agent: `reset(row)` gives the row's prompt messages and the tools' schemas 
 (stateful tools created with the row's `extra_info.tools_kwargs`). `step(episode)` parses the last assistant
 message (`settings.format`); a turn without a call ends the episode (the tools' `calc_reward` sum is recorded);
 otherwise the calls run (`max_parallel_calls`, `tool_timeout_s` each) and their results are the messages appended.
-Tools' rewards (`execute`'s and `calc_reward`'s) are recorded as the episode's `tool_reward` metric and passed to
+Tools' rewards (`execute`'s and `calc_reward`'s) are recorded as the episode's `tool_reward` and passed to
 the scorer in `extra_info["tool_reward"]`, not added to the episode's reward: verl records them the same way, so a
 ported tool recipe trains on the same reward (a scorer that wants them adds them). The episode counts its calls, each failure by kind
 (`tool_errors`, kinds in posttrain/tools/toolbox.py), and `tool_time_s`, the time it waited for its tools.
@@ -75,7 +75,8 @@ class ToolAgent:
             reward = self.session.reward()
             self.session.close()
             self._count_session_errors(episode)
-            return Step(done=True, metrics={"tool_reward": reward})
+            episode.tool_reward += reward
+            return Step(done=True)
         started = time.monotonic()
         results = self.session.run(calls, max_parallel_calls=getattr(self.settings, "max_parallel_calls", None),
                                    timeout_s=getattr(self.settings, "tool_timeout_s", None))
@@ -85,9 +86,8 @@ class ToolAgent:
             if result.error:
                 episode.count_error(result.error)
         self._count_session_errors(episode)
-        return Step([r.message for r in results],
-                    metrics={**_mean_metrics([r.metrics for r in results]),
-                             "tool_reward": sum(r.reward for r in results)})
+        episode.tool_reward += sum(r.reward for r in results)
+        return Step([r.message for r in results], metrics=_mean_metrics([r.metrics for r in results]))
 
     def close(self) -> None:
         if self.session is not None:

@@ -70,7 +70,7 @@ def scorer_extra_info(batch: Batch) -> list:
     if episodes is None:
         return infos
     return [info if ep is None else {**(info or {}), "messages": list(ep.messages),
-                                     "tool_reward": ep.metrics.get("tool_reward", 0.0)}
+                                     "tool_reward": ep.tool_reward}
             for info, ep in zip(infos, episodes)]
 
 
