@@ -168,6 +168,20 @@ def test_function_tool_file_loads_its_marked_functions_and_they_run(tmp_path):
     assert (results[2].reward, results[2].metrics) == (0.5, {"length": 3})
 
 
+def test_a_verl_function_tool_file_loads_unchanged(tmp_path):
+    """A tool file written for verl (`from verl.tools.function_tool import function_tool`) loads as it is where verl
+    is not installed, and leaves no `verl` module behind."""
+    path = tmp_path / "verl_tools.py"
+    path.write_text('from verl.tools.function_tool import function_tool\n\n\n@function_tool("calculator")\n'
+                    'def calc(expression: str) -> str:\n    """Evaluate.\n\n    Args:\n        expression: digits.\n'
+                    '    """\n    return str(eval(expression, {"__builtins__": {}}, {}))\n')
+    box = ToolBox.from_settings(function_tool_path=str(path))
+    assert [s["function"]["name"] for s in box.schemas()] == ["calculator"]
+    assert box.open().run(parse_tool_calls(call_text("calculator", {"expression": "(3+4)*5"})).calls)[0].message[
+        "content"] == "35"
+    assert not any(name == "verl" or name.startswith("verl.") for name in sys.modules)
+
+
 @pytest.mark.parametrize("content, why", [
     (None, "no file at"),
     ("def broken(:\n", "failed to load: SyntaxError"),
