@@ -477,6 +477,19 @@ def test_search_tool_ranks_a_local_corpus_with_bm25(tmp_path):
         SearchTool({"retrieval_service_url": "http://127.0.0.1:8000/retrieve"})
 
 
+def test_a_relative_corpus_path_is_read_beside_the_tool_yaml(tmp_path, monkeypatch):
+    """A tool YAML that names its corpus by a relative path finds it beside itself, whatever the working folder."""
+    pytest.importorskip("bm25s", reason="the search tool needs bm25s (pip install 'posttrain[agents]')")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "corpus.jsonl").write_text(json.dumps({"contents": "Okapi\nThe okapi lives in the Congo."}))
+    (tmp_path / "cfg" / "search.yaml").write_text(
+        "tools:\n  - class_name: verl.tools.search_tool.SearchTool\n    config: {type: native, corpus_path: corpus.jsonl}\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    box = ToolBox.from_settings(tool_config_path="../cfg/search.yaml")
+    assert box.tools["search"].docs == [("Okapi", "The okapi lives in the Congo.")]
+
+
 # ---------------------------------------------------------------- running calls
 
 def test_a_turns_calls_run_at_the_same_time():
