@@ -482,8 +482,8 @@ def test_a_relative_corpus_path_is_read_beside_the_tool_yaml(tmp_path, monkeypat
     pytest.importorskip("bm25s", reason="the search tool needs bm25s (pip install 'posttrain[agents]')")
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "corpus.jsonl").write_text(json.dumps({"contents": "Okapi\nThe okapi lives in the Congo."}))
-    (tmp_path / "cfg" / "search.yaml").write_text(
-        "tools:\n  - class_name: verl.tools.search_tool.SearchTool\n    config: {type: native, corpus_path: corpus.jsonl}\n")
+    (tmp_path / "cfg" / "search.yaml").write_text("tools:\n  - class_name: verl.tools.search_tool.SearchTool\n"
+                                                  "    config: {type: native, corpus_path: corpus.jsonl}\n")
     (tmp_path / "elsewhere").mkdir()
     monkeypatch.chdir(tmp_path / "elsewhere")
     box = ToolBox.from_settings(tool_config_path="../cfg/search.yaml")
