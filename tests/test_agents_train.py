@@ -86,3 +86,6 @@ def test_eval_of_a_multi_turn_run_plays_its_episodes_as_its_validation_did(guess
     assert "messages" not in json.loads(single.read_text().splitlines()[0])
     assert main(args + [str(single), "--agent", "no_such_env"]) == 2
     assert "--agent='no_such_env': no such environment (registered: " in capsys.readouterr().err
+    (tmp_path / "tools.py").write_text("def plain(a: int) -> int:\n    return a\n")
+    assert main(args + [str(single), "--function-tools", str(tmp_path / "tools.py")]) == 2
+    assert "defines no tool" in capsys.readouterr().err

@@ -158,6 +158,7 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
     from ..agents.rollout import run_episodes
     from ..agents.tool_agent import toolbox_for
     from ..data.dataset import RLDataset
+    from ..tools import ToolLoadError
     from ..models.load import compute_dtype, load_tokenizer, pick_device
     from ..models.policy import PolicyModel
     from ..models.vision import load_vision_processor
@@ -174,8 +175,12 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
     tokenizer = load_tokenizer(tok_dir, args.trust_remote_code, key="MODEL")
     processor = load_vision_processor(tok_dir, tokenizer, trust_remote_code=args.trust_remote_code, key="MODEL")
     agents = agent_settings_for(args, loaded)
-    episode_data = ({"tools": toolbox_for(agents).schemas() or None, "agent_names": ENVIRONMENTS}
-                    if agents is not None else {})  # prompts rendered with the tools the episodes offer
+    episode_data = {}
+    if agents is not None:  # prompts rendered with the tools the episodes offer
+        try:
+            episode_data = {"tools": toolbox_for(agents).schemas() or None, "agent_names": ENVIRONMENTS}
+        except ToolLoadError as e:  # a tool file that does not load: named, not a traceback
+            raise ConfigError(str(e)) from None
     data = RLDataset(args.data_files, tokenizer, prompt_key=args.prompt_key, max_prompt_length=args.max_prompt_length,
                      max_samples=args.max_samples, missing_chat_template=args.missing_chat_template,
                      processor=processor, **episode_data)
