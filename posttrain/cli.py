@@ -142,8 +142,13 @@ def cmd_eval(args) -> int:
         max_prompt_length=args.max_prompt_length, batch_size=args.batch_size, max_samples=args.max_samples,
         prompt_key=args.prompt_key, reward_fn=args.reward_fn, reward_fn_name=args.reward_fn_name,
         num_workers=args.num_workers, seed=args.seed, device=args.device, dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code, missing_chat_template=args.missing_chat_template))
+        trust_remote_code=args.trust_remote_code, missing_chat_template=args.missing_chat_template,
+        multi_turn=args.multi_turn, tool_config_path=args.tool_config, function_tool_path=args.function_tools,
+        agent=args.agent, max_assistant_turns=args.max_assistant_turns))
     _table_console().print(results_table(metrics))
+    agent = {k: v for k, v in metrics.items() if k.startswith("val-agent/")}
+    if agent:
+        print("episodes: " + "  ".join(f"{k.removeprefix('val-agent/')}={v:.3g}" for k, v in agent.items()))
     print(f"samples: {args.output}\nmetrics: {metrics_path(Path(args.output))}")
     return 0
 
@@ -269,6 +274,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--missing-chat-template", default="error", choices=["error", "join"])
+    p.add_argument("--multi-turn", action=argparse.BooleanOptionalAction, default=None,
+                   help="run episodes with tools and environments (default: as the checkpoint's run did)")
+    p.add_argument("--tool-config", default=None,
+                   help="a tool YAML (multi_turn.tool_config_path); implies --multi-turn")
+    p.add_argument("--function-tools", default=None,
+                   help="a file of @function_tool functions (multi_turn.function_tool_path); implies --multi-turn")
+    p.add_argument("--agent", default=None,
+                   help="the environment of rows without an agent_name column (rollout.agent.default_agent_loop); "
+                   "implies --multi-turn")
+    p.add_argument("--max-assistant-turns", type=int, default=None,
+                   help="the most policy turns of an episode; implies --multi-turn")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("plot", help="PNG charts of the standard metrics of one or more runs, overlaid")

@@ -17,8 +17,12 @@ from posttrain.trainer.rl import RLTrainer
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def test_grpo_trains_on_guess_number_episodes_and_logs_them(small_task, tmp_path):
+@pytest.fixture(scope="module")
+def guess_run(small_task, tmp_path_factory):
+    """GRPO for 2 steps on guess_number episodes from the small task's SFT model, validated and saved at step 2.
+    Returns (run folder, data file)."""
     out, _ = small_task
+    tmp_path = tmp_path_factory.mktemp("guess_run")
     data = tmp_path / "guess.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in guess_number_rows(8, 1, 9, seed=0, max_guesses=3)))
     run = tmp_path / "run"
@@ -31,8 +35,14 @@ def test_grpo_trains_on_guess_number_episodes_and_logs_them(small_task, tmp_path
         "actor_rollout_ref.rollout.dtype=fp32",
         "actor_rollout_ref.model.enable_gradient_checkpointing=False", f"actor_rollout_ref.model.path={out / 'sft'}",
         f"data.train_files={data}", f"data.val_files={data}", "trainer.total_training_steps=2", "trainer.test_freq=2",
-        f"trainer.default_local_dir={run}", "trainer.logger=['jsonl']", "trainer.val_before_train=False"])
+        "trainer.save_freq=2", f"trainer.default_local_dir={run}", "trainer.logger=['jsonl']",
+        "trainer.val_before_train=False"])
     RLTrainer(cfg).fit()
+    return run, data
+
+
+def test_grpo_trains_on_guess_number_episodes_and_logs_them(guess_run):
+    run, _ = guess_run
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     first = metrics[0]
     assert first["agent/turns/mean"] > 1  # the environment answered and the policy went on
@@ -43,3 +53,39 @@ def test_grpo_trains_on_guess_number_episodes_and_logs_them(small_task, tmp_path
     shown = subprocess.run([sys.executable, "-m", "posttrain", "episodes", str(run)], capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
     assert "higher" in shown.stdout or "lower" in shown.stdout or "right" in shown.stdout.lower()
+
+
+def test_eval_of_a_multi_turn_run_plays_its_episodes_as_its_validation_did(guess_run, tmp_path, capsys):
+    """`posttrain eval` of a run that trained on episodes runs episodes with the run's agent settings: greedy, with
+    the run's response budget, its accuracy and every val-agent/* metric are the ones the run's last validation
+    logged, and each sample carries its conversation; --no-multi-turn gives single responses."""
+    from posttrain.cli import main
+
+    run, data = guess_run
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    out = tmp_path / "eval.jsonl"
+    args = ["eval", str(run), "--data", str(data), "--max-new-tokens", "96", "--max-prompt-length", "160",
+            "--num-workers", "0", "-o"]
+    assert main(args + [str(out)]) == 0
+    metrics = json.loads(out.with_name("eval.metrics.json").read_text())["metrics"]
+    agent = {k: v for k, v in logged.items() if k.startswith("val-agent/")}
+    assert agent and {k: metrics[k] for k in agent} == pytest.approx(agent)
+    assert metrics["val-core/guess_number/acc/mean@1"] == pytest.approx(logged["val-core/guess_number/acc/mean@1"])
+    assert "episodes: turns/mean=" in capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8 and sum(r["turns"] for r in rows) / 8 == pytest.approx(agent["val-agent/turns/mean"])
+    for r in rows:  # the conversation: the prompt, then turns the environment answered as the user
+        assert [m["role"] for m in r["messages"]].count("assistant") == r["turns"]
+        assert r["messages"][-1]["role"] in ("assistant", "user")
+    assert any(r["turns"] > 1 for r in rows)  # the environment answered and the policy went on
+
+    single = tmp_path / "single.jsonl"
+    assert main(args + [str(single), "--no-multi-turn"]) == 0
+    single_metrics = json.loads(single.with_name("single.metrics.json").read_text())["metrics"]
+    assert not any(k.startswith("val-agent/") for k in single_metrics)
+    assert "messages" not in json.loads(single.read_text().splitlines()[0])
+    assert main(args + [str(single), "--agent", "no_such_env"]) == 2
+    assert "--agent='no_such_env': no such environment (registered: " in capsys.readouterr().err
+    (tmp_path / "tools.py").write_text("def plain(a: int) -> int:\n    return a\n")
+    assert main(args + [str(single), "--function-tools", str(tmp_path / "tools.py")]) == 2
+    assert "defines no tool" in capsys.readouterr().err

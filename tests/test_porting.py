@@ -117,7 +117,8 @@ def test_foreign_keys_map_note_or_reject():
 
 
 # The familiar GSM8K multi-turn example: its config file (a Hydra defaults list on the stock tree), its tool file and
-# its command line, with only the paths changed.
+# its command line, with only the paths changed (verl, Apache License 2.0: examples/sglang_multiturn/
+# run_qwen2.5-3b_gsm8k_multiturn.sh, config/gsm8k_multiturn_grpo.yaml, config/tool_config/gsm8k_tool_config.yaml).
 GSM8K_MULTITURN_YAML = """hydra:
   searchpath:
     - file://verl/trainer/config
@@ -202,6 +203,128 @@ def test_familiar_multi_turn_example_loads(tmp_path, tiny_model_dir, gsm8k_file,
                                             "actor_rollout_ref:\n  actor:\n    strategy: fsdp\n")
     assert load_config(str(tmp_path / "megatron.yaml"), OK).critic.strategy == "megatron"
     assert load_config(str(tmp_path / "megatron.yaml"), OK).actor_rollout_ref.actor.strategy == "fsdp"
+
+
+# The configuration of the familiar multi-turn docs (verl, Apache License 2.0: docs/sglang_multiturn/multiturn.rst):
+# function tools with the tool agent, its tokenization check example, and the tool file it shows.
+DOCS_MULTITURN_YAML = """actor_rollout_ref:
+    rollout:
+        mode: async
+        multi_turn:
+            enable: True
+            format: hermes  # or any other format your model's chat template supports
+            function_tool_path: TOOL_FILE
+            tokenization_sanity_check_mode: "ignore_strippable"  # Choose from: "disable", "ignore_strippable", "strict"
+        agent:
+            default_agent_loop: tool_agent
+"""
+DOCS_TOOL_FILE = '''from verl.tools.function_tool import function_tool
+
+@function_tool
+def get_weather(city: str) -> dict:
+    """Get the current weather for a city.
+
+    Args:
+        city: The city to look up, e.g. "Tokyo" or "San Francisco".
+    """
+    return {"temperature_c": 17.3, "condition": "drizzle"}
+
+@function_tool("calculator")  # explicit name overrides the function name
+def calculator(expression: str) -> str:
+    """Evaluate a Python-style arithmetic expression.
+
+    Args:
+        expression: A Python-style arithmetic expression, e.g. "(3+4)*5".
+    """
+    return str(eval(expression, {"__builtins__": {}}, {}))
+'''
+
+
+@pytest.fixture(scope="module")
+def gsm8k_tools_files(tmp_path_factory):
+    """GSM8K in the tool-agent layout, as `posttrain prepare gsm8k --tools` writes it from the shared originals."""
+    from posttrain.data.preprocess import prepare
+
+    written = prepare("gsm8k", None, tmp_path_factory.mktemp("gsm8k_tools"), tools=True)
+    return str(written["train"][0]), str(written["test"][0])
+
+
+def tiny_knobs(run_dir) -> list[str]:
+    """The size knobs the recorded scripts train with (SMALL), with prompts of up to 1024 tokens (the GSM8K example's
+    own value) instead of 256: the tool-agent prompts (system prompt and question) take 500 to 1000 tokens of the tiny
+    tokenizer's 512-word vocabulary."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from verl_examples import SMALL
+
+    return [s.replace("STEPS", "2").replace("RUN_DIR", str(run_dir)) for s in SMALL
+            if not s.startswith("data.max_prompt_length=")] + ["data.max_prompt_length=1024"]
+
+
+def trained_steps(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all("agent/turns/mean" in r for r in steps)  # episodes, not single responses
+    return steps
+
+
+def test_familiar_multi_turn_example_trains_two_steps(tmp_path, tiny_model_dir, gsm8k_tools_files, tracking_installed):
+    """The GSM8K tool-agent example (config file, tool YAML, command line) with only the paths changed, plus the
+    recorded scripts' size knobs, trains 2 steps on the tiny model over `prepare gsm8k --tools` data, and its tool
+    YAML's class resolves to the built-in GSM8K tool, which scores a row's ground truth through the row's
+    tools_kwargs."""
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.agents.tool_agent import toolbox_for, tools_kwargs_of
+    from posttrain.tools import parse_tool_calls
+    from posttrain.data.dataset import read_rows
+    from posttrain.tools.builtin.gsm8k import Gsm8kTool
+    from posttrain.trainer.rl import run_rl
+
+    train, test = gsm8k_tools_files
+    (tmp_path / "gsm8k_multiturn_grpo.yaml").write_text(GSM8K_MULTITURN_YAML)
+    (tmp_path / "gsm8k_tool_config.yaml").write_text(GSM8K_TOOL_YAML)
+    args = (GSM8K_MULTITURN_ARGS.replace("data.val_files=DATA", f"data.val_files={test}")
+            .replace("MODEL", str(tiny_model_dir)).replace("DATA", train)
+            .replace("TOOLS", str(tmp_path / "gsm8k_tool_config.yaml")).split())
+    config_file, base = hydra_config(str(tmp_path), "gsm8k_multiturn_grpo")
+    cfg = load_config(config_file, base + args + tiny_knobs(tmp_path / "run"))
+    tool = toolbox_for(AgentSettings.from_config(cfg)).tools["calc_gsm8k_reward"]
+    assert type(tool) is Gsm8kTool
+    row = read_rows(train)[0]
+    assert row["agent_name"] == "tool_agent"
+    session = toolbox_for(AgentSettings.from_config(cfg)).open(tools_kwargs_of(row))
+    answer = json.dumps({"name": "calc_gsm8k_reward", "arguments": {"answer": row["reward_model"]["ground_truth"]}})
+    call = f"<tool_call>{answer}</tool_call>"
+    assert session.run(parse_tool_calls(call).calls)[0].error is None and session.reward() == 1.0
+    session.close()
+    run_rl(cfg)
+    trained_steps(tmp_path / "run")
+
+
+def test_familiar_multi_turn_docs_configuration_trains_two_steps(tmp_path, tiny_model_dir, gsm8k_tools_files,
+                                                                 tracking_installed):
+    """The multi-turn docs' configuration (function tools, tool_agent, async mode, its tokenization check) and the
+    tool file they show, unchanged but for the paths, train 2 steps on the tiny model over `prepare gsm8k --tools`
+    data; the docs' functions are the run's tools."""
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.agents.tool_agent import toolbox_for
+    from posttrain.tools import parse_tool_calls
+    from posttrain.trainer.rl import run_rl
+
+    train, test = gsm8k_tools_files
+    (tmp_path / "your_tools.py").write_text(DOCS_TOOL_FILE)
+    (tmp_path / "multiturn.yaml").write_text(DOCS_MULTITURN_YAML.replace("TOOL_FILE", str(tmp_path / "your_tools.py")))
+    cfg = load_config(str(tmp_path / "multiturn.yaml"),
+                      [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={train}",
+                       f"data.val_files={test}", *tiny_knobs(tmp_path / "run")])
+    settings = AgentSettings.from_config(cfg)
+    assert (settings.default_agent_loop, settings.tokenization_sanity_check_mode) == ("tool_agent", "ignore_strippable")
+    box = toolbox_for(settings)
+    assert [s["function"]["name"] for s in box.schemas()] == ["get_weather", "calculator"]
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "(3+4)*5"}}</tool_call>'
+    assert box.open().run(parse_tool_calls(call).calls)[0].message["content"] == "35"
+    run_rl(cfg)
+    trained_steps(tmp_path / "run")
 
 
 def test_hydra_flags_and_python_dash_m(tmp_path):

@@ -168,6 +168,20 @@ def test_function_tool_file_loads_its_marked_functions_and_they_run(tmp_path):
     assert (results[2].reward, results[2].metrics) == (0.5, {"length": 3})
 
 
+def test_a_verl_function_tool_file_loads_unchanged(tmp_path):
+    """A tool file written for verl (`from verl.tools.function_tool import function_tool`) loads as it is where verl
+    is not installed, and leaves no `verl` module behind."""
+    path = tmp_path / "verl_tools.py"
+    path.write_text('from verl.tools.function_tool import function_tool\n\n\n@function_tool("calculator")\n'
+                    'def calc(expression: str) -> str:\n    """Evaluate.\n\n    Args:\n        expression: digits.\n'
+                    '    """\n    return str(eval(expression, {"__builtins__": {}}, {}))\n')
+    box = ToolBox.from_settings(function_tool_path=str(path))
+    assert [s["function"]["name"] for s in box.schemas()] == ["calculator"]
+    assert box.open().run(parse_tool_calls(call_text("calculator", {"expression": "(3+4)*5"})).calls)[0].message[
+        "content"] == "35"
+    assert not any(name == "verl" or name.startswith("verl.") for name in sys.modules)
+
+
 @pytest.mark.parametrize("content, why", [
     (None, "no file at"),
     ("def broken(:\n", "failed to load: SyntaxError"),
@@ -461,6 +475,19 @@ def test_search_tool_ranks_a_local_corpus_with_bm25(tmp_path):
     assert json.loads(response.text) == {"result": "No search results found."}
     with pytest.raises(ValueError, match="corpus_path"):
         SearchTool({"retrieval_service_url": "http://127.0.0.1:8000/retrieve"})
+
+
+def test_a_relative_corpus_path_is_read_beside_the_tool_yaml(tmp_path, monkeypatch):
+    """A tool YAML that names its corpus by a relative path finds it beside itself, whatever the working folder."""
+    pytest.importorskip("bm25s", reason="the search tool needs bm25s (pip install 'posttrain[agents]')")
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "corpus.jsonl").write_text(json.dumps({"contents": "Okapi\nThe okapi lives in the Congo."}))
+    (tmp_path / "cfg" / "search.yaml").write_text("tools:\n  - class_name: verl.tools.search_tool.SearchTool\n"
+                                                  "    config: {type: native, corpus_path: corpus.jsonl}\n")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    box = ToolBox.from_settings(tool_config_path="../cfg/search.yaml")
+    assert box.tools["search"].docs == [("Okapi", "The okapi lives in the Congo.")]
 
 
 # ---------------------------------------------------------------- running calls

@@ -6,7 +6,7 @@
 # $POSTTRAIN_TINY_DIR/runs)/<folder>/<twin name>, replaced on every run.
 EXAMPLES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TINY_DIR=${POSTTRAIN_TINY_DIR:-${TMPDIR:-/tmp}/posttrain_tiny_cpu}
-if [ ! -d "$TINY_DIR/data" ]; then
+if [ ! -d "$TINY_DIR/data/search_qa" ]; then  # the last folder build.py writes
   "${PYTHON:-python3}" "$EXAMPLES_DIR/tiny_cpu/build.py" "$TINY_DIR" >/dev/null
 fi
 export MODEL_PATH="$TINY_DIR/model" DATA_DIR="$TINY_DIR/data" REWARD_MODEL_PATH="$TINY_DIR/reward_model"

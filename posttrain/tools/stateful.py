@@ -92,7 +92,10 @@ def load_tool_config(path: str) -> list:
         where = f"{path}: tools[{i}]"
         if not isinstance(entry, dict) or not entry.get("class_name"):
             raise ToolLoadError(f"{where} has no class_name")
-        config = entry.get("config") or {}
+        config = dict(entry.get("config") or {})
+        corpus = config.get("corpus_path")
+        if isinstance(corpus, str) and not os.path.isabs(os.path.expanduser(corpus)):  # beside the YAML, wherever run
+            config["corpus_path"] = os.path.join(os.path.dirname(os.path.abspath(os.path.expanduser(path))), corpus)
         kind = config.get("type", "native")
         if kind != "native":
             raise ToolLoadError(f"{where}: tool type {kind!r} is not supported (only native tools)")

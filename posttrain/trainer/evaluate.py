@@ -2,10 +2,16 @@
 them with the same rule scorers as training, and report mean@n, maj@n, best@n and pass@k per data_source — under
 the metric names validation logs during training (`val-core/<source>/acc/mean@n`, `val-aux/...`), so the numbers
 compare directly. MODEL is a checkpoint (RUN_DIR/global_step_N), a run folder (its latest checkpoint), an
-exported or any Hugging Face folder, or a hub id. Every sample goes to a JSONL file."""
+exported or any Hugging Face folder, or a hub id. Every sample goes to a JSONL file.
+
+Agents: a sample is an episode (agents/rollout.py, as training's multi-turn rollouts) when the run that saved the
+checkpoint trained on episodes (its RUN_DIR/config.yaml has `multi_turn.enable`), or with `--multi-turn` / a tool
+file flag; the flags win over the run's settings. The episode is scored as in training (the whole response, the
+environment's reward added), its conversation goes to the samples file, and `val-agent/*` metrics join the others."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -39,6 +45,13 @@ class EvalArgs:
     trust_remote_code: bool = False
     missing_chat_template: str = "error"
     quiet: bool = False
+    # episodes (docs/agents.md); None: as the run that saved the checkpoint did (its config.yaml), else off
+    multi_turn: bool | None = None
+    # each of these implies multi_turn (unless it is False)
+    tool_config_path: str | None = None  # a verl tool YAML (multi_turn.tool_config_path)
+    function_tool_path: str | None = None  # a file of @function_tool functions (multi_turn.function_tool_path)
+    agent: str | None = None  # the environment of rows without agent_name (rollout.agent.default_agent_loop)
+    max_assistant_turns: int | None = None
 
 
 def check_eval_args(a: EvalArgs) -> None:
@@ -64,6 +77,18 @@ def check_eval_args(a: EvalArgs) -> None:
             problems.append(f"--data: '{f}' does not exist (or is not a file)")
     if a.reward_fn and not Path(a.reward_fn).is_file():
         problems.append(f"--reward-fn: '{a.reward_fn}' does not exist (or is not a file)")
+    for flag, path in (("--tool-config", a.tool_config_path), ("--function-tools", a.function_tool_path)):
+        if path and not Path(path).expanduser().is_file():
+            problems.append(f"{flag}: '{path}' does not exist (or is not a file)")
+    if a.agent is not None:
+        from ..agents.environment import ENVIRONMENTS
+
+        if a.agent not in ENVIRONMENTS:
+            problems.append(f"--agent={a.agent!r}: no such environment "
+                            f"(registered: {', '.join(sorted(ENVIRONMENTS))})")
+    turns = a.max_assistant_turns
+    if turns is not None and (not isinstance(turns, int) or turns < 1):
+        problems.append(f"--max-assistant-turns={a.max_assistant_turns!r} must be a whole number >= 1")
     if len(problems) == 1:
         raise ConfigError(problems[0])
     if problems:
@@ -92,9 +117,48 @@ def load_model_for_eval(source: str, *, trust_remote_code: bool = False):
     return model, source, source
 
 
+def agent_settings_for(args: EvalArgs, loaded: str):
+    """The episodes' settings (AgentSettings), or None for single responses: the settings of the run that saved
+    `loaded` (a checkpoint: its RUN_DIR/config.yaml) when it trained on episodes, with the flags over them."""
+    from ..agents.settings import AgentSettings
+
+    run = _run_agent_settings(Path(loaded))
+    flags = {"tool_config_path": args.tool_config_path, "function_tool_path": args.function_tool_path,
+             "default_agent_loop": args.agent, "max_assistant_turns": args.max_assistant_turns}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    wanted = args.multi_turn if args.multi_turn is not None else run is not None or bool(flags)
+    if not wanted:
+        return None
+    return dataclasses.replace(run or AgentSettings(), **flags)
+
+
+def _run_agent_settings(step_dir: Path):
+    """AgentSettings of the run a checkpoint belongs to, when that run trained on episodes; else None."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from ..agents.settings import AgentSettings
+
+    config = step_dir.parent / "config.yaml"
+    if not (step_dir / "actor").is_dir() or not config.is_file():
+        return None
+    cfg = OmegaConf.create(yaml.safe_load(config.read_text()))
+    try:
+        enabled = cfg.actor_rollout_ref.rollout.multi_turn.enable
+    except Exception:  # a config of an older run, without the multi-turn keys
+        return None
+    return AgentSettings.from_config(cfg) if enabled else None
+
+
 def run_eval(args: EvalArgs) -> dict[str, float]:
-    """Generate, score, write the samples and the metrics; returns the metrics."""
+    """Generate (or run episodes), score, write the samples and the metrics; returns the metrics."""
+    from ..agents.environment import ENVIRONMENTS
+    from ..agents.loop import EpisodeRunner
+    from ..agents.metrics import episode_metrics
+    from ..agents.rollout import run_episodes
+    from ..agents.tool_agent import toolbox_for
     from ..data.dataset import RLDataset
+    from ..tools import ToolLoadError
     from ..models.load import compute_dtype, load_tokenizer, pick_device
     from ..models.policy import PolicyModel
     from ..models.vision import load_vision_processor
@@ -110,9 +174,16 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
     lm, tok_dir, loaded = load_model_for_eval(args.model, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(tok_dir, args.trust_remote_code, key="MODEL")
     processor = load_vision_processor(tok_dir, tokenizer, trust_remote_code=args.trust_remote_code, key="MODEL")
+    agents = agent_settings_for(args, loaded)
+    episode_data = {}
+    if agents is not None:  # prompts rendered with the tools the episodes offer
+        try:
+            episode_data = {"tools": toolbox_for(agents).schemas() or None, "agent_names": ENVIRONMENTS}
+        except ToolLoadError as e:  # a tool file that does not load: named, not a traceback
+            raise ConfigError(str(e)) from None
     data = RLDataset(args.data_files, tokenizer, prompt_key=args.prompt_key, max_prompt_length=args.max_prompt_length,
                      max_samples=args.max_samples, missing_chat_template=args.missing_chat_template,
-                     processor=processor)
+                     processor=processor, **episode_data)
     scorer = FileFunction(args.reward_fn, args.reward_fn_name) if args.reward_fn else None
     workers = auto_workers() if args.num_workers is None else args.num_workers
     reward = RewardManager(tokenizer, compute_score=scorer, num_workers=workers)
@@ -120,7 +191,8 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
     engine = DecodeEngine(PolicyModel(lm.to(device)), tokenizer, device=device, dtype=compute_dtype(args.dtype, device))
     sampling = SamplingParams(n=args.n, do_sample=args.temperature > 0, temperature=args.temperature or 1.0,
                               top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens)
-    rows = []
+    runner = EpisodeRunner(engine, tokenizer, agents) if agents is not None else None
+    rows, episodes = [], []
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -128,9 +200,12 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
             for start in range(0, len(data), args.batch_size):
                 items = [data[i] for i in range(start, min(start + args.batch_size, len(data)))]
                 torch.manual_seed(args.seed * 1_000_003 + start)
-                batch = engine.generate(_prompt_batch(items, engine.pad_id, start), sampling)
+                prompts = _prompt_batch(items, engine.pad_id, start)
+                batch = (run_episodes(runner, prompts, sampling) if runner is not None
+                         else engine.generate(prompts, sampling))
                 _, extras = reward(batch)
                 rows += _sample_rows(batch.meta, extras, args.n)
+                episodes += batch.meta.get("episode", [])
                 bar.advance(len(items))
     finally:
         reward.close()
@@ -138,6 +213,8 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     metrics = validation_metrics([r["data_source"] for r in rows], [r["index"] for r in rows],
                                  [r["score"] for r in rows], [r["answer"] for r in rows])
+    if episodes:  # named as training's validation names them
+        metrics |= {f"val-{k}": v for k, v in episode_metrics(episodes).items()}
     summary = {"model": loaded, "data": [str(p) for p in args.data_files], "prompts": len(data), "n": args.n,
                "temperature": args.temperature, "samples": str(out), "metrics": metrics}
     metrics_path(out).write_text(json.dumps(summary, indent=1))
@@ -158,7 +235,8 @@ def _prompt_batch(items, pad_id: int, first: int):
     return Batch({"prompts": prompts, "prompt_mask": mask},
                  {"uid": [first + i for i in range(len(items))], "data_source": [it.data_source for it in items],
                   "ground_truth": [it.ground_truth for it in items], "extra_info": [it.extra_info for it in items],
-                  "raw_prompt": [it.raw_prompt for it in items], **images})
+                  "raw_prompt": [it.raw_prompt for it in items],
+                  "agent_name": [getattr(it, "agent_name", None) for it in items], **images})
 
 
 def _answer(data_source: str, text: str):
@@ -178,6 +256,9 @@ def _sample_rows(meta: dict, extras: dict, n: int) -> list[dict]:
             extras["score"], extras["acc"])):
         rows.append({"index": uid, "sample": i % n, "data_source": ds, "prompt": chat, "ground_truth": str(truth),
                      "response": text, "answer": _answer(ds, text), "score": score, "acc": acc})
+    for row, ep in zip(rows, meta.get("episode") or []):  # what the episode did, turn by turn
+        row |= {"messages": ep.messages, "turns": ep.assistant_turns, "tool_calls": ep.tool_calls,
+                "tool_errors": dict(ep.tool_errors), "env_reward": ep.env_reward, "truncated": ep.truncated}
     return rows
 
 
@@ -187,6 +268,8 @@ def results_table(metrics: dict[str, float]):
 
     per_source: dict[str, dict[str, float]] = {}
     for key, value in metrics.items():  # val-core/<data source, may hold "/">/acc/mean@4
+        if "/acc/" not in key:  # val-agent/*: printed apart
+            continue
         source, name = key.split("/", 1)[1].rsplit("/acc/", 1)
         per_source.setdefault(source, {})[name] = value
     order = {"mean": 0, "maj": 1, "best": 2, "pass": 3}

@@ -1,7 +1,8 @@
 """The search tool of verl's example configs (`verl.tools.search_tool.SearchTool`), over a local corpus file instead
 of a retrieval server: BM25 ranking by the `bm25s` library (`pip install 'posttrain[agents]'`).
 
-Config: `corpus_path` (required): a JSONL file, one document a line, with its text under `contents` (the layout of
+Config: `corpus_path` (required; a relative path is read from the tool YAML's folder): a JSONL file, one document a
+line, with its text under `contents` (the layout of
 the Search-R1 / FlashRAG corpora verl's retriever serves: the first line is the title) or `text` (with an optional
 `title`); `topk` (3). The call's `query_list` is answered like verl's: {"result": "Doc 1 (Title: ...)\\n<text>\\n\\n
 Doc 2 ..."} with the queries' results joined by "\\n---\\n". Documents that share no term with a query are not
