@@ -321,7 +321,7 @@ def run_multi_turn_steps(tmp_path, model_dir, name: str, nproc: int, cases: dict
             "actor_rollout_ref.rollout.dtype=fp32", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
             f"custom_reward_function.path={tmp_path / 'reward.py'}", "reward_model.num_workers=0",
             "trainer.logger=['jsonl']", f"trainer.default_local_dir={out / 'run'}", f"trainer.n_gpus_per_node={nproc}",
-            *MULTI_TURN]
+            *MULTI_TURN, *extra]
     spec = {"base": base, "cases": cases, "out": str(out), "steps": True, **spec_extra}
     (out / "spec.json").write_text(json.dumps(spec))
     cmd = ([sys.executable, str(WORKER), str(out / "spec.json")] if nproc == 1 else
@@ -399,6 +399,8 @@ def test_multi_turn_step_with_tensor_parallel_equals_one_process(tmp_path, livel
     tp = run_multi_turn_steps(tmp_path, lively_model_dir, "tp2", 2, cases,
                               extra=("actor_rollout_ref.actor.fsdp_config.tp_size=2",), slow_rank=1)
     for case in cases:
+        ran = [json.loads((tp / f"{case}_ran_rank{r}.json").read_text()) for r in range(2)]
+        assert ran[0] == ran[1] and len(ran[0][0]["uids"]) == 4, ran  # one data rank: both processes run every prompt
         assert torch.equal(torch.load(tp / f"{case}_input_ids_rank0.pt"), torch.load(tp / f"{case}_input_ids_rank1.pt"))
     assert_same_greedy_step(torch.load(multi_turn_one / "ppo_greedy.pt", weights_only=False),
                             torch.load(tp / "ppo_greedy.pt", weights_only=False), "ppo_greedy")
