@@ -6,7 +6,9 @@ actor updates), and rank 0 saves the metrics, the full gradients and learning ra
 full updated weights and the shapes of its own parameter shards to OUT/<case>.pt. With `count_gathers` it also
 records how many parameter all-gathers one generate call makes, for two response lengths. With
 `fail_checks_on_rank` that rank's one-time fast-path checks fail, a generate call runs first, and every rank saves
-what it decided to OUT/<case>_checks_rank<r>.json. A spec with `rows` runs `rows_of_each_rank` instead.
+what it decided to OUT/<case>_checks_rank<r>.json. A spec with `rows` runs `rows_of_each_rank` instead; a spec with
+`steps` runs whole multi-turn steps (`multi_turn_steps`): rollouts on each rank, gathered, then learn and validate;
+with `slow_rank` that rank's environments answer the first prompt's episodes late.
 """
 
 import json
@@ -88,11 +90,108 @@ def rows_of_each_rank(spec: dict, out: Path) -> None:
     shutdown()
 
 
+def short_turns(runner) -> None:
+    """The tiny model's turns end within a few tokens: every fifth token id ends a turn (its random weights rarely
+    sample the template's own end token), as in tests/test_agents_loop.py."""
+    from posttrain.agents.template import Template
+
+    tok = runner.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    runner.template = Template(tok, {im_end})
+    runner.engine.eos_ids = {t for t in range(len(tok)) if t % 5 == 0} | {im_end}
+
+
+def check_rows_are_their_episodes(batch) -> None:
+    """Each row of a multi-turn batch holds its own episode (meta `episode`): its prompt, its tokens right-padded,
+    `response_mask` its policy mask, `response_attention_mask` and `attention_mask` 1 on its real tokens only."""
+    episodes = batch.meta["episode"]
+    assert len(episodes) == len(batch), (len(episodes), len(batch))
+    P, L = batch["prompts"].shape[1], batch["responses"].shape[1]
+    for i, ep in enumerate(episodes):
+        n, p = len(ep.tokens), len(ep.prompt_ids)
+        assert batch["prompts"][i, P - p:].tolist() == ep.prompt_ids, i
+        assert batch["prompt_mask"][i].tolist() == [0] * (P - p) + [1] * p, i
+        assert batch["responses"][i, :n].tolist() == ep.tokens, i
+        assert batch["response_mask"][i].tolist() == ep.mask + [0] * (L - n), i
+        assert batch["response_attention_mask"][i].tolist() == [1] * n + [0] * (L - n), i
+        assert batch["attention_mask"][i].tolist() == [0] * (P - p) + [1] * (p + n) + [0] * (L - n), i
+        assert batch.meta["uid"][i].rsplit("-", 1)[1] == str(ep.row["uid"]).rsplit("-", 1)[1], i
+
+
+def slow_first_prompt(runner) -> None:
+    """In this process, the environment of each batch's first prompt answers 0.3 s late."""
+    import time
+
+    make = runner.environments
+
+    def slowed(row):
+        env = make(row)
+        step = env.step
+
+        def late(episode):
+            if str(row.get("uid", "")).endswith("-0"):
+                time.sleep(0.3)
+            return step(episode)
+
+        env.step = late
+        return env
+
+    runner.environments = slowed
+
+
+def multi_turn_steps(spec: dict, out: Path) -> None:
+    """For each case: one training step on multi-turn episodes of the built-in guess_number environment (each rank
+    runs the episodes of its own prompts; the scored batches are gathered), then validation. Every rank checks that
+    each row of the step's batch is its episode and saves the uids of the prompts it ran episodes for; rank 0 saves
+    the batch, the metrics, the gradients and the updated weights to OUT/<case>.pt."""
+    par = None
+    for name, overrides in spec["cases"].items():
+        cfg = load_config(None, spec["base"] + overrides)
+        par = par or parallel_for(cfg)
+        trainer = RLTrainer(cfg, par)
+        runner = trainer.parts.episodes
+        short_turns(runner)
+        ran, run = [], runner.run
+
+        def recording(rows, n, sampling, **kwargs):
+            ran.append({"uids": [r["uid"] for r in rows], "greedy": sampling.greedy})
+            return run(rows, n, sampling, **kwargs)
+
+        runner.run = recording
+        if spec.get("slow_rank") == par.rank:
+            slow_first_prompt(runner)
+        batches, learn = [], trainer.learn
+
+        def learning(batch, timing=None):
+            check_rows_are_their_episodes(batch)
+            batches.append(batch)
+            return learn(batch, timing)
+
+        trainer.learn = learning
+        steps = {role: record_gradients(obj) for role, obj in trainer.parts.trained.items()}
+        trainer.global_step = 1  # as fit() counts it
+        metrics = trainer.train_step()
+        val = trainer.validate()
+        (out / f"{name}_ran_rank{par.rank}.json").write_text(json.dumps(ran))
+        torch.save(batches[0]["input_ids"], out / f"{name}_input_ids_rank{par.rank}.pt")
+        states = {role: full_model_state(obj.model) for role, obj in trainer.parts.trained.items()}
+        if par.is_main:
+            batch = batches[0]
+            torch.save({"metrics": metrics, "val": val, "states": states, "steps": steps,
+                        "tensors": {k: v for k, v in batch.tensors.items()},
+                        "uid": batch.meta["uid"], "turns": [e.assistant_turns for e in batch.meta["episode"]]},
+                       out / f"{name}.pt")
+        trainer.parts.reward.close()
+    shutdown()
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
     if "rows" in spec:
         return rows_of_each_rank(spec, out)
+    if spec.get("steps"):
+        return multi_turn_steps(spec, out)
     par = None
     for name, overrides in spec["cases"].items():
         cfg = load_config(None, spec["base"] + overrides)

@@ -119,9 +119,9 @@ def one_process(fixed_batch, tiny_model_dir):
     return run_layout(fixed_batch, tiny_model_dir, "one", 1, [])
 
 
-def assert_same_update(reference: Path, other: Path):
+def assert_same_update(reference: Path, other: Path, min_cases: int = 9):
     cases = json.loads((other / "spec.json").read_text())["cases"]
-    assert len(cases) >= 9
+    assert len(cases) >= min_cases
     for case in cases:
         want, got = torch.load(reference / f"{case}.pt"), torch.load(other / f"{case}.pt")
         for key in METRICS:
@@ -198,6 +198,212 @@ def test_fsdp_by_tp_mesh_equals_one(fixed_batch, tiny_model_dir, one_process):
     mesh = run_layout(fixed_batch, tiny_model_dir, "fsdp2_tp2", 4, ["actor_rollout_ref.actor.fsdp_config.tp_size=2",
                                                                       "trainer.balance_batch=False"])
     assert_same_update(one_process, mesh)
+
+
+# ---------------------------------------------------------------- multi-turn episodes
+
+MULTI_TURN = ["actor_rollout_ref.rollout.multi_turn.enable=True",
+              "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+              "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode=disable",
+              "actor_rollout_ref.rollout.agent.default_agent_loop=guess_number"]
+EPISODE_CASES = {
+    "grpo_kl": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
+                "actor_rollout_ref.actor.entropy_coeff=0.01"],
+    "grpo_seq_mean_token_mean": ["algorithm.adv_estimator=grpo",
+                                 "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"],
+    "ppo": ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "algorithm.use_kl_in_reward=True"],
+    "grpo_token_budget_shuffled": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+                                   "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=400",
+                                   "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+                                   "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=500",
+                                   "actor_rollout_ref.actor.shuffle=True", "actor_rollout_ref.actor.ppo_epochs=2"],
+}
+
+
+def guess_rows(path: Path, n: int, seed: int) -> Path:
+    """`n` guess_number rows, each its own range (1..9+i): prompts, and so greedy episodes, differ."""
+    from posttrain.agents.envs.guess_number import guess_number_rows
+
+    rows = [guess_number_rows(1, 1, 9 + i, seed=seed + i, max_guesses=3)[0] for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def episode_batch(tmp_path_factory, tiny_model_dir, tiny_tokenizer):
+    """8 guess_number prompts x 4 sampled episodes of the tiny model (turns end within a few tokens; the
+    environment answers between them), scored at random (seeded) on each episode's last policy token."""
+    from posttrain.agents.loop import EpisodeRunner
+    from posttrain.agents.rollout import run_episodes
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.data.batch import Batch
+    from posttrain.models.load import load_causal_lm
+    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout.engine import DecodeEngine
+    from tests.dist_worker import short_turns
+
+    out = tmp_path_factory.mktemp("episodes")
+    rows = [json.loads(line) for line in guess_rows(out / "train.jsonl", 8, 0).read_text().splitlines()]
+    engine = DecodeEngine(load_causal_lm(str(tiny_model_dir)), tiny_tokenizer, device=torch.device("cpu"),
+                          dtype=torch.float32)
+    runner = EpisodeRunner(engine, tiny_tokenizer, AgentSettings(tokenization_sanity_check_mode="disable",
+                                                                 max_assistant_turns=3))
+    short_turns(runner)
+    prompts = Batch({"prompts": torch.zeros(8, 1, dtype=torch.long), "prompt_mask": torch.ones(8, 1, dtype=torch.long)},
+                    {"uid": [f"s1-{i}" for i in range(8)], "data_source": [r["data_source"] for r in rows],
+                     "ground_truth": [r["reward_model"]["ground_truth"] for r in rows],
+                     "extra_info": [r["extra_info"] for r in rows], "raw_prompt": [r["prompt"] for r in rows],
+                     "agent_name": [r["agent_name"] for r in rows]})
+    torch.manual_seed(0)
+    batch = run_episodes(runner, prompts, SamplingParams(n=4, max_new_tokens=40, logprobs=True))
+    n = len(batch)
+    mask = batch["response_mask"]
+    assert (mask == 0).logical_and(batch["response_attention_mask"] == 1).any()  # holes: appended messages
+    assert len({int(w) for w in batch["response_attention_mask"].sum(-1)}) > 4  # episodes of many lengths
+    scores = (torch.rand(n) > 0.5).float()
+    last = torch.tensor([int(torch.nonzero(row).max()) for row in mask])
+    batch["token_level_scores"] = torch.zeros(mask.shape)
+    batch["token_level_scores"][torch.arange(n), last] = scores
+    batch.meta.update({"reward:acc": scores.tolist(), "reward:score": scores.tolist()})
+    torch.save(batch, out / "batch.pt")
+    return out
+
+
+def test_two_processes_equal_one_on_multi_turn_episodes(episode_batch, tiny_model_dir):
+    """The same multi-turn batch (policy tokens, then appended environment messages the mask leaves out, episodes
+    of many lengths) through `learn` in 1 and 2 processes: the same losses, log-probs, values, gradients and
+    weights — each rank's share of the rows has its own widths, and the masks' holes are counted alike."""
+    extra = ["data.max_prompt_length=256", "data.max_response_length=40", *MULTI_TURN]
+    one = run_layout(episode_batch, tiny_model_dir, "one", 1, extra, cases=EPISODE_CASES)
+    two = run_layout(episode_batch, tiny_model_dir, "fsdp2", 2, extra, cases=EPISODE_CASES)
+    assert_same_update(one, two, min_cases=len(EPISODE_CASES))
+
+
+SCORE_BY_LENGTH = '''
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    """A reward that varies between episodes: the parity of the response's length in characters."""
+    return {"score": float(len(solution_str) % 2)}
+'''
+
+
+@pytest.fixture(scope="module")
+def lively_model_dir(tmp_path_factory, tiny_model_dir):
+    """The tiny model with larger random weights (normal, std 0.3), whose greedy turns do not repeat one token to
+    the end of the budget: its greedy episodes have several turns."""
+    import shutil
+
+    from posttrain.models.load import load_causal_lm
+
+    out = tmp_path_factory.mktemp("lively") / "model"
+    shutil.copytree(tiny_model_dir, out)
+    model = load_causal_lm(str(tiny_model_dir))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.save_pretrained(out)
+    return out
+
+
+def run_multi_turn_steps(tmp_path, model_dir, name: str, nproc: int, cases: dict, extra: tuple = (),
+                         **spec_extra) -> Path:
+    out = tmp_path / name
+    out.mkdir(exist_ok=True)
+    (tmp_path / "reward.py").write_text(SCORE_BY_LENGTH)
+    base = [f"actor_rollout_ref.model.path={model_dir}",
+            f"data.train_files={guess_rows(tmp_path / 'train.jsonl', 8, 0)}",
+            f"data.val_files={guess_rows(tmp_path / 'val.jsonl', 4, 1)}", "data.val_batch_size=3",
+            "data.train_batch_size=4", "data.shuffle=False", "data.max_prompt_length=256",
+            "data.max_response_length=160", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3", "actor_rollout_ref.actor.optim.lr=1e-4",
+            "actor_rollout_ref.rollout.calculate_log_probs=True", "actor_rollout_ref.model.dtype=fp32",
+            "actor_rollout_ref.rollout.dtype=fp32", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            f"custom_reward_function.path={tmp_path / 'reward.py'}", "reward_model.num_workers=0",
+            "trainer.logger=['jsonl']", f"trainer.default_local_dir={out / 'run'}", f"trainer.n_gpus_per_node={nproc}",
+            *MULTI_TURN, *extra]
+    spec = {"base": base, "cases": cases, "out": str(out), "steps": True, **spec_extra}
+    (out / "spec.json").write_text(json.dumps(spec))
+    cmd = ([sys.executable, str(WORKER), str(out / "spec.json")] if nproc == 1 else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER),
+            str(out / "spec.json")])
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, 900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
+
+
+STEP_CASES = {
+    "ppo_greedy": ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "algorithm.use_kl_in_reward=True",
+                   "actor_rollout_ref.rollout.do_sample=False"],
+    # the greedy baseline's episodes are greedy (the same in any layout); the sampled ones differ per data rank
+    "remax": ["algorithm.adv_estimator=remax"],
+    "dapo": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "algorithm.filter_groups.enable=True",
+             "algorithm.filter_groups.metric=score", "algorithm.filter_groups.max_num_gen_batches=4"],
+}
+
+
+@pytest.fixture(scope="module")
+def multi_turn_one(tmp_path_factory, lively_model_dir):
+    return run_multi_turn_steps(tmp_path_factory.mktemp("steps"), lively_model_dir, "one", 1, STEP_CASES)
+
+
+def assert_same_greedy_step(want: dict, got: dict, case: str) -> None:
+    """The same episodes, row by row, and the same update."""
+    assert got["uid"] == want["uid"]
+    for key in ("input_ids", "attention_mask", "response_mask", "response_attention_mask"):
+        assert torch.equal(got["tensors"][key], want["tensors"][key]), (case, key)
+    for key in METRICS:
+        if key in want["metrics"]:
+            assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (case, key)
+    assert_same_training(want, got, case)
+
+
+def test_multi_turn_steps_run_each_prompt_s_episodes_on_its_rank_and_equal_one_process(tmp_path, lively_model_dir,
+                                                                                       multi_turn_one):
+    """Whole steps on guess_number episodes in 1 and 2 processes: each rank runs the episodes of its own share of
+    the prompts (validation: 2 and 1 of a chunk of 3, then 1 and none), the gathered batch holds every episode in
+    prompt order, row by row its own episode, though the ranks' episodes have different widths. Greedy rollouts
+    (PPO; ReMax's baseline) are the same as in one process, and so is the update; ReMax and DAPO's dynamic
+    sampling (which draws more batches until enough groups vary) run on episodes."""
+    one, two = multi_turn_one, run_multi_turn_steps(tmp_path, lively_model_dir, "two", 2, STEP_CASES)
+    for case in STEP_CASES:
+        ran = [json.loads((two / f"{case}_ran_rank{r}.json").read_text()) for r in range(2)]
+        alone = json.loads((one / f"{case}_ran_rank0.json").read_text())
+        for calls in ran:  # training (and ReMax's greedy baseline: the same prompts), then validation
+            train = [c["uids"] for c in calls if not c["uids"][0].startswith("v")]
+            assert all(len(uids) == 2 for uids in train), (case, calls)
+        assert ran[0][0]["uids"][0].endswith("-0") and ran[1][0]["uids"][0].endswith("-2"), (case, ran)
+        val = [[c["uids"] for c in calls if c["uids"][0].startswith("v")] for calls in ran]
+        assert val == [[["v0-0", "v0-1"], ["v3-0"]], [["v0-2"]]], (case, val)  # uids: chunk start, index
+        if case != "dapo":  # (dynamic sampling draws as many batches as its sampled groups need)
+            mine = sorted(u for calls in ran for c in calls for u in c["uids"] if not u.startswith("greedy"))
+            assert mine == sorted(u for c in alone for u in c["uids"] if not u.startswith("greedy")), case
+        want, got = torch.load(one / f"{case}.pt", weights_only=False), torch.load(two / f"{case}.pt",
+                                                                                   weights_only=False)
+        assert max(got["turns"]) > 1, (case, got["turns"])  # the environment answered and the policy went on
+        if case == "dapo":
+            assert got["metrics"]["batch/kept_prompts"] % 2 == 0
+            continue
+        if case == "remax":
+            assert torch.equal(got["tensors"]["reward_baselines"], want["tensors"]["reward_baselines"])
+            continue
+        assert_same_greedy_step(want, got, case)
+        assert got["val"] == pytest.approx(want["val"], rel=1e-5, abs=1e-6)  # every validation episode, once
+
+
+def test_multi_turn_step_with_tensor_parallel_equals_one_process(tmp_path, lively_model_dir, multi_turn_one):
+    """Two processes of one tensor-parallel pair run the same episodes in lockstep, though one process's
+    environment answers late: their batches (sampled too: each row's draw depends on the rows decoding beside it)
+    are the same, and the greedy step's episodes and update are one process's."""
+    cases = {"ppo_greedy": STEP_CASES["ppo_greedy"], "grpo_sampled": ["algorithm.adv_estimator=grpo"]}
+    tp = run_multi_turn_steps(tmp_path, lively_model_dir, "tp2", 2, cases,
+                              extra=("actor_rollout_ref.actor.fsdp_config.tp_size=2",), slow_rank=1)
+    for case in cases:
+        ran = [json.loads((tp / f"{case}_ran_rank{r}.json").read_text()) for r in range(2)]
+        assert ran[0] == ran[1] and len(ran[0][0]["uids"]) == 4, ran  # one data rank: both processes run every prompt
+        assert torch.equal(torch.load(tp / f"{case}_input_ids_rank0.pt"), torch.load(tp / f"{case}_input_ids_rank1.pt"))
+    assert_same_greedy_step(torch.load(multi_turn_one / "ppo_greedy.pt", weights_only=False),
+                            torch.load(tp / "ppo_greedy.pt", weights_only=False), "ppo_greedy")
 
 
 # ---------------------------------------------------------------- reward extras that only some ranks return

@@ -22,6 +22,7 @@ import torch
 
 from ..data.batch import Batch
 from ..models.load import attention_backends, autocast, eval_mode
+from ..parallel import tensor_parallel
 from ..rollout.base import SamplingParams
 from ..rollout.sampling import next_tokens, sampled_logprobs
 from ..rollout.weights import inference_weights
@@ -55,7 +56,8 @@ class EpisodeRunner:
     def run(self, rows: list[dict], n: int, sampling: SamplingParams, *, continuous: bool = True) -> list[Episode]:
         """`n` episodes per row (consecutive), each decoding up to `sampling.max_new_tokens` tokens after its
         prompt. `continuous=False` runs the plain loop instead: each turn re-prefills every conversation and waits
-        for the slowest episode (what the benchmark compares with; also the path of engines that cannot park)."""
+        for the slowest episode (what the benchmark compares with; also the path of engines that cannot park, and
+        of a tensor-parallel model, whose processes must decode the same rows in the same order)."""
         episodes, envs = [], []
         for row in rows:
             for _ in range(n):
@@ -71,7 +73,10 @@ class EpisodeRunner:
             with inference_weights(engine.model, engine.dtype) as model, \
                     attention_backends(torch.device(engine.device)):
                 engine.prepare(model)
-                parks = continuous and getattr(engine, "shared_prefix_ok", False) and hasattr(engine, "park")
+                # a tensor-parallel group decodes in lockstep (its forwards are collectives), but the continuous
+                # loop's batch changes as environments happen to answer, which differs between the group's processes
+                parks = (continuous and getattr(engine, "shared_prefix_ok", False) and hasattr(engine, "park")
+                         and not tensor_parallel(model))
                 with eval_mode(model), torch.no_grad(), autocast(engine.device, engine.dtype):
                     generator = (None if sampling.greedy else
                                  torch.Generator(engine.device).manual_seed(int(torch.randint(0, 2**62, (1,)))))

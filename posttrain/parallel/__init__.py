@@ -6,8 +6,8 @@ that imports torch.distributed (tests/test_layers.py holds every other package t
 from . import balance
 from .context import Parallel, ParallelDims, init_parallel, shutdown
 from .shard import (ShardSettings, agreed, clip_grad_norm, gathered_for_generation, is_sharded, parallelize,
-                    prepare_model, set_gradient_sync)
+                    prepare_model, set_gradient_sync, tensor_parallel)
 
 __all__ = ["balance", "Parallel", "ParallelDims", "init_parallel", "shutdown", "ShardSettings", "agreed",
            "clip_grad_norm", "gathered_for_generation", "is_sharded", "parallelize", "prepare_model",
-           "set_gradient_sync"]
+           "set_gradient_sync", "tensor_parallel"]

@@ -167,6 +167,17 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def tensor_parallel(model: nn.Module) -> bool:
+    """Does `model`'s forward run collectives of its own (layers split over a tensor-parallel group)? Then the ranks
+    of the group must run the same forwards, on the same rows, in the same order."""
+    for p in model.parameters():
+        mesh = getattr(p, "device_mesh", None)
+        names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
+        if "tp" in names and mesh["tp"].size() > 1:
+            return True
+    return False
+
+
 def agreed(ok: bool, model: nn.Module) -> bool:
     """A one-time choice of a sharded model's code path (a fast path's check), the same on every rank: True only
     where every rank found `ok`. Ranks that chose differently would run different collectives in the model's
