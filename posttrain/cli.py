@@ -205,7 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("sft", help="supervised fine-tuning on (prompt, response) rows; loss on response tokens")
+    p = sub.add_parser("sft", help="supervised fine-tuning on (prompt, response) rows or `messages` conversations; "
+                       "loss on response / assistant tokens")
     p.add_argument("--model", required=True, help="local Hugging Face model directory or hub id (owner/name)")
     p.add_argument("--train-files", nargs="+", required=True)
     p.add_argument("--val-files", nargs="*", default=None, help="dev set: the lowest dev loss is kept")

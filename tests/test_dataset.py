@@ -165,6 +165,67 @@ def test_sft_dataset_masks_response_only(tmp_path, tiny_tokenizer):
         SFTDataset(write_jsonl(tmp_path / "t.jsonl", [rl_row(1, 2, "x", 0)]), tiny_tokenizer)
 
 
+@pytest.fixture(scope="module")
+def tool_tokenizer():
+    from posttrain.data.synthetic_tools import tokenizer_corpus
+    from posttrain.models.tiny import build_tokenizer
+
+    return build_tokenizer(tokenizer_corpus(0, 200), tools=True)
+
+
+def test_sft_conversation_learns_assistant_tokens_only(tmp_path, tool_tokenizer):
+    """A multi-turn conversation with tool turns trains on each assistant turn's content and EOS only: the system,
+    user and tool messages and the template's own tokens (role headers, the newline after EOS) have loss mask 0,
+    and the ids are the pieces a rollout would hold, in order."""
+    tok = tool_tokenizer
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*34"}}</tool_call>'
+    row = {"messages": [{"role": "system", "content": "Be exact."}, {"role": "user", "content": "12*34="},
+                        {"role": "assistant", "content": call}, {"role": "tool", "content": "408"},
+                        {"role": "assistant", "content": "408"}, {"role": "user", "content": "thanks"}],
+           "tools": json.dumps([{"type": "function", "function": {
+               "name": "calculator", "parameters": {"type": "object", "properties": {"expression": {}}}}}])}
+    pieces = [  # (text, learned), written out by hand from the template's layout
+        ("<|im_start|>system\nBe exact.\nTools: calculator(expression)<|im_end|>\n<|im_start|>user\n12*34=<|im_end|>"
+         "\n<|im_start|>assistant\n", 0),
+        (call, 1), (tok.eos_token, 1),
+        ("\n<|im_start|>user\n<tool_response>\n408\n</tool_response><|im_end|>\n<|im_start|>assistant\n", 0),
+        ("408", 1), (tok.eos_token, 1)]  # the trailing user turn teaches nothing and is left out
+    expected_ids, expected_mask = [], []
+    for text, learned in pieces:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        expected_ids += ids
+        expected_mask += [learned] * len(ids)
+    data = SFTDataset(write_jsonl(tmp_path / "c.jsonl", [row]), tok)
+    assert data.examples[0] == (expected_ids, expected_mask)
+    ids, attn, loss = data.collate([0], tok.pad_token_id)
+    assert ids[0].tolist() == expected_ids and loss[0].tolist() == expected_mask and attn[0].all()
+    assert tok.decode(ids[0][loss[0].bool()]) == call + tok.eos_token + "408" + tok.eos_token
+
+
+def test_sft_conversation_with_tool_calls_field_learns_its_rendering(tmp_path, tool_tokenizer):
+    """An assistant message given as `tool_calls` (no content) trains on the template's text of the call."""
+    tok = tool_tokenizer
+    row = {"messages": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}]}]}
+    ids, mask = SFTDataset(write_jsonl(tmp_path / "c.jsonl", [row]), tok).examples[0]
+    learned = tok.decode([t for t, m in zip(ids, mask) if m])
+    assert learned == '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call><|im_end|>'
+
+
+def test_sft_conversation_errors(tmp_path, tool_tokenizer, tiny_tokenizer):
+    with pytest.raises(DataError, match="row 0, column 'messages': no assistant message"):
+        SFTDataset(write_jsonl(tmp_path / "a.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}]),
+                   tool_tokenizer)
+    with pytest.raises(DataError, match="row 0, column 'messages': expected a list of messages"):
+        SFTDataset(write_jsonl(tmp_path / "b.jsonl", [{"messages": "hi"}]), tool_tokenizer)
+    long = {"messages": [{"role": "user", "content": "1"}, {"role": "assistant", "content": "2" * 50}]}
+    with pytest.raises(DataError, match="tokens > max_length=20"):
+        SFTDataset(write_jsonl(tmp_path / "c.jsonl", [long]), tool_tokenizer, max_length=20)
+    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", [long]), tool_tokenizer, max_length=20, truncation="right")
+    ids, mask = data.examples[0]
+    assert len(ids) == 20 and mask[-1] == 1
+
+
 def test_synthetic_task():
     assert add_without_carry(47, 38) == 75 and add_without_carry(75, 48) == 13 and add_without_carry(12, 34) == 46
     train, dev, test = split_pairs(0)

@@ -284,42 +284,59 @@ def collate_prompts(items: Sequence[PromptItem], pad_id: int):
 
 
 class SFTDataset:
-    """(prompt, response) pairs in the same layout: the prompt column plus a response column (a string).
+    """Supervised examples in the same layout, each token ids with a loss mask (1 on the tokens the model learns).
 
-    Each example is prompt ids (chat template, generation prompt) + response ids + EOS; the loss mask covers the
-    response and its EOS only. With a vision-language `processor` (models/vision.py) rows may hold images in
-    `image_key`, as in RLDataset; `images[i]` are example i's image inputs (or None).
+    A row is either a prompt column plus a response column (a string) — prompt ids (chat template, generation
+    prompt) + response ids + EOS, the loss on the response and its EOS — or a conversation: a `messages_key` column
+    (system / user / assistant / tool messages) and optionally a `tools_key` column (function schemas for the
+    template's `tools=`). A conversation is tokenized turn by turn, as a multi-turn rollout builds it: each
+    assistant message is its content's ids + EOS with loss 1 (what the policy writes), everything between them —
+    the other messages and the template's own tokens — is the template's rendering with loss 0. With a
+    vision-language `processor` (models/vision.py) prompt/response rows may hold images in `image_key`, as in
+    RLDataset; `images[i]` are example i's image inputs (or None).
     """
 
     def __init__(self, files, tokenizer, *, prompt_key="prompt", response_key="response", max_length=1024,
-                 truncation="error", missing_chat_template="error", processor=None, image_key="images"):
-        self.examples: list[tuple[list[int], list[int]]] = []
+                 truncation="error", missing_chat_template="error", processor=None, image_key="images",
+                 messages_key="messages", tools_key="tools"):
+        self.examples: list[tuple[list[int], list[int]]] = []  # (ids, loss mask)
         self.images: list[dict | None] = []
-        eos = tokenizer.eos_token_id
         check_chat_template(tokenizer, missing_chat_template, "--missing-chat-template")
         for path in _as_list(files):
             for i, row in enumerate(read_rows(path)):
                 where = f"{path}: row {i}"
-                for column, option in ((prompt_key, "--prompt-key"), (response_key, "--response-key")):
-                    if column not in row:
-                        raise missing_column(where, column, row, option)
-                if not isinstance(row[response_key], str):
-                    raise DataError(f"{where}, column '{response_key}': expected a string, got {row[response_key]!r:.80}")
-                messages = prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'")
-                images = None
-                if row.get(image_key) is not None and len(row[image_key]) or processor is not None:
-                    prompt, images = encode_with_images(processor, messages, row.get(image_key), where, image_key)
+                if messages_key in row and response_key not in row:
+                    ids, mask = conversation_tokens(tokenizer, row[messages_key], row.get(tools_key), where,
+                                                    f"column '{messages_key}'")
+                    images = None
                 else:
-                    prompt = encode_prompt(tokenizer, messages, where=where)
-                response = tokenizer(row[response_key], add_special_tokens=False)["input_ids"] + [eos]
-                if len(prompt) + len(response) > max_length:
+                    ids, mask, images = self._prompt_response(row, where, tokenizer, prompt_key, response_key,
+                                                              processor, image_key)
+                if len(ids) > max_length:
                     if truncation == "error":
-                        raise DataError(f"{where}: {len(prompt) + len(response)} tokens > max_length={max_length}")
-                    response = response[: max(max_length - len(prompt), 1)]
-                self.examples.append((prompt, response))
+                        raise DataError(f"{where}: {len(ids)} tokens > max_length={max_length}")
+                    keep = max(max_length, mask.index(1) + 1 if 1 in mask else 1)
+                    ids, mask = ids[:keep], mask[:keep]
+                self.examples.append((ids, mask))
                 self.images.append(images)
         if not self.examples:
             raise DataError(f"{files}: no rows")
+
+    @staticmethod
+    def _prompt_response(row, where, tokenizer, prompt_key, response_key, processor, image_key):
+        for column, option in ((prompt_key, "--prompt-key"), (response_key, "--response-key")):
+            if column not in row:
+                raise missing_column(where, column, row, option)
+        if not isinstance(row[response_key], str):
+            raise DataError(f"{where}, column '{response_key}': expected a string, got {row[response_key]!r:.80}")
+        messages = prompt_messages(row[prompt_key], f"{where}, column '{prompt_key}'")
+        images = None
+        if row.get(image_key) is not None and len(row[image_key]) or processor is not None:
+            prompt, images = encode_with_images(processor, messages, row.get(image_key), where, image_key)
+        else:
+            prompt = encode_prompt(tokenizer, messages, where=where)
+        response = tokenizer(row[response_key], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        return prompt + response, [0] * len(prompt) + [1] * len(response), images
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -329,13 +346,60 @@ class SFTDataset:
         import torch
 
         seqs = [self.examples[i] for i in indices]
-        width = max(len(p) + len(r) for p, r in seqs)
+        width = max(len(ids) for ids, _ in seqs)
         ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
         attn = torch.zeros((len(seqs), width), dtype=torch.long)
         loss = torch.zeros((len(seqs), width), dtype=torch.long)
-        for i, (p, r) in enumerate(seqs):
-            n = len(p) + len(r)
-            ids[i, :n] = torch.tensor(p + r)
-            attn[i, :n] = 1
-            loss[i, len(p):n] = 1
+        for i, (tokens, mask) in enumerate(seqs):
+            ids[i, :len(tokens)] = torch.tensor(tokens)
+            attn[i, :len(tokens)] = 1
+            loss[i, :len(tokens)] = torch.tensor(mask)
         return ids, attn, loss
+
+
+def conversation_tokens(tokenizer, messages, tools, where: str, column: str) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of a conversation: 1 on each assistant message's content and its EOS, 0 elsewhere.
+
+    The text between two assistant turns is the template's rendering of the conversation so far past what the
+    previous assistant turn ended with (its text and the EOS token), tokenized on its own, as a rollout appends it;
+    a template whose rendering of earlier turns changes as the conversation grows cannot be split this way and is
+    an error.
+    """
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise DataError(f"{where}, {column}: expected a list of messages with a 'role' each, got {messages!r:.80}")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where}: column 'tools' is a string but not JSON ({e.msg})") from None
+    said = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    if not said:
+        raise DataError(f"{where}, {column}: no assistant message, nothing to learn")
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError(f"{where}: a conversation needs the tokenizer's chat template (it has none)")
+    kwargs = {"tools": tools} if tools else {}
+
+    def render(upto: int, generation: bool) -> str:
+        try:
+            return tokenizer.apply_chat_template(messages[:upto], add_generation_prompt=generation, tokenize=False,
+                                                 **kwargs)
+        except Exception as e:  # jinja errors of a template that rejects this conversation
+            raise DataError(f"{where}: the tokenizer's chat template failed on this conversation "
+                            f"({type(e).__name__}: {e})") from None
+
+    eos = tokenizer.eos_token
+    ids, mask, done = [], [], ""  # done: the text that ids stand for
+    for k in said:
+        before, through = render(k, True), render(k + 1, False)
+        if not before.startswith(done) or not through.startswith(before) or eos not in through[len(before):]:
+            raise DataError(f"{where}: the chat template does not render the conversation up to assistant message "
+                            f"{k} as the text before it, the generation prompt, the message and {eos!r}, so the "
+                            "assistant's tokens cannot be told apart")
+        written = through[len(before):].rsplit(eos, 1)[0]  # the content, or the template's text of its tool_calls
+        delta = tokenizer(before[len(done):], add_special_tokens=False)["input_ids"]
+        turn = tokenizer(written, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        ids += delta + turn
+        mask += [0] * len(delta) + [1] * len(turn)
+        done = before + written + eos
+    return ids, mask

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM,
@@ -26,6 +26,8 @@ from transformers import (GenerationConfig, PreTrainedTokenizerFast, Qwen2Config
 
 __all__ = [
     "CHAT_TEMPLATE",
+    "TOOL_CHAT_TEMPLATE",
+    "TOOL_TOKENS",
     "PAD_TOKEN",
     "IM_START",
     "IM_END",
@@ -59,6 +61,46 @@ CHAT_TEMPLATE = (
     "{%- endif %}"
 )
 
+# The hermes tool-call markers, as Qwen2.5 has them: one token each, not special (decoding keeps them).
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+# CHAT_TEMPLATE with Qwen2.5's tool layout, kept short for the tiny model's context: the tools go into the system
+# turn as one line of signatures (`Tools: calculator(expression)`, no JSON schema), tool results are a user turn
+# of <tool_response> blocks (consecutive tool messages share one), and an assistant turn's content is rendered
+# verbatim, so the policy's own tool-call text stays as sampled; `tool_calls` fields render as compact
+# <tool_call>{"name": ..., "arguments": ...}</tool_call>.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n' }}{%- endif %}"
+    "{{- 'Tools:' }}"
+    "{%- for tool in tools %}"
+    "{%- set f = tool['function'] if tool['function'] is defined else tool %}"
+    "{%- set params = f['parameters']['properties'] if f['parameters'] is defined else {} %}"
+    "{{- ' ' + f['name'] + '(' + (params | list | join(', ')) + ')' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif not (tools and loop.first and message['role'] == 'system') %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{%- set args = call['arguments'] if call['arguments'] is string else call['arguments'] | tojson %}"
+    "{{- '<tool_call>{\"name\": \"' + call['name'] + '\", \"arguments\": ' + args + '}</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- endif %}"
+)
+
 
 def _qwen2_pipeline(tok: Tokenizer) -> None:
     """Install Qwen2's normalizer, pre-tokenizer and decoder on ``tok`` (so a reload as Qwen2Tokenizer matches)."""
@@ -72,14 +114,15 @@ def _qwen2_pipeline(tok: Tokenizer) -> None:
     tok.decoder = decoders.ByteLevel()
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 512,
-                    extra_special_tokens: Iterable[str] = ()) -> PreTrainedTokenizerFast:
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 512, extra_special_tokens: Iterable[str] = (), *,
+                    tools: bool = False) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on ``texts`` with Qwen2's pre-tokenization and ChatML specials.
 
     The 256 byte symbols are always in the vocabulary (so any string round-trips); merges learned from ``texts``
     fill the rest up to ``vocab_size``. Ids 0, 1, 2 are ``<|endoftext|>`` (pad), ``<|im_start|>``, ``<|im_end|>``
     (eos); ``extra_special_tokens`` (e.g. a VL model's vision markers) follow them. Training is deterministic for a
-    given list of texts.
+    given list of texts. ``tools``: TOOL_CHAT_TEMPLATE, and TOOL_TOKENS added after the learned vocabulary as
+    ordinary (not special) tokens, as Qwen2.5 has them.
     """
     texts = list(texts)
     extra = list(extra_special_tokens)
@@ -103,8 +146,10 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 512,
         clean_up_tokenization_spaces=False,
         model_max_length=32768,
         padding_side="left",
-        chat_template=CHAT_TEMPLATE,
+        chat_template=TOOL_CHAT_TEMPLATE if tools else CHAT_TEMPLATE,
     )
+    if tools:
+        hf_tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     return hf_tok
 
 
@@ -120,15 +165,17 @@ def build_tiny_model(
     intermediate_size: int = 384,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    tools: bool = False,
 ) -> Path:
     """Build tokenizer + randomly initialised tied-embedding ``Qwen2ForCausalLM`` and save both into ``out_dir``.
 
     The embedding matrix is padded to a multiple of 8 (faster matmuls; extra rows are never produced by the
-    tokenizer). eos = ``<|im_end|>``, pad = ``<|endoftext|>``, no bos — as in Qwen2.5-Instruct. Returns ``out_dir``.
+    tokenizer). eos = ``<|im_end|>``, pad = ``<|endoftext|>``, no bos — as in Qwen2.5-Instruct. ``tools``: the
+    tokenizer of ``build_tokenizer(tools=True)`` (tool chat template and tool-call tokens). Returns ``out_dir``.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size, tools=tools)
     config = _tiny_config(tokenizer, hidden_size=hidden_size, intermediate_size=intermediate_size,
                           num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
                           max_position_embeddings=max_position_embeddings)

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from . import code as _code
 from . import gsm8k as _gsm8k
 from . import math as _math
+from . import tool_answer as _tool_answer
 
 Scorer = Callable[[str, str, Any], "float | dict"]  # (solution_str, ground_truth, extra_info) -> score
 
@@ -198,4 +199,7 @@ register_scorer("openai/gsm8k", "gsm8k", "synthetic/arithmetic",
 register_scorer("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500", "math", "math500",
                 "hiyouga/geometry3k", "synthetic/visual-count",  # vision-language rows, answers in \boxed{}
                 extract_answer=_math.extract_answer)(_math_verify)
-register_scorer(*_code.DATA_SOURCES)(_code.score_code)  # runs the response against the row's tests, sandboxed
+register_scorer(*_code.DATA_SOURCES)(_code.score_code)
+register_scorer("synthetic/calculator",  # data/synthetic_tools.py: the episode's final answer, an exact product
+                extract_answer=lambda text: _tool_answer.extract_integer(_tool_answer.final_answer(text)))(
+    _tool_answer.score_integer_answer)  # runs the response against the row's tests, sandboxed

@@ -80,8 +80,9 @@ def verdict_agreement(model, data: SFTDataset, pad_id: int) -> float:
         ids, attn, _ = data.collate(rows, pad_id)
         logits = model(input_ids=ids.to(model.device), attention_mask=attn.to(model.device)).logits
         for i, row in enumerate(rows):
-            prompt, verdict = data.examples[row]
-            hits += int(logits[i, len(prompt) - 1].argmax()) == verdict[0]
+            tokens, mask = data.examples[row]
+            first = mask.index(1)  # the verdict's first token
+            hits += int(logits[i, first - 1].argmax()) == tokens[first]
     return hits / len(data)
 
 
