@@ -104,9 +104,14 @@ def cmd_prepare(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    if args.task == "tools":
+        from .trainer.tools_task import run_tools_demo
+
+        run_tools_demo(args.output_dir or "runs/demo_tools", seed=args.seed, rl_steps=args.rl_steps)
+        return 0
     from .trainer.demo import run_demo
 
-    run_demo(args.output_dir, seed=args.seed, rl_steps=args.rl_steps)
+    run_demo(args.output_dir or "runs/demo", seed=args.seed, rl_steps=args.rl_steps)
     return 0
 
 
@@ -229,7 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("demo", help="offline demo: tiny model, SFT warm start, GRPO, held-out accuracy and a plot")
-    p.add_argument("--output-dir", default="runs/demo")
+    p.add_argument("--task", choices=["add", "tools"], default="add",
+                   help="add: one-digit addition (single turn); tools: products of 3-4 digit numbers with a calculator "
+                        "tool (multi-turn episodes)")
+    p.add_argument("--output-dir", default=None, help="default: runs/demo (add), runs/demo_tools (tools)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rl-steps", type=int, default=40)
     p.set_defaults(func=cmd_demo)
