@@ -44,3 +44,28 @@ def test_family_improves_training_reward(small_task, family):
         assert all(m["batch/kept_prompts"] == 45 or m["batch/num_gen_batches"] == 4 for m in metrics)
     if family == "ppo_gae":
         assert all("critic/vf_loss" in m and "critic/values/mean" in m for m in metrics)
+
+
+def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path):
+    """The tool task (products of 3-4 digit numbers; `posttrain demo --task tools`), shortened: a tiny model's SFT on
+    1000 mixed demonstrations (on two of the three kinds of problem most call the calculator with a wrong operand),
+    then 15 seeded GRPO steps on multi-turn episodes with the calculator. On 100 held-out problems (greedy episodes
+    of the validation), the share whose first turn calls the calculator with the right expression rises by at least
+    0.2 and the accuracy of the final answer by at least 0.05 (measured on an AMD Zen 5: right calls 0.29 -> 0.61,
+    accuracy 0.22 -> 0.39, 90 s; the bounds leave room for other CPUs' SFT)."""
+    from posttrain.agents.episode_log import read_episodes
+    from posttrain.config import load_config
+    from posttrain.trainer.tools_task import TOOLS_RL_OVERRIDES, correct_call_share, prepare_tools_task, tools_sft
+
+    paths = prepare_tools_task(tmp_path, seed=0, train=1000, dev=100, held_out=100)
+    tools_sft(paths, tmp_path / "sft", seed=0, epochs=20)
+    RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + [
+        f"actor_rollout_ref.model.path={tmp_path / 'sft'}", f"data.train_files={paths['rl_train']}",
+        f"data.val_files={paths['test']}", "trainer.total_training_steps=15", "trainer.test_freq=15",
+        f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']"])).fit()
+    metrics = read_metrics(tmp_path / "rl")
+    key = "val-core/synthetic/calculator/acc/mean@1"
+    before, after = metrics[0][key], metrics[-1][key]
+    calls = [correct_call_share(read_episodes(tmp_path / "rl", step)[1]) for step in (0, 15)]
+    assert calls[1] - calls[0] >= 0.2, calls
+    assert after - before >= 0.05, (before, after)

@@ -149,7 +149,7 @@ TOOLS_RL_OVERRIDES = [
 
 
 def run_tools_demo(out_dir: str | Path = "runs/demo_tools", *, seed: int = 0, rl_steps: int = 40,
-                   sft_epochs: float = 20.0, extra_overrides: list[str] = (), quiet: bool = False) -> dict:
+                   sft_epochs: float = 30.0, extra_overrides: list[str] = (), quiet: bool = False) -> dict:
     """`posttrain demo --task tools`: the calculator task's SFT warm start, then GRPO on multi-turn episodes with the
     calculator; held-out greedy accuracy (and the share of first turns that call the tool right) before and after."""
     import time
