@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 FIRST_CAPACITY = 16  # suffix positions at first; the buffers grow by a quarter when full
+DROP_SLOTS_SHARE = 0.75  # prefixes no row reads are freed once the read ones are at most this share of the slots
 DROP_COLUMNS_MIN = 16  # unread suffix columns are dropped once there are at least this many (and a quarter)
 STATIC_FIRST_CAPACITY = 256  # the same in static mode (CUDA graphs): doubling from here, each size recorded once
 
@@ -40,6 +41,7 @@ class DecodeState:
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], prefix_mask: torch.Tensor, group: int,
                  max_new: int, *, static: bool = False, first_capacity: int | None = None):
         self.prefix_keys, self.prefix_values, self.group, self.max_new = keys, values, group, max_new
+        self._prefix_buffers: list[tuple[torch.Tensor, torch.Tensor]] = []  # `_store_slots`' buffers, once used
         self.static = static
         bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=prefix_mask.device)
         self.prefix_bias = bias.masked_fill(prefix_mask == 0, float("-inf")).repeat_interleave(group, 0)[:, None, None]
@@ -163,23 +165,24 @@ class DecodeState:
         decode from the next step on, for up to `max_new` more steps. Slots no row reads any more are freed."""
         self._drop_unread_slots()
         device = self.prefix_bias.device
-        width = max(self.prefix_keys[0].shape[2], keys[0].shape[2])
+        old_width = self.prefix_keys[0].shape[2]
+        self._store_slots(keys, values)
+        width = self.prefix_keys[0].shape[2]
         pad = torch.nn.functional.pad
 
         def left(x: torch.Tensor, dim: int, value: float = 0.0) -> torch.Tensor:  # widened on the left to `width`
             extra = width - x.shape[dim]
             return x if extra == 0 else pad(x, (0, 0) * (x.dim() - 1 - dim) + (extra, 0), value=value)
 
-        slots, new_slots = self.prefix_keys[0].shape[0], keys[0].shape[0]
+        slots, new_slots = self.prefix_keys[0].shape[0] - keys[0].shape[0], keys[0].shape[0]
         per_slot = torch.arange(1 if first_row_only else self.group, device=device)
         new_rows = ((slots + torch.arange(new_slots, device=device))[:, None] * self.group + per_slot).flatten()
         bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=device)
         bias = bias.masked_fill(prefix_mask == 0, float("-inf")).repeat_interleave(len(per_slot), 0)[:, None, None]
         old_rows = torch.arange(len(self.prefix_bias), device=device) if self.rows is None else self.rows
         self.rows = torch.cat([old_rows, new_rows])
-        self.prefix_keys = [torch.cat([left(a, 2), left(b, 2)]) for a, b in zip(self.prefix_keys, keys)]
-        self.prefix_values = [torch.cat([left(a, 2), left(b, 2)]) for a, b in zip(self.prefix_values, values)]
-        self.prefix_bias = torch.cat([left(self.prefix_bias, 3, float("-inf")), left(bias, 3, float("-inf"))])
+        old_bias = self.prefix_bias if width == old_width else left(self.prefix_bias, 3, float("-inf"))
+        self.prefix_bias = torch.cat([old_bias, left(bias, 3, float("-inf"))])
         added = len(new_rows)
         self.positions = torch.cat([self.positions, prefix_mask.sum(-1).repeat_interleave(len(per_slot))])
         self.ids = torch.cat([self.ids, ids.to(device)])
@@ -195,15 +198,45 @@ class DecodeState:
         self.layout += 1
         self._step_bias()
 
+    def _store_slots(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Append slots (per layer (slots, kv_heads, P', head_dim), left-padded) to the prefix. The prefix lives in
+        buffers with room for more slots (a third more at each growth) and a width a quarter wider than needed, so
+        that a run adding slots one batch at a time (episodes resuming) copies what it holds rarely, not at every
+        addition; `prefix_keys` / `prefix_values` are views of the slots in use, left-padded to the buffers' width."""
+        used, width = self.prefix_keys[0].shape[0], self.prefix_keys[0].shape[2]
+        new, need = keys[0].shape[0], keys[0].shape[2]
+        capacity = self._prefix_buffers[0][0].shape[0] if self._prefix_buffers else used
+        if need > width or used + new > capacity or not self._prefix_buffers:
+            width = max(width, need + need // 4) if need > width else width
+            capacity = max(used + new, used + used // 3 + new)
+            buffers = []
+            for k, v in zip(self.prefix_keys, self.prefix_values):
+                bk = k.new_zeros(capacity, k.shape[1], width, k.shape[3])
+                bv = v.new_zeros(capacity, v.shape[1], width, v.shape[3])
+                bk[:used, :, width - k.shape[2]:] = k
+                bv[:used, :, width - v.shape[2]:] = v
+                buffers.append((bk, bv))
+            self._prefix_buffers = buffers
+        for (bk, bv), k, v in zip(self._prefix_buffers, keys, values):
+            bk[used:used + new, :, :width - need] = 0
+            bv[used:used + new, :, :width - need] = 0
+            bk[used:used + new, :, width - need:] = k
+            bv[used:used + new, :, width - need:] = v
+        self.prefix_keys = [bk[:used + new] for bk, _ in self._prefix_buffers]
+        self.prefix_values = [bv[:used + new] for _, bv in self._prefix_buffers]
+
     def _drop_unread_slots(self) -> None:
-        """Free the prefixes of slots whose rows have all been removed (a long run keeps adding slots)."""
+        """Free the prefixes of slots whose rows have all been removed (a long run keeps adding slots), once they are
+        a quarter of the slots (each freeing copies the prefixes kept; until then the unread ones cost a little
+        compute in the attention's product)."""
         if self.rows is None:
             return
         read = torch.unique(self.rows // self.group)
-        if len(read) == self.prefix_keys[0].shape[0]:
+        if len(read) > DROP_SLOTS_SHARE * self.prefix_keys[0].shape[0]:  # few unread: not worth a copy yet
             return
         self.prefix_keys = [k.index_select(0, read) for k in self.prefix_keys]
         self.prefix_values = [v.index_select(0, read) for v in self.prefix_values]
+        self._prefix_buffers = []
         renumber = torch.zeros(int(read.max()) + 1 if len(read) else 1, dtype=torch.long, device=read.device)
         renumber[read] = torch.arange(len(read), device=read.device)
         self.rows = renumber[self.rows // self.group] * self.group + self.rows % self.group
