@@ -235,7 +235,7 @@ def test_multi_turn_settings_it_cannot_run_are_rejected(tmp_path):
          "default_agent_loop=tool_agent runs multi-turn episodes, which need"),
         ([MT_ON, "actor_rollout_ref.rollout.agent.default_agent_loop="], "default_agent_loop must name an environment"),
         (["actor_rollout_ref.rollout.agent.agent_loop_config_path=loops.yaml"],
-         "custom agent loop and interaction classes are not loaded"),
+         "agent_loop_config_path: 'loops.yaml' does not exist"),
         ([f"{MT}.interaction_config_path=interaction.yaml"], "custom agent loop and interaction classes are not loaded"),
         (["actor_rollout_ref.rollout.agent.custom_async_server.path=server.py"], "no separate server or manager"),
         (["actor_rollout_ref.rollout.mode=batch"], "rollout.mode='batch' is not one of"),

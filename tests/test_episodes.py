@@ -207,3 +207,67 @@ def test_guess_number_is_registered_with_its_rows_and_scorer():
         assert "between 1 and 10" in row["prompt"][0]["content"]
     assert default_compute_score("guess_number", "37", "37") == 0.0
     assert pickle.loads(pickle.dumps(RegisteredScorers()))("guess_number", "37", "37") == 0.0
+
+
+def test_an_agent_loop_file_registers_its_environments_by_name(tmp_path):
+    """verl's agent-loop file layout (`- name:` / `_target_:`): an environment class taking no arguments and a
+    factory taking the settings are registered under their names (a second read keeps them); verl's own kind of
+    agent-loop class (an async run()), an unknown target and a taken name are refused with the reason."""
+    from types import SimpleNamespace
+
+    from posttrain.agents.environment import ENVIRONMENTS, register_from_file
+
+    (tmp_path / "loops.yaml").write_text(
+        "- name: guess_again\n  _target_: posttrain.agents.envs.guess_number.GuessNumber\n"
+        "- name: single_again\n  _target_: posttrain.agents.tool_agent.SingleTurnAgent\n")
+    try:
+        assert register_from_file(str(tmp_path / "loops.yaml")) == ["guess_again", "single_again"]
+        assert register_from_file(str(tmp_path / "loops.yaml")) == ["guess_again", "single_again"]
+        env = ENVIRONMENTS["guess_again"](SimpleNamespace())
+        start = env.reset({"extra_info": {"secret": 3, "low": 1, "high": 4}})
+        assert start.messages and env.step(episode_saying("3")).done
+        assert ENVIRONMENTS["single_again"](SimpleNamespace()).step(episode_saying("x")).done
+    finally:
+        ENVIRONMENTS.pop("guess_again", None)
+        ENVIRONMENTS.pop("single_again", None)
+    bad = {"verl's loop": ("- name: mine\n  _target_: tests.test_episodes.VerlStyleLoop\n", "async run()"),
+           "unknown": ("- name: mine\n  _target_: no_such_module.Loop\n", "cannot import"),
+           "taken": ("- name: tool_agent\n  _target_: posttrain.agents.tool_agent.SingleTurnAgent\n",
+                     "already registered")}
+    for text, fragment in bad.values():
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(ValueError, match=fragment):
+            register_from_file(str(tmp_path / "bad.yaml"))
+    assert "mine" not in ENVIRONMENTS
+
+
+class VerlStyleLoop:
+    async def run(self, sampling_params, **kwargs):
+        return None
+
+
+def episode_saying(text: str) -> Episode:
+    return Episode(prompt_ids=[1], messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": text}])
+
+
+def test_the_agent_loop_config_path_key_registers_before_the_run_checks_names(tmp_path, tiny_model_dir):
+    """`rollout.agent.agent_loop_config_path` acts: the settings the trainer builds register the file's environments,
+    so `default_agent_loop` (and rows' agent_name) may name them; a file that fails to import is a config error."""
+    from posttrain.agents.environment import ENVIRONMENTS
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.config import ConfigError, load_config
+
+    (tmp_path / "loops.yaml").write_text("- name: guess_by_file\n"
+                                         "  _target_: posttrain.agents.envs.guess_number.GuessNumber\n")
+    keys = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            f"actor_rollout_ref.model.path={tiny_model_dir}", "actor_rollout_ref.rollout.multi_turn.enable=True",
+            f"actor_rollout_ref.rollout.agent.agent_loop_config_path={tmp_path / 'loops.yaml'}",
+            "actor_rollout_ref.rollout.agent.default_agent_loop=guess_by_file"]
+    try:
+        assert AgentSettings.from_config(load_config(None, keys)).default_agent_loop == "guess_by_file"
+        assert "guess_by_file" in ENVIRONMENTS
+    finally:
+        ENVIRONMENTS.pop("guess_by_file", None)
+    (tmp_path / "loops.yaml").write_text("- name: broken\n  _target_: no_such_module.Env\n")
+    with pytest.raises(ConfigError, match="agent_loop_config_path: .*cannot import 'no_such_module.Env'"):
+        AgentSettings.from_config(load_config(None, keys[:-1]))

@@ -52,3 +52,56 @@ def register_environment(*names: str):
             ENVIRONMENTS[name] = factory
         return factory
     return add
+
+
+def register_from_file(path: str) -> list[str]:
+    """Register the environments a verl-layout agent-loop file names (`- name: NAME` / `_target_: pkg.mod.Class`):
+    each target is an environment class or a factory; called with the run's agent settings when it takes an
+    argument, else with none. verl's own agent-loop classes (an async `run()`, no `step`) cannot run here. A name
+    already registered to the same target is left as it is; to another one, it is an error. Returns the names."""
+    import importlib
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    names = []
+    for entry in OmegaConf.to_container(OmegaConf.load(path)):
+        name, target = str(entry["name"]), str(entry["_target_"])
+        module, _, attr = target.rpartition(".")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"{path}: agent loop {name!r}: cannot import {target!r} ({type(e).__name__}: {e})") from None
+        if inspect.isclass(factory) and hasattr(factory, "run") and not hasattr(factory, "step"):
+            raise ValueError(f"{path}: agent loop {name!r}: {target} is an agent-loop class with an async run(), which "
+                             "does not run here; write the turn logic as an environment (reset / step, "
+                             "docs/agents.md) and name that class")
+        if not callable(factory):
+            raise ValueError(f"{path}: agent loop {name!r}: {target} is not a class or a function")
+        if ENVIRONMENTS.get(name) is not None and getattr(ENVIRONMENTS[name], "target", None) is factory:
+            names.append(name)
+            continue
+        if name in ENVIRONMENTS:
+            raise ValueError(f"{path}: agent loop {name!r}: an environment of that name is already registered "
+                             f"(registered: {', '.join(sorted(ENVIRONMENTS))}); give the entry another name")
+        register_environment(name)(_called_with_settings(factory))
+        names.append(name)
+    return names
+
+
+def _called_with_settings(factory):
+    """A factory of `settings` over `factory`: `factory(settings)` when it takes an argument, `factory()` else."""
+    import inspect
+
+    try:
+        inspect.signature(factory).bind(None)
+        takes_settings = True
+    except TypeError:
+        takes_settings = False
+    except ValueError:  # no signature to read (a builtin): give it the settings
+        takes_settings = True
+
+    def make(settings):
+        return factory(settings) if takes_settings else factory()
+    make.target = factory
+    return make

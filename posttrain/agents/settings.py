@@ -31,10 +31,15 @@ class AgentSettings:
 
     @classmethod
     def from_config(cls, cfg) -> "AgentSettings":
-        from .environment import ENVIRONMENTS
+        from .environment import ENVIRONMENTS, register_from_file
 
         rollout = cfg.actor_rollout_ref.rollout
         mt, agent = rollout.multi_turn, rollout.agent
+        if agent.agent_loop_config_path:  # a user's environments, registered in this process too
+            try:
+                register_from_file(agent.agent_loop_config_path)
+            except ValueError as e:
+                raise ConfigError(f"actor_rollout_ref.rollout.agent.agent_loop_config_path: {e}") from None
         if agent.default_agent_loop not in ENVIRONMENTS:
             raise ConfigError(f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop!r}: no "
                               f"such environment (registered: {', '.join(sorted(ENVIRONMENTS))}); an environment of "

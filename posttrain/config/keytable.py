@@ -253,7 +253,6 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.rollout.multi_turn.completion_callback", "only", ENVIRONMENTS, (None,)),
     Rule("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", "note", "each prompt's episodes are its "
          "rollout.n samples"),
-    Rule("actor_rollout_ref.rollout.agent.agent_loop_config_path", "only", ENVIRONMENTS, (None,)),
     Rule("actor_rollout_ref.rollout.agent.agent_loop_manager_class", "only", OWN_ENGINE, (None,)),
     Rule("actor_rollout_ref.rollout.agent.custom_async_server.*", "only", OWN_ENGINE, (None,)),
     Rule("actor_rollout_ref.rollout.engine_kwargs.**", "note", ENGINE),

@@ -44,6 +44,10 @@ def check_multi_turn(cfg: Config, check) -> None:
         if path is not None:
             problem = tool_file_problem(str(path), name)
             check(problem is None, f"{key}.{name}: {problem}", "files, models and packages")
+    if agent.agent_loop_config_path is not None:
+        problem = agent_loops_file_problem(str(agent.agent_loop_config_path))
+        check(problem is None, f"actor_rollout_ref.rollout.agent.agent_loop_config_path: {problem}",
+              "files, models and packages")
     if not mt.enable:
         check(agent.default_agent_loop == "single_turn_agent",
               f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop} runs multi-turn "
@@ -56,6 +60,22 @@ def check_multi_turn(cfg: Config, check) -> None:
     check.unsupported(not vision, f"{key}.enable=True with the vision-language model "
                                   f"{cfg.actor_rollout_ref.model.path}: episodes are text-only (tool results are "
                                   "appended as text, and image inputs are not carried across turns)")
+
+
+def agent_loops_file_problem(path: str) -> str | None:
+    """What is wrong with an agent-loop file (verl's `- name: / _target_:` list), read only; None when it reads."""
+    from omegaconf import OmegaConf
+
+    if not Path(path).is_file():
+        return f"{path!r} does not exist (or is not a file)"
+    try:
+        entries = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as e:  # yaml and omegaconf raise several types
+        return f"{path!r} is not readable YAML ({type(e).__name__}: {e})"
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and e.get("name") and e.get("_target_")
+                                                 for e in entries):
+        return f"{path!r} must hold a list of entries with `name` and `_target_` (package.module.Class)"
+    return None
 
 
 def tool_file_problem(path: str, name: str) -> str | None:

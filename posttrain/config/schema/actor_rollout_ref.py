@@ -257,6 +257,11 @@ class AgentConfig:
     needs `multi_turn.enable=True`"""
     num_workers: int = 8
     """threads per process that run environment steps (tool calls among them) while the other episodes decode"""
+    agent_loop_config_path: Optional[str] = None
+    """a YAML list in verl's layout (`- name: NAME` / `_target_: package.module.Class`): each target, an environment
+    class or a factory taking the run's agent settings, is registered under its name in every process when the run
+    starts, so rows can name it in `agent_name`. verl's own agent-loop classes (an async `run()`) are refused: write
+    the turn logic as an environment (docs/agents.md)"""
 
 
 @dataclass
