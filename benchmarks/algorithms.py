@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from posttrain.config import load_config
-from posttrain.trainer.demo import DEMO_RL_OVERRIDES
+from posttrain.tiny.demo import DEMO_RL_OVERRIDES
 from posttrain.trainer.rl import RLTrainer
 
 FAMILIES = {
@@ -54,7 +54,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     if not (out / "sft" / "model.safetensors").is_file():
-        from posttrain.trainer.demo import run_demo
+        from posttrain.tiny.demo import run_demo
 
         run_demo(str(out), rl_steps=1, quiet=True)  # builds data + SFT checkpoint exactly as the demo does
     rows = []

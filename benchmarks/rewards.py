@@ -181,14 +181,14 @@ def measure_judge(rows: list[tuple], path: str | None, repeats: int, tokens: int
     (`reward_model.judge.enable=True`, fp32, greedy, prompts decoded 64 at a time) on the suite's rows: the prompts
     filled (DIR/judge_template.txt when there is one, else the built-in template), decoded by posttrain's rollout
     engine for at most `tokens` tokens, parsed by the default parser. Without `path`: the tiny judge of the arithmetic
-    task (posttrain.trainer.tiny_judge), built first."""
+    task (posttrain.tiny.judge), built first."""
     import tempfile
 
     from posttrain.config import load_config
     from posttrain.parallel import Parallel
     from posttrain.reward.judge import DEFAULT_TEMPLATE, fill, parse_verdict
     from posttrain.roles.judge_model import Judge
-    from posttrain.trainer.tiny_judge import build_tiny_judge
+    from posttrain.tiny.judge import build_tiny_judge
 
     if path is None:
         path = str(build_tiny_judge(Path(tempfile.mkdtemp(prefix="judge_")) / "judge"))

@@ -105,11 +105,11 @@ def cmd_prepare(args) -> int:
 
 def cmd_demo(args) -> int:
     if args.task == "tools":
-        from .trainer.tools_task import run_tools_demo
+        from .tiny.tools_task import run_tools_demo
 
         run_tools_demo(args.output_dir or "runs/demo_tools", seed=args.seed, rl_steps=args.rl_steps)
         return 0
-    from .trainer.demo import run_demo
+    from .tiny.demo import run_demo
 
     run_demo(args.output_dir or "runs/demo", seed=args.seed, rl_steps=args.rl_steps)
     return 0

@@ -24,6 +24,7 @@ LAYERS = [
     ("tools",),
     ("agents", "config", "roles", "data.preprocess"),
     ("trainer",),
+    ("tiny",),
     ("cli",),
     ("__main__",),
 ]

@@ -55,7 +55,7 @@ def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path):
     accuracy 0.22 -> 0.39, 90 s; the bounds leave room for other CPUs' SFT)."""
     from posttrain.agents.episode_log import read_episodes
     from posttrain.config import load_config
-    from posttrain.trainer.tools_task import TOOLS_RL_OVERRIDES, correct_call_share, prepare_tools_task, tools_sft
+    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share, prepare_tools_task, tools_sft
 
     paths = prepare_tools_task(tmp_path, seed=0, train=1000, dev=100, held_out=100)
     tools_sft(paths, tmp_path / "sft", seed=0, epochs=20)

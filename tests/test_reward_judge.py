@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def judge_dir(tmp_path_factory):
     """The tiny judge of the one-digit addition task (a few seconds of fine-tuning)."""
-    from posttrain.trainer.tiny_judge import build_tiny_judge
+    from posttrain.tiny.judge import build_tiny_judge
 
     return build_tiny_judge(tmp_path_factory.mktemp("judge") / "judge")
 
@@ -227,7 +227,7 @@ def test_tiny_judge_agrees_with_correctness(judge_dir):
     from posttrain.reward.judge import judge_reward
     from posttrain.reward.registry import default_compute_score
     from posttrain.roles.judge_model import Judge
-    from posttrain.trainer.tiny_judge import judge_rows
+    from posttrain.tiny.judge import judge_rows
 
     cfg = judge_config(judge_dir, f"reward_model.judge.prompt_template_path={judge_dir / 'judge_template.txt'}",
                        "reward_model.micro_batch_size_per_gpu=32")
@@ -255,7 +255,7 @@ def test_tiny_judge_agrees_with_correctness(judge_dir):
 def test_a_tiny_judge_that_does_not_agree_in_time_is_refused(tmp_path):
     """The tiny judge trains until it agrees with the rule, not for a fixed number of steps: one that has not by
     max_steps is an error naming the agreement reached, and leaves no model behind."""
-    from posttrain.trainer.tiny_judge import JudgeNotTrained, build_tiny_judge
+    from posttrain.tiny.judge import JudgeNotTrained, build_tiny_judge
 
     with pytest.raises(JudgeNotTrained, match=r"after max_steps=40 steps \(wanted 99%\); agreement every 20 steps: "
                                               r"\[0\.\d+, 0\.\d+\]"):
@@ -327,7 +327,7 @@ def test_two_processes_judge_as_one(judge_dir, tmp_path):
     verdicts."""
     from posttrain.parallel import Parallel
     from posttrain.roles.judge_model import Judge
-    from posttrain.trainer.tiny_judge import judge_rows
+    from posttrain.tiny.judge import judge_rows
 
     prompts = [r["prompt"][0]["content"] for r in judge_rows(seed=7, n=5, operands=range(0, 10))]
     cfg = judge_config(judge_dir, "reward_model.micro_batch_size_per_gpu=2")

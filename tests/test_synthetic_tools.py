@@ -10,7 +10,7 @@ from posttrain.data.calculator import CalculatorError, calculate
 from posttrain.data.synthetic_tools import (AGENT_NAME, DATA_SOURCE, DEFAULT_MIX, call_text, demonstration, estimate,
                                             kind_of, tokenizer_corpus, tool_schemas, wrong_operand, write_task)
 from posttrain.reward.registry import default_compute_score
-from posttrain.trainer.tools_task import TOOL_FILE, parse_call
+from posttrain.tiny.tools_task import TOOL_FILE, parse_call
 
 
 @pytest.mark.parametrize("expression, value", [
@@ -189,7 +189,7 @@ def test_measure_tool_use_counts_calls_and_answers(tmp_path, monkeypatch):
 
     from posttrain.models.tiny import build_tiny_model
     from posttrain.rollout.engine import DecodeEngine
-    from posttrain.trainer.tools_task import measure_tool_use
+    from posttrain.tiny.tools_task import measure_tool_use
 
     model = build_tiny_model(tmp_path / "m", tokenizer_corpus(0, 200), hidden_size=16, num_layers=1, num_heads=2,
                              num_kv_heads=1, intermediate_size=16, tools=True)

@@ -29,8 +29,8 @@ def run_demo(out_dir: str = "runs/demo", *, seed: int = 0, rl_steps: int = 40, s
              extra_overrides: list[str] = (), quiet: bool = False) -> dict:
     from ..data.synthetic import tokenizer_corpus, write_task
     from ..models.tiny import build_tiny_model
-    from .rl import RLTrainer
-    from .sft import SFTArgs, run_sft
+    from ..trainer.rl import RLTrainer
+    from ..trainer.sft import SFTArgs, run_sft
 
     out = Path(out_dir)
     t0 = time.time()

@@ -28,7 +28,7 @@ from ..models.load import load_tokenizer
 from ..models.tiny import build_tiny_model
 from ..reward.judge import fill
 from ..reward.registry import default_compute_score
-from .sft import SFTArgs, remove_model, run_sft
+from ..trainer.sft import SFTArgs, remove_model, run_sft
 
 
 def judge_response(rng: random.Random, a: int, b: int) -> str:

@@ -33,7 +33,7 @@ def prepare_tools_task(out_dir: str | Path, *, seed: int = 0, hidden_size: int =
 def tools_sft(paths: dict[str, Path], out_dir: str | Path, *, seed: int = 0, epochs: float = 20.0, lr: float = 3e-3,
               batch_size: int = 32, patience: int = 0, quiet: bool = True) -> dict:
     """SFT of `paths["model"]` on the mixed demonstrations into `out_dir`, the best dev-loss checkpoint kept."""
-    from .sft import SFTArgs, run_sft
+    from ..trainer.sft import SFTArgs, run_sft
 
     return run_sft(SFTArgs(model_path=str(paths["model"]), train_files=[str(paths["sft_train"])],
                            val_files=[str(paths["sft_dev"])], output_dir=str(out_dir), epochs=epochs, lr=lr,
@@ -156,7 +156,7 @@ def run_tools_demo(out_dir: str | Path = "runs/demo_tools", *, seed: int = 0, rl
 
     from ..agents.episode_log import read_episodes
     from ..config import load_config
-    from .rl import RLTrainer
+    from ..trainer.rl import RLTrainer
 
     out, t0 = Path(out_dir), time.time()
     say = (lambda *a: None) if quiet else print
