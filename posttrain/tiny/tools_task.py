@@ -1,15 +1,10 @@
-"""The tool task's offline pipeline up to RL: data and tiny model (`prepare_tools_task`), the SFT warm start
-(`tools_sft`), and what the policy does with the tool after it (`measure_tool_use`).
-
-`measure_tool_use` plays short episodes by re-rendering the conversation each turn: a measuring stick for the
-SFT model (its tool calls and final answers), not the training loop, which keeps sampled tokens exactly.
-"""
+"""The tool task's offline pipeline: data and tiny model (`prepare_tools_task`), the SFT warm start (`tools_sft`),
+and `posttrain demo --task tools` (`run_tools_demo`: GRPO on episodes with the calculator after the warm start)."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
 from pathlib import Path
 
 TOOL_FILE = Path(__file__).with_name("calculator_tool.py")  # multi_turn.function_tool_path of the task
@@ -54,75 +49,6 @@ def parse_call(text: str) -> str | None:
         return None
     expression = call["arguments"].get("expression")
     return expression if isinstance(expression, str) else None
-
-
-def measure_tool_use(model_dir: str | Path, data_file: str | Path, *, max_turns: int = 3, limit: int | None = None,
-                    max_new_tokens: int = 48, temperature: float = 0.0, seed: int = 0) -> dict:
-    """Greedy (or, with `temperature`, sampled) episodes on `data_file`'s prompts: the share whose first turn calls the calculator at all
-    (`valid_call`), with the right expression (`correct_call`), not at all (`no_call`: no <tool_call> in it), and the
-    share whose final
-    answer is right (`accuracy`, by the task's scorer), overall and per problem kind."""
-    import torch
-
-    from ..data.batch import Batch
-    from ..data.calculator import CalculatorError, calculate
-    from ..data.dataset import PromptItem, collate_prompts, read_rows
-    from ..data.synthetic_tools import tool_schemas
-    from ..models.load import load_causal_lm, load_tokenizer
-    from ..models.policy import PolicyModel
-    from ..reward.tool_answer import score_integer_answer
-    from ..rollout.base import SamplingParams
-    from ..rollout.engine import DecodeEngine
-
-    rows = read_rows(data_file)[:limit]
-    tok = load_tokenizer(str(model_dir))
-    engine = DecodeEngine(PolicyModel(load_causal_lm(str(model_dir))), tok, device=torch.device("cpu"),
-                          dtype=torch.float32, cuda_graphs=False)
-    tools = tool_schemas()
-    sampling = SamplingParams(n=1, do_sample=temperature > 0, temperature=temperature or 1.0,
-                              max_new_tokens=max_new_tokens)
-    torch.manual_seed(seed)
-    talks = [list(r["prompt"]) for r in rows]
-    first: list[str | None] = [None] * len(rows)  # the first turn's expression
-    called = [False] * len(rows)  # the first turn opens a tool call, well-formed or not
-    live = list(range(len(rows)))
-    for turn in range(max_turns):
-        if not live:
-            break
-        items = [PromptItem(tok.apply_chat_template(talks[i], tools=tools, add_generation_prompt=True,
-                                                    tokenize=False), "", "") for i in live]
-        for item in items:
-            item.prompt_ids = tok(item.prompt_ids, add_special_tokens=False)["input_ids"]
-        prompts, mask = collate_prompts(items, engine.pad_id)
-        out = engine.generate(Batch({"prompts": prompts, "prompt_mask": mask}, {"uid": live}), sampling)
-        texts = tok.batch_decode(out["responses"], skip_special_tokens=True)
-        still = []
-        for i, text in zip(live, texts):
-            talks[i].append({"role": "assistant", "content": text})
-            expression = parse_call(text)
-            if turn == 0:
-                first[i], called[i] = expression, "<tool_call>" in text
-            if expression is None:
-                continue
-            try:
-                result = calculate(expression)
-            except CalculatorError as e:
-                result = f"error: {e}"
-            talks[i].append({"role": "tool", "name": "calculator", "content": result})
-            still.append(i)
-        live = still
-    counts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for row, expression, call, talk in zip(rows, first, called, talks):
-        truth = row["reward_model"]["ground_truth"]
-        right = expression is not None and _value(expression, calculate) == truth
-        for key in ("all", row["extra_info"].get("kind", "all")):
-            c = counts[key]
-            c["n"] += 1
-            c["valid_call"] += expression is not None
-            c["correct_call"] += right
-            c["no_call"] += not call
-            c["accuracy"] += score_integer_answer("", truth, {"messages": talk})
-    return {kind: {k: (v / c["n"] if k != "n" else int(v)) for k, v in c.items()} for kind, c in counts.items()}
 
 
 def _value(expression: str, calculate) -> str | None:
