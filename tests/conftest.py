@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny model built once per session, the shared data folder."""
+"""Shared fixtures: a tiny model built once per session (and, per module, a copy with larger random weights), the
+shared data folder."""
 
 from pathlib import Path
 
@@ -21,6 +22,22 @@ def tiny_tokenizer(tiny_model_dir):
     from posttrain.models.load import load_tokenizer
 
     return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    """The tiny model with larger random weights: greedy text that depends on the prompt."""
+    import torch
+
+    from posttrain.models.load import load_causal_lm
+
+    model = load_causal_lm(str(tiny_model_dir)).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
 
 
 @pytest.fixture(scope="session")

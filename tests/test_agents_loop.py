@@ -18,24 +18,12 @@ from posttrain.agents.rollout import episodes_batch
 from posttrain.agents.settings import AgentSettings
 from posttrain.agents.template import Template, render
 from posttrain.data.batch import Batch
-from posttrain.models.load import load_causal_lm
 from posttrain.rollout.base import SamplingParams
 import posttrain.rollout.decode_state as decode_state
 from posttrain.rollout.decode_state import DecodeState
 from posttrain.rollout.engine import DecodeEngine
 
 PROMPTS = [[{"role": "user", "content": "Add 2 and 3."}], [{"role": "user", "content": "What is 7 times 6?"}]]
-
-
-@pytest.fixture(scope="module")
-def lm(tiny_model_dir):
-    model = load_causal_lm(str(tiny_model_dir)).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    return model
 
 
 class Scripted:

@@ -11,7 +11,6 @@ import copy
 import pytest
 import torch
 
-from posttrain.models.load import load_causal_lm
 from posttrain.rollout.base import SamplingParams
 import posttrain.rollout.decode_state as decode_state
 from posttrain.rollout.engine import DecodeEngine
@@ -21,18 +20,6 @@ from posttrain.rollout.sampling import next_tokens
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 MODES = ["eager", "static", pytest.param("cuda_graphs", marks=CUDA)]
 SAMPLED = SamplingParams(temperature=1.0)
-
-
-@pytest.fixture(scope="module")
-def lm(tiny_model_dir):
-    """The tiny model with larger random weights: greedy text that depends on the prompt."""
-    model = load_causal_lm(str(tiny_model_dir)).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    return model
 
 
 def engine_for(mode, lm, tok, monkeypatch):
