@@ -111,13 +111,10 @@ class EpisodeRunner:
                         full = len(episodes[e].tokens) + len(tokens) >= budget
                         (ended if t in engine.eos_ids or full else kept).append(j)
                     if ended:
-                        pasts = {}
                         for j in ended:
                             e = int(state.ids[j])
                             if self._end_turn(episodes[e], *turn.pop(e)):
-                                pasts[e] = state.past(j)
-                                started = time.monotonic()
-                                waiting[pool.submit(envs[e].step, episodes[e])] = (e, pasts[e], started)
+                                waiting[pool.submit(envs[e].step, episodes[e])] = (e, state.past(j), time.monotonic())
                             turn[e] = ([], [])
                         keep = torch.tensor(kept, dtype=torch.long, device=state.ids.device)
                         state.keep(keep)
