@@ -496,7 +496,7 @@ gradient puts them."""
 
 STOP_SCRIPT = """
 import json, sys
-from posttrain.parallel.context import init_parallel, shutdown
+from posttrain.parallel.context import exit_process, init_parallel, shutdown
 from posttrain.trainer.preempt import StopOnSignal
 par = init_parallel(device_name="cpu", tp=2)  # 2 processes, one tensor-parallel pair: a single data-parallel rank
 stop = StopOnSignal()
@@ -505,6 +505,7 @@ answer = {"agreed": stop.agreed(par), "dp_max": par.max(par.rank)}
 with open(f"{sys.argv[1]}/rank{par.rank}.json", "w") as f:  # a file each: two ranks' prints can share a line
     json.dump(answer, f)
 shutdown()
+exit_process(0)  # as `posttrain` ends: no interpreter teardown racing gloo's worker threads
 """
 
 

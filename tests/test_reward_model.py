@@ -220,6 +220,7 @@ import json, sys
 import torch
 from posttrain.models.load import load_tokenizer
 from posttrain.parallel import init_parallel, shutdown
+from posttrain.parallel.context import exit_process
 from posttrain.roles.reward_model import RewardModel
 from tests.test_reward_model import rm_config, scored_batch
 
@@ -236,6 +237,7 @@ if par.is_main:
     with open(out, "w") as f:
         json.dump(sorted((r, s) for rs, ss in gathered for r, s in zip(rs, ss)), f)
 shutdown()
+exit_process(0)  # as `posttrain` ends: no interpreter teardown racing gloo's worker threads
 '''
 
 
