@@ -308,6 +308,8 @@ def test_a_program_that_does_not_import_is_refused_when_the_config_loads(tmp_pat
             load_config(None, [f"{key}={spec}"])
     with pytest.raises(ConfigError, match="rollout.name=hf"):
         load_config(None, [f"{key}=my_agent:play", "actor_rollout_ref.rollout.name=hf"])
+    with pytest.raises(ConfigError, match="adv_estimator=remax: its greedy baseline"):
+        load_config(None, [f"{key}=my_agent:play", "algorithm.adv_estimator=remax"])
     with pytest.raises(ConfigError, match="program_timeout_s=0.0 must be positive"):
         load_config(None, ["actor_rollout_ref.rollout.agent.program_timeout_s=0"])
     for spec in ("my_agent:play", f"{tmp_path}/my_agent.py:play", "python3 agent.py --flag"):
