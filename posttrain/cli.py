@@ -203,10 +203,14 @@ def cmd_sandbox_server(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    try:
+        from .serve.server import serve_engine
+    except ImportError as e:  # the serve extra is not installed: checked before the model loads
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from .models.load import compute_dtype, load_tokenizer, pick_device
     from .models.policy import PolicyModel
     from .rollout.registry import build_engine
-    from .serve.server import serve_engine
     from .trainer.evaluate import load_model_for_eval
 
     device = pick_device(args.device)
