@@ -18,7 +18,7 @@ import posttrain.rollout.decode_state as decode_state
 import posttrain.rollout.engine as engine_module
 from posttrain.models.load import load_causal_lm
 from posttrain.rollout.engine import DecodeEngine
-from posttrain.serve.scheduler import PromptTooLong, QueueFull, RequestSampling, Scheduler
+from posttrain.serve.scheduler import SLOT_ROWS, PromptTooLong, QueueFull, RequestSampling, Scheduler
 
 GREEDY = RequestSampling(temperature=0.0, max_tokens=8)
 PROMPTS = [[5, 17, 33, 2, 9, 41], [71, 8, 12], [3, 99, 250, 4, 18, 7, 61, 120, 45], [200, 11]]
@@ -111,11 +111,13 @@ def test_greedy_requests_give_the_full_forward_greedy_continuation(engine, sched
 
 
 def test_requests_joining_and_leaving_mid_run_decode_as_alone(engine, scheduler, lm64, monkeypatch):
-    """Requests that join while others decode (and of different n and max_tokens, so rows leave at different steps)
-    give every sample the greedy continuation of its own prompt."""
+    """Requests that join while others decode, of different n (more samples than a slot holds) and max_tokens (rows
+    leave at different steps), two with the same prompt joining together (sharing its slot), give every sample the
+    greedy continuation of its own prompt."""
     engine.eos_ids = {10**6}  # every request runs to max_tokens: the steps that submit come
     sched = scheduler()
-    plan = [(PROMPTS[0], 2, 12), (PROMPTS[1], 1, 3), (PROMPTS[2], 3, 9), (PROMPTS[3], 1, 6), (PROMPTS[1], 2, 7)]
+    assert SLOT_ROWS < 6
+    plan = [(PROMPTS[0], 2, 12), (PROMPTS[1], 1, 3), (PROMPTS[2], 6, 9), (PROMPTS[3], 1, 6), (PROMPTS[3], 2, 7)]
     handles = {}
 
     def submit(i):
@@ -132,15 +134,23 @@ def test_requests_joining_and_leaving_mid_run_decode_as_alone(engine, scheduler,
         assert [(t, f) for t, _, f in results[i].values()] == [want] * n, i
 
 
-def test_sampled_logprobs_are_the_float64_forwards(scheduler, lm64):
+def test_sampled_logprobs_are_the_float64_forwards(engine, scheduler, lm64, monkeypatch):
     """Each sampled token's log-prob equals log_softmax(logits / temperature) of a float64 full forward at it, for
-    every sample of a request, beside a request sampled at another temperature."""
+    every sample: of a request decoding from the start, and of requests joining mid-run, one with more samples than a
+    slot holds and one with the same prompt (sharing a slot with it) at another temperature and with a seed."""
+    engine.eos_ids = {10**6}  # the second step comes
     sched = scheduler()
-    handles = [sched.submit(PROMPTS[0], 3, RequestSampling(temperature=0.8, max_tokens=6)),
-               sched.submit(PROMPTS[2], 1, RequestSampling(temperature=1.0, max_tokens=6))]
+    plan = [(PROMPTS[0], 3, 0.8, None), (PROMPTS[2], SLOT_ROWS + 1, 1.0, None), (PROMPTS[2], 2, 0.7, 5)]
+    handles = []
+
+    def submit(prompt, n, temperature, seed):
+        handles.append(sched.submit(prompt, n, RequestSampling(temperature=temperature, max_tokens=6, seed=seed)))
+    on_step(engine, monkeypatch, {2: lambda: (submit(*plan[1]), submit(*plan[2]))})
+    submit(*plan[0])
     sched.start()
-    for handle, prompt, temperature in zip(handles, (PROMPTS[0], PROMPTS[2]), (0.8, 1.0)):
-        for tokens, logprobs, _ in collect(handle).values():
+    results = [collect(handles[0])] + [collect(h) for h in handles[1:]]
+    for (prompt, _, temperature, _), result in zip(plan, results):
+        for tokens, logprobs, _ in result.values():
             with torch.no_grad():
                 logits = lm64(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
             want = torch.log_softmax(logits / temperature, dim=-1)[torch.arange(len(tokens)), tokens]
