@@ -121,14 +121,17 @@ def test_a_greedy_chat_completion_is_the_models_greedy_text_with_its_logprobs(st
 def test_streamed_deltas_join_to_the_unstreamed_greedy_text(stack):
     tokenizer, lm, _, _, url = stack
     c = client(url)
-    whole = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=20, temperature=0)
+    whole = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=20, temperature=0, logprobs=True)
     chunks = list(c.chat.completions.create(model=MODEL, messages=USER, max_tokens=20, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+                                            stream_options={"include_usage": True}, logprobs=True))
     with_choice = [ch for ch in chunks if ch.choices]
     assert with_choice[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in with_choice) == whole.choices[0].message.content
     assert [ch.choices[0].finish_reason for ch in with_choice if ch.choices[0].finish_reason] == \
         [whole.choices[0].finish_reason]
+    streamed_logprobs = [e for ch in with_choice if ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed_logprobs] == \
+        [(e.token, e.logprob) for e in whole.choices[0].logprobs.content]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
@@ -240,6 +243,23 @@ def test_streamed_text_holds_back_a_tool_call_and_stop_string_prefixes(tool_mode
         sent += sample.push(t, -1.0)
         assert not sent.endswith("3")  # the start of the stop string waits
     assert sent + sample.finish() == "12*" and sample.stopped
+
+
+def test_incremental_text_is_the_text_of_all_ids_also_across_split_characters(tool_model_dir):
+    """Byte-level tokens split multi-byte characters: a token ending inside one gives no text until the character is
+    complete, and the pieces joined are the decoding of all ids at once."""
+    from posttrain.models.load import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tool_model_dir))
+    for text in ("héllo wörld ✓ 日本語 🙂 end", "12*34=408\n\n<tool_call>x", "  spaces  and\ttabs "):
+        ids = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
+        sample, pieces = SampleText(tokenizer), []
+        for t in ids:
+            pieces.append(sample.push(t, 0.0))
+            assert "\ufffd" not in pieces[-1]
+        pieces.append(sample.finish())
+        assert "".join(pieces) == text_of(tokenizer, ids) == text and sample.ids == ids
+        assert sum(1 for p in pieces if p) > 3  # it did come piece by piece
 
 
 class FixedScheduler:
@@ -449,6 +469,40 @@ def test_a_client_gone_before_its_answer_has_its_samples_cancelled(stack):
         with pytest.raises(httpx.TimeoutException):
             httpx.post(server.base_url + "/chat/completions", json=body, timeout=0.5)
         wait_for(lambda: spy.handles and None in spy.handles[0].cancels, 5)
+
+
+def test_reading_a_cancelled_generation_ends_at_once_not_at_its_deadline(tool_model_dir):
+    """A client gone before its answer: the request's handler stops waiting (nothing would read its answer)."""
+    from posttrain.models.load import load_tokenizer
+    from posttrain.serve.generation import Cancelled, Generation
+
+    class Silent:  # a request whose samples never produce an event
+        cancelled = []
+
+        async def aevents(self):
+            await asyncio.Event().wait()
+            yield
+
+        def cancel(self, sample=None):
+            self.cancelled.append(sample)
+
+    tokenizer = load_tokenizer(str(tool_model_dir))
+
+    async def scenario():
+        handle = Silent()
+        gen = Generation([handle], 1, [SampleText(tokenizer)], deadline=time.monotonic() + 600)
+
+        async def read():
+            async for _ in gen.updates():
+                pass
+        reader = asyncio.ensure_future(read())
+        await asyncio.sleep(0.05)
+        gen.cancel()
+        with pytest.raises(Cancelled):
+            await asyncio.wait_for(reader, 5)
+        return handle.cancelled
+
+    assert asyncio.run(scenario()) == [None]
 
 
 def test_an_api_key_is_required_when_set(stack):

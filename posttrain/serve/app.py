@@ -27,7 +27,7 @@ except ImportError as e:  # the serve extra is optional
     raise ImportError("the server needs FastAPI and uvicorn: pip install 'posttrain[serve]'") from e
 
 from .chat import ChatError, SampleText, render, tool_message
-from .generation import Generation, GenerationFailed, RequestTimeout
+from .generation import Cancelled, Generation, GenerationFailed, RequestTimeout
 from .protocol import ChatRequest, CompletionRequest, RewardRequest, error_body
 from .recorder import Call, Recorder
 from .scheduler import PromptTooLong, QueueFull, RequestSampling
@@ -115,6 +115,10 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         auth = request.headers.get("authorization", "")
         return (auth[len("Bearer "):].strip() or None) if auth.startswith("Bearer ") else None
 
+    def timed_out() -> APIError:
+        return APIError(504, f"the request took longer than {request_timeout_s:g} s and was cancelled",
+                        "timeout_error", code="timeout")
+
     def check_model(name: str) -> None:
         if name != served.name:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {served.name!r}",
@@ -170,10 +174,11 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
             async for _ in gen.updates():
                 pass
         except RequestTimeout:
-            raise APIError(504, f"the request took longer than {request_timeout_s:g} s and was cancelled",
-                           "timeout_error", code="timeout") from None
+            raise timed_out() from None
         except GenerationFailed as e:
             raise APIError(500, str(e), "server_error") from None
+        except Cancelled:  # nobody reads this answer
+            raise APIError(499, "the client closed the connection", "invalid_request_error") from None
         finally:
             watcher.cancel()
             gen.cancel()
@@ -217,9 +222,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         except StopAsyncIteration:
             first = None
         except RequestTimeout:
-            gen.cancel()
-            raise APIError(504, f"the request took longer than {request_timeout_s:g} s and was cancelled",
-                           "timeout_error", code="timeout") from None
+            raise timed_out() from None
         except GenerationFailed as e:
             gen.cancel()
             raise APIError(500, str(e), "server_error") from None
@@ -236,8 +239,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                     yield sse(chunk)
                 yield "data: [DONE]\n\n"
             except RequestTimeout:
-                yield sse(error_body(f"the request took longer than {request_timeout_s:g} s and was cancelled",
-                                     "timeout_error", "timeout"))
+                yield sse(timed_out().body)
             except GenerationFailed as e:
                 yield sse(error_body(str(e), "server_error"))
             finally:  # also when the client went away (the response task is cancelled)
