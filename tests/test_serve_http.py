@@ -461,12 +461,13 @@ def test_a_client_gone_mid_stream_has_its_samples_cancelled(stack):
     assert client(url).chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices
 
 
-def test_a_client_gone_before_its_answer_has_its_samples_cancelled(stack):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_before_its_answer_has_its_samples_cancelled(stack, stream):
     tokenizer, _, scheduler, _, _ = stack
     spy = Spy(scheduler)
     with serve_in_thread(build_app(Served(MODEL, tokenizer, spy))) as server, scheduler.paused():
-        body = {"model": MODEL, "messages": USER, "max_tokens": 400, "temperature": 0}
-        with pytest.raises(httpx.TimeoutException):
+        body = {"model": MODEL, "messages": USER, "max_tokens": 400, "temperature": 0, "stream": stream}
+        with pytest.raises(httpx.TimeoutException):  # a stream waits for its first token before it starts
             httpx.post(server.base_url + "/chat/completions", json=body, timeout=0.5)
         wait_for(lambda: spy.handles and None in spy.handles[0].cancels, 5)
 

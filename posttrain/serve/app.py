@@ -162,8 +162,9 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
             raise APIError(503, f"the server is shutting down ({e})", "server_error") from None
         return handles
 
-    async def collect(gen: Generation, request: Request) -> None:
-        """Every update consumed (the samples' text and ids accumulate in them); the client watched meanwhile."""
+    @contextlib.asynccontextmanager
+    async def watching(gen: Generation, request: Request):
+        """Inside it, a client that disconnects has its samples cancelled (the reader gets `Cancelled`)."""
         async def watch():
             while not await request.is_disconnected():
                 await asyncio.sleep(DISCONNECT_POLL_S)
@@ -171,8 +172,16 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
 
         watcher = asyncio.ensure_future(watch())
         try:
-            async for _ in gen.updates():
-                pass
+            yield
+        finally:
+            watcher.cancel()
+
+    async def collect(gen: Generation, request: Request) -> None:
+        """Every update consumed (the samples' text and ids accumulate in them); the client watched meanwhile."""
+        try:
+            async with watching(gen, request):
+                async for _ in gen.updates():
+                    pass
         except RequestTimeout:
             raise timed_out() from None
         except GenerationFailed as e:
@@ -180,7 +189,6 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         except Cancelled:  # nobody reads this answer
             raise APIError(499, "the client closed the connection", "invalid_request_error") from None
         finally:
-            watcher.cancel()
             gen.cancel()
 
     def record(request: Request, prompts: list[list[int]], n: int, samples: list[SampleText], finishes: list[str]):
@@ -213,12 +221,13 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         samples = [SampleText(tokenizer, body.stop_strings(), watch) for _ in range(len(prompts) * body.n)]
         return Generation(handles, body.n, samples, deadline), samples
 
-    async def streamed(gen: Generation, chunks, on_done):
+    async def streamed(gen: Generation, request: Request, chunks, on_done):
         """The SSE response: the first update is awaited before the response starts (so a request refused or timed
         out while waiting still gets its HTTP status); `chunks(update)` gives the events of one update."""
         updates = gen.updates()
         try:
-            first = await updates.__anext__()
+            async with watching(gen, request):
+                first = await updates.__anext__()
         except StopAsyncIteration:
             first = None
         except RequestTimeout:
@@ -226,6 +235,8 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         except GenerationFailed as e:
             gen.cancel()
             raise APIError(500, str(e), "server_error") from None
+        except Cancelled:
+            raise APIError(499, "the client closed the connection", "invalid_request_error") from None
 
         async def body():
             try:
@@ -335,7 +346,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                          "usage": usage([prompt], body.n, samples)}]
             return []
 
-        return await streamed(gen, chunks, done)
+        return await streamed(gen, request, chunks, done)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -387,6 +398,6 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                 return [{**head, "choices": [], "usage": usage(prompts, body.n, samples)}]
             return []
 
-        return await streamed(gen, chunks, done)
+        return await streamed(gen, request, chunks, done)
 
     return app
