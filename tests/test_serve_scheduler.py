@@ -321,3 +321,27 @@ def test_a_model_the_shared_prefix_step_does_not_run_is_refused(engine):
     engine.shared_prefix_ok = False  # as the self-check decides for such a model
     with pytest.raises(ValueError, match="shared-prefix"):
         Scheduler(engine)
+
+
+def test_a_consumer_leaving_early_cancels_its_request(engine, scheduler, monkeypatch):
+    """A consumer that stops reading (a client gone) cancels the samples still running: they end "cancelled"."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    left = threading.Event()
+    on_step(engine, monkeypatch, {2: lambda: left.wait(10)})
+    handle = sched.submit(PROMPTS[1], 2, RequestSampling(temperature=0.0, max_tokens=40))
+    sched.start()
+    for _ in handle.events(timeout=10):
+        break
+    left.set()
+    rest = list(handle.events(timeout=10))
+    assert sorted(e.finish for e in rest if e.finish) == ["cancelled", "cancelled"]
+    assert len(rest) < 2 * 40
+
+
+def test_no_event_within_the_timeout_raises_and_cancels(scheduler):
+    sched = scheduler()  # not started: nothing decodes
+    handle = sched.submit(PROMPTS[0], 1, GREEDY)
+    with pytest.raises(TimeoutError):
+        next(handle.events(timeout=0.05))
+    assert [(e.token, e.finish) for e in handle.events(timeout=1)] == [(None, "cancelled")]
