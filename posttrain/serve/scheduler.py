@@ -154,7 +154,6 @@ class _Request:
                  device):
         self.handle, self.prompt, self.sampling, self.stops = handle, prompt, sampling, stops
         self.live = set(range(handle.n))  # samples that have not ended (the scheduler thread's, once admitted)
-        self.admitted = False
         s = sampling
         self.params = SamplingParams(do_sample=s.temperature > 0, temperature=s.temperature if s.temperature > 0
                                      else 1.0, top_p=s.top_p, top_k=s.top_k)
@@ -267,7 +266,7 @@ class Scheduler:
             raise ValueError(f"n={n}: must be 1 .. {self.max_running} (the server's max_running)")
         if s.max_tokens < 1:
             raise ValueError(f"max_tokens={s.max_tokens}: must be >= 1")
-        if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < -1:
+        if not s.temperature >= 0 or not 0 < s.top_p <= 1 or s.top_k < -1:
             raise ValueError(f"temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}: need temperature >= 0, "
                              f"0 < top_p <= 1, top_k -1 (off) or >= 0")
         if len(prompt) + s.max_tokens > self.context_length:
@@ -355,7 +354,6 @@ class Scheduler:
         with self._cond:
             while self._waiting and len(self._waiting[0].live) <= room:
                 request = self._waiting.popleft()
-                request.admitted = True
                 room -= len(request.live)
                 joining.append(request)
         return joining
