@@ -216,7 +216,7 @@ def test_cancelling_one_sample_ends_it_only(engine, scheduler, lm64, monkeypatch
     assert {s: f for s, (_, _, f) in collect(queued).items()} == {0: "cancelled", 1: "cancelled"}
 
 
-def test_the_queue_bound_and_the_context_bound_refuse_requests(scheduler, lm):
+def test_the_queue_bound_the_context_bound_and_bad_input_refuse_requests(scheduler, lm):
     sched = scheduler(max_waiting=2)
     context = lm.config.max_position_embeddings
     assert sched.context_length == context
@@ -225,8 +225,12 @@ def test_the_queue_bound_and_the_context_bound_refuse_requests(scheduler, lm):
     held = [sched.submit([5] * (context - 2), 1, RequestSampling(max_tokens=2)), sched.submit([5], 1, GREEDY)]
     with pytest.raises(QueueFull):
         sched.submit([5], 1, GREEDY)
-    with pytest.raises(ValueError):
-        sched.submit([5], sched.max_running + 1, GREEDY)
+    bad = [([5], sched.max_running + 1, GREEDY), ([], 1, GREEDY), ([lm.config.vocab_size], 1, GREEDY),
+           ([5], 1, RequestSampling(max_tokens=0)), ([5], 1, RequestSampling(temperature=-1.0)),
+           ([5], 1, RequestSampling(top_p=0.0))]
+    for prompt, n, sampling in bad:
+        with pytest.raises(ValueError):
+            sched.submit(prompt, n, sampling)
     sched.close()
     assert [collect(h)[0][2] for h in held] == ["cancelled", "cancelled"]
 
