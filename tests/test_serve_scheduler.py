@@ -216,7 +216,7 @@ def test_cancelling_one_sample_ends_it_only(engine, scheduler, lm64, monkeypatch
     assert {s: f for s, (_, _, f) in collect(queued).items()} == {0: "cancelled", 1: "cancelled"}
 
 
-def test_the_queue_bound_and_the_context_bound_refuse_requests(scheduler, lm):
+def test_the_queue_bound_the_context_bound_and_bad_input_refuse_requests(scheduler, lm):
     sched = scheduler(max_waiting=2)
     context = lm.config.max_position_embeddings
     assert sched.context_length == context
@@ -225,8 +225,12 @@ def test_the_queue_bound_and_the_context_bound_refuse_requests(scheduler, lm):
     held = [sched.submit([5] * (context - 2), 1, RequestSampling(max_tokens=2)), sched.submit([5], 1, GREEDY)]
     with pytest.raises(QueueFull):
         sched.submit([5], 1, GREEDY)
-    with pytest.raises(ValueError):
-        sched.submit([5], sched.max_running + 1, GREEDY)
+    bad = [([5], sched.max_running + 1, GREEDY), ([], 1, GREEDY), ([lm.config.vocab_size], 1, GREEDY),
+           ([5], 1, RequestSampling(max_tokens=0)), ([5], 1, RequestSampling(temperature=-1.0)),
+           ([5], 1, RequestSampling(top_p=0.0))]
+    for prompt, n, sampling in bad:
+        with pytest.raises(ValueError):
+            sched.submit(prompt, n, sampling)
     sched.close()
     assert [collect(h)[0][2] for h in held] == ["cancelled", "cancelled"]
 
@@ -321,3 +325,27 @@ def test_a_model_the_shared_prefix_step_does_not_run_is_refused(engine):
     engine.shared_prefix_ok = False  # as the self-check decides for such a model
     with pytest.raises(ValueError, match="shared-prefix"):
         Scheduler(engine)
+
+
+def test_a_consumer_leaving_early_cancels_its_request(engine, scheduler, monkeypatch):
+    """A consumer that stops reading (a client gone) cancels the samples still running: they end "cancelled"."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    left = threading.Event()
+    on_step(engine, monkeypatch, {2: lambda: left.wait(10)})
+    handle = sched.submit(PROMPTS[1], 2, RequestSampling(temperature=0.0, max_tokens=40))
+    sched.start()
+    for _ in handle.events(timeout=10):
+        break
+    left.set()
+    rest = list(handle.events(timeout=10))
+    assert sorted(e.finish for e in rest if e.finish) == ["cancelled", "cancelled"]
+    assert len(rest) < 2 * 40
+
+
+def test_no_event_within_the_timeout_raises_and_cancels(scheduler):
+    sched = scheduler()  # not started: nothing decodes
+    handle = sched.submit(PROMPTS[0], 1, GREEDY)
+    with pytest.raises(TimeoutError):
+        next(handle.events(timeout=0.05))
+    assert [(e.token, e.finish) for e in handle.events(timeout=1)] == [(None, "cancelled")]

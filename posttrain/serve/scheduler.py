@@ -87,7 +87,10 @@ class Handle:
         with self._lock:
             wake, self._wake = self._wake, None
         if wake is not None:
-            wake()
+            try:
+                wake()
+            except RuntimeError:  # the consumer's event loop is closed: nobody reads any more
+                pass
 
     def _waiter(self, wake) -> bool:
         """Register `wake` unless events came meanwhile (False)."""
@@ -99,35 +102,44 @@ class Handle:
 
     def events(self, timeout: float | None = None) -> Iterator[Event]:
         """Every sample's events; ends after each sample's final one. TimeoutError when `timeout` seconds pass with
-        no event."""
+        no event. A consumer that leaves early (a break, an exception, the timeout) cancels what still runs."""
         open_samples = self.n
-        while open_samples:
-            if not self._events:
-                ready = threading.Event()
-                if self._waiter(ready.set) and not ready.wait(timeout):
-                    with self._lock:
-                        self._wake = None
-                    if not self._events:
-                        raise TimeoutError(f"no event in {timeout} s")
-            event = self._events.popleft()
-            open_samples -= event.finish is not None
-            yield event
+        try:
+            while open_samples:
+                if not self._events:
+                    ready = threading.Event()
+                    if self._waiter(ready.set) and not ready.wait(timeout):
+                        with self._lock:
+                            self._wake = None
+                        if not self._events:
+                            raise TimeoutError(f"no event in {timeout} s")
+                event = self._events.popleft()
+                open_samples -= event.finish is not None
+                yield event
+        finally:
+            if open_samples:
+                self.cancel()
 
     async def aevents(self) -> AsyncIterator[Event]:
-        """`events` for an asyncio consumer: it waits on the event loop, not in a thread."""
+        """`events` for an asyncio consumer: it waits on the event loop, not in a thread. A consumer that leaves
+        early (the generator closed: a client gone) cancels what still runs."""
         loop = asyncio.get_running_loop()
         open_samples = self.n
-        while open_samples:
-            if not self._events:
-                arrived = loop.create_future()
+        try:
+            while open_samples:
+                if not self._events:
+                    arrived = loop.create_future()
 
-                def wake(arrived=arrived):
-                    loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
-                if self._waiter(wake):
-                    await arrived
-            event = self._events.popleft()
-            open_samples -= event.finish is not None
-            yield event
+                    def wake(arrived=arrived):
+                        loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
+                    if self._waiter(wake):
+                        await arrived
+                event = self._events.popleft()
+                open_samples -= event.finish is not None
+                yield event
+        finally:
+            if open_samples:
+                self.cancel()
 
     def cancel(self, sample: int | None = None) -> None:
         """End sample `sample` (None: every sample) with finish "cancelled": its rows leave the batch before the next
@@ -142,7 +154,6 @@ class _Request:
                  device):
         self.handle, self.prompt, self.sampling, self.stops = handle, prompt, sampling, stops
         self.live = set(range(handle.n))  # samples that have not ended (the scheduler thread's, once admitted)
-        self.admitted = False
         s = sampling
         self.params = SamplingParams(do_sample=s.temperature > 0, temperature=s.temperature if s.temperature > 0
                                      else 1.0, top_p=s.top_p, top_k=s.top_k)
@@ -231,10 +242,12 @@ class Scheduler:
 
     @contextlib.contextmanager
     def paused(self):
-        """No decoding step runs inside (the weights may change); running samples resume after it, on the weights
-        then current, and requests submitted meanwhile wait."""
+        """No decoding step runs inside and the decoding weights are let go (the model's weights may change):
+        running samples resume after it on the weights then current; requests submitted meanwhile wait. Anything
+        else that uses the engine or its model (`generate`, training passes) runs inside it."""
         with self._cond:
             self._pauses += 1
+            self._cond.notify_all()
             while self._busy:
                 self._cond.wait()
         try:
@@ -253,7 +266,7 @@ class Scheduler:
             raise ValueError(f"n={n}: must be 1 .. {self.max_running} (the server's max_running)")
         if s.max_tokens < 1:
             raise ValueError(f"max_tokens={s.max_tokens}: must be >= 1")
-        if s.temperature < 0 or not 0 < s.top_p <= 1 or s.top_k < -1:
+        if not s.temperature >= 0 or not 0 < s.top_p <= 1 or s.top_k < -1:
             raise ValueError(f"temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}: need temperature >= 0, "
                              f"0 < top_p <= 1, top_k -1 (off) or >= 0")
         if len(prompt) + s.max_tokens > self.context_length:
@@ -300,13 +313,22 @@ class Scheduler:
             self._end_everything("cancelled")
 
     def _serve(self) -> None:
-        """Decode while there is work, on the decoding weights, until a pause or close."""
+        """Decode on the decoding weights until a pause or close. They are held while idle too (a copy per burst of
+        requests would cast every weight per burst); the model is in decoding mode (eval, the shared-prefix
+        attention) only while rows decode."""
         engine = self.engine
         device = torch.device(engine.device)
-        with inference_weights(engine.model, engine.dtype) as model, attention_backends(device), \
-                eval_mode(model), torch.no_grad(), autocast(device, engine.dtype), engine.decoding(model):
-            while not self._closed and not self._pauses and (self._rows or self._waiting):
-                self._tick(model)
+        with inference_weights(engine.model, engine.dtype) as model, attention_backends(device):
+            while True:
+                with self._cond:
+                    while not (self._closed or self._pauses or self._cancels or self._waiting or self._rows):
+                        self._cond.wait()
+                    if self._closed or self._pauses:
+                        return
+                with eval_mode(model), torch.no_grad(), autocast(device, engine.dtype), engine.decoding(model):
+                    while not self._closed and not self._pauses and (self._rows or self._waiting):
+                        self._tick(model)
+                self._take_cancels()  # any that came when no row was decoding
 
     def _tick(self, model) -> None:
         """Cancelled rows leave, waiting requests join, one token per row, ended rows leave, one decoding step."""
@@ -332,7 +354,6 @@ class Scheduler:
         with self._cond:
             while self._waiting and len(self._waiting[0].live) <= room:
                 request = self._waiting.popleft()
-                request.admitted = True
                 room -= len(request.live)
                 joining.append(request)
         return joining
