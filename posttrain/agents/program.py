@@ -97,7 +97,9 @@ def serve_policy(engine, tokenizer, sampling: SamplingParams, programs: int):
     from ..serve.scheduler import Scheduler
     from ..serve.server import serve_in_thread
 
-    scheduler = Scheduler(engine, max_running=max(1, programs), max_waiting=max(256, 4 * programs))
+    # every program's requests decode together (as the episode loop decodes all of a step's episodes); a request's
+    # `n` must fit too
+    scheduler = Scheduler(engine, max_running=max(64, programs), max_waiting=max(256, 4 * programs))
     recorder = Recorder()
     scheduler.start()
     try:
