@@ -28,6 +28,7 @@ class Episode:
     env_reward: float = 0.0  # sum of the rewards the environment gave (added to the episode's reward)
     tool_reward: float = 0.0  # sum of the tools' rewards (recorded, not added: verl's rule; docs/agents.md)
     metrics: dict[str, float] = field(default_factory=dict)  # the environment's own, averaged over its steps
+    reward: float | None = None  # an agent program's own reward for it; None: the data_source's scorer scores it
     truncated: bool = False  # stopped by the response budget, not by the policy or the environment
     done: bool = False
     tokenization_mismatch: bool = False  # the kept ids differ from a full re-render (tokenization_sanity_check_mode)

@@ -8,7 +8,6 @@ import torch
 from ..data.batch import Batch
 from ..rollout.base import SamplingParams
 from .episode import Episode
-from .loop import EpisodeRunner
 
 ROW_KEYS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "agent_name", "uid")
 
@@ -23,13 +22,20 @@ def rows_of(batch: Batch) -> list[dict]:
     return rows
 
 
-def run_episodes(runner: EpisodeRunner, batch: Batch, sampling: SamplingParams) -> Batch:
-    """`sampling.n` episodes per prompt of `batch` (its rows repeated as `RolloutEngine.generate` repeats them),
-    as a batch: `prompts` / `prompt_mask` the episodes' own prompts (rendered with their tools), `responses` every
-    token after the prompt, `response_mask` 1 on policy tokens, `response_attention_mask` 1 on every real token,
+def run_episodes(runner, batch: Batch, sampling: SamplingParams) -> Batch:
+    """The episodes of `runner` (an EpisodeRunner: `sampling.n` per prompt; a ProgramRunner: any number per prompt,
+    none included) for `batch`'s prompts, as a batch whose rows carry their prompt's meta (its `uid` among them):
+    `prompts` / `prompt_mask` the episodes' own prompts (rendered with their tools), `responses` every token after
+    the prompt, `response_mask` 1 on policy tokens, `response_attention_mask` 1 on every real token,
     `rollout_log_probs` with `sampling.logprobs`; meta `episode` (the Episode objects) and `env_reward`."""
-    episodes = runner.run(rows_of(batch), sampling.n, sampling)
-    return episodes_batch(batch.repeat_interleave(sampling.n), episodes, runner.engine.pad_id,
+    rows = rows_of(batch)
+    episodes = runner.run(rows, sampling.n, sampling)
+    if not episodes:
+        raise RuntimeError(f"no sample from any of the {len(rows) * sampling.n} episodes of this step's "
+                           f"{len(rows)} prompts (agent programs: every run failed or made no call; the warnings "
+                           "above and the agent/program_* counts say why)")
+    source = {id(row): i for i, row in enumerate(rows)}
+    return episodes_batch(batch.select([source[id(e.row)] for e in episodes]), episodes, runner.engine.pad_id,
                           logprobs=sampling.logprobs)
 
 

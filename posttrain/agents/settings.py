@@ -22,6 +22,8 @@ class AgentSettings:
     default_agent_loop: str = "single_turn_agent"
     num_workers: int = 8  # environment steps (tool turns) running at once
     tool_timeout_s: float = 30.0  # each tool call's time limit
+    program: str | None = None  # an agent program (program.py) plays the episodes instead of the environments
+    program_timeout_s: float = 600.0  # each program run's time limit
 
     @property
     def step_timeout_s(self) -> float:
@@ -50,4 +52,5 @@ class AgentSettings:
                    function_tool_path=mt.function_tool_path,
                    tokenization_sanity_check_mode=mt.tokenization_sanity_check_mode,
                    default_agent_loop=agent.default_agent_loop, num_workers=agent.num_workers,
-                   tool_timeout_s=mt.tool_timeout_s)
+                   tool_timeout_s=mt.tool_timeout_s, program=agent.program,
+                   program_timeout_s=agent.program_timeout_s)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from ..tools.targets import is_callable_target, load_callable
 from .schema import Config
 
 
@@ -48,6 +49,10 @@ def check_multi_turn(cfg: Config, check) -> None:
         problem = agent_loops_file_problem(str(agent.agent_loop_config_path))
         check(problem is None, f"actor_rollout_ref.rollout.agent.agent_loop_config_path: {problem}",
               "files, models and packages")
+    check(agent.program_timeout_s > 0, f"actor_rollout_ref.rollout.agent.program_timeout_s={agent.program_timeout_s} "
+                                       "must be positive (seconds per program run)", "wrong values")
+    if agent.program is not None:
+        check_program(str(agent.program), rollout, check)
     if not mt.enable:
         check(agent.default_agent_loop == "single_turn_agent",
               f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop} runs multi-turn "
@@ -60,6 +65,22 @@ def check_multi_turn(cfg: Config, check) -> None:
     check.unsupported(not vision, f"{key}.enable=True with the vision-language model "
                                   f"{cfg.actor_rollout_ref.model.path}: episodes are text-only (tool results are "
                                   "appended as text, and image inputs are not carried across turns)")
+
+
+def check_program(spec: str, rollout, check) -> None:
+    """An agent program: a function that imports (its module is imported now), or a command line that names
+    something; served by posttrain's engine."""
+    key = "actor_rollout_ref.rollout.agent.program"
+    if not spec.strip():
+        check(False, f"{key} is empty: name a function (module:function) or a command line, or leave it null",
+              "wrong values")
+    elif is_callable_target(spec):
+        try:
+            load_callable(spec)
+        except ValueError as e:
+            check(False, f"{key}: {e}", "files, models and packages")
+    check(rollout.name != "hf", f"{key} runs agent programs against a server over posttrain's engine; "
+                                "rollout.name=hf (transformers' generate) cannot serve them: set rollout.name=posttrain")
 
 
 def agent_loops_file_problem(path: str) -> str | None:

@@ -74,6 +74,13 @@ def scorer_extra_info(batch: Batch) -> list:
             for info, ep in zip(infos, episodes)]
 
 
+def own_rewards(batch: Batch) -> list:
+    """Each row's own reward, which the scorer is not asked for: an agent program's (its episode's `reward`); None
+    for the rows the scorer scores."""
+    episodes = batch.meta.get("episode") or [None] * len(batch)
+    return [getattr(ep, "reward", None) for ep in episodes]
+
+
 def place_reward(batch: Batch, scores: torch.Tensor, extras: dict[str, list], overlong, log_overlong: bool):
     """token_level_scores (B, L): each row's `scores` plus, for a multi-turn episode, its `env_reward` (the
     environment's rewards, meta `env_reward`), plus DAPO's overlong shaping of the response's length
@@ -148,10 +155,18 @@ class RewardManager:
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
         """token_level_scores (B, L) with each reward on the last policy token (`place_reward`), and per-response
         extras. A scorer reads the whole response (a multi-turn episode's tool results too) and, for an episode,
-        its conversation as `extra_info["messages"]`."""
+        its conversation as `extra_info["messages"]`. An agent program's own reward stands for its sample's score:
+        the scorer is not called for it."""
         texts = response_texts(self.tokenizer, batch)
         rows = list(zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], scorer_extra_info(batch)))
-        outcomes = self._score_batch(rows) if self.manager == "batch" else self._score_rows(rows)
+        given = own_rewards(batch)
+        scored = [i for i, r in enumerate(given) if r is None]
+        outcomes = [(OK, r) for r in given]
+        to_score = [rows[i] for i in scored]
+        if to_score:
+            for i, outcome in zip(scored, self._score_batch(to_score) if self.manager == "batch"
+                                  else self._score_rows(to_score)):
+                outcomes[i] = outcome
         scores = torch.zeros(len(rows))
         own_acc: dict[int, float] = {}  # rows whose scorer reported its own `acc` (partial credit is not success)
         extras: dict[str, list] = {"errors": [0.0] * len(rows), "timeouts": [0.0] * len(rows)}

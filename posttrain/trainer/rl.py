@@ -111,6 +111,18 @@ class RLTrainer:
             return self.parts.engine.generate(batch, sampling)
         return run_episodes(self.parts.episodes, batch, sampling)
 
+    def _program_counts(self) -> dict[str, float]:
+        """Agent programs' counts since the last call (runs, failures by kind, runs without a call, samples),
+        summed over the ranks; {} without agent programs. Every rank calls it at the same points."""
+        take = getattr(self.parts.episodes, "take_metrics", None)
+        if take is None:
+            return {}
+        total: dict[str, float] = {}
+        for counts in self.par.gather(take()):
+            for key, value in counts.items():
+                total[key] = total.get(key, 0.0) + value
+        return total
+
     def _training_batch(self, timing: dict) -> tuple[Batch, dict]:
         """One training batch of scored rollouts. With DAPO dynamic sampling, groups whose metric does not vary
         are dropped and more prompts are generated until the batch is full or max_num_gen_batches is reached (the
@@ -169,6 +181,7 @@ class RLTrainer:
         batch, metrics = self._training_batch(timing)
         if "episode" in batch.meta:
             metrics |= episode_metrics(batch.meta["episode"])
+        metrics |= self._program_counts()
         metrics |= self.learn(batch, timing)
         timing["step"] = time.perf_counter() - t_step
         metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
@@ -292,6 +305,7 @@ class RLTrainer:
             for s in samples[: tr.log_val_generations]:
                 print(f"[val] score={s['score']:.2f} truth={s['ground_truth']!r} response={s['response'][:200]!r}")
         episodes = [(r[5], r[2]) for r in records if r[5] is not None]
+        out |= {f"val-{k}": v for k, v in self._program_counts().items()}
         if episodes:
             out |= {f"val-{k}": v for k, v in episode_metrics([e for e, _ in episodes]).items()}
             if self.par.is_main:  # the validation episodes, readable with `posttrain episodes RUN_DIR`

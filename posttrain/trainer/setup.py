@@ -34,6 +34,7 @@ from ..roles.reward_model import RewardModel
 from ..rollout.base import SamplingParams
 from ..agents.environment import ENVIRONMENTS
 from ..agents.loop import EpisodeRunner
+from ..agents.program import ProgramRunner
 from ..agents.tool_agent import toolbox_for
 from ..agents.settings import AgentSettings
 from ..rollout.registry import build_engine
@@ -192,7 +193,7 @@ class RLParts:
     val_sampling: SamplingParams
     max_new: int  # response tokens
     needs_old_log_prob: bool  # whether a pass computes the old policy's log-probs
-    episodes: EpisodeRunner | None = None  # multi-turn rollouts (rollout.multi_turn.enable)
+    episodes: EpisodeRunner | ProgramRunner | None = None  # multi-turn rollouts, or agent programs
 
     @property
     def rule_scoring(self) -> bool:
@@ -248,8 +249,7 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
         kl_ctrl=kl_ctrl, info=info, max_new=max_new, needs_old_log_prob=needs_old_log_prob,
         sampling=SamplingParams.of(r, max_new_tokens=max_new, ignore_eos=r.ignore_eos, logprobs=rollout_logprobs),
         val_sampling=SamplingParams.of(r.val_kwargs, max_new_tokens=max_new, ignore_eos=r.ignore_eos),
-        episodes=(EpisodeRunner(roles.engine, tokenizer, AgentSettings.from_config(cfg))
-                  if r.multi_turn.enable else None))
+        episodes=_episode_runner(cfg, roles.engine, tokenizer))
     if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not parts.rule_scoring:
         raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
                           "a data source without a scorer turns them off; use metric=score (the reward model's) or "
@@ -261,6 +261,15 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
     return parts
+
+
+def _episode_runner(cfg, engine, tokenizer) -> EpisodeRunner | ProgramRunner | None:
+    """What plays the episodes: agent programs (`rollout.agent.program`) over a server on the engine, else the
+    episode loop with `rollout.multi_turn.enable`, else nothing (single responses)."""
+    r = cfg.actor_rollout_ref.rollout
+    if r.agent.program is not None:
+        return ProgramRunner(engine, tokenizer, AgentSettings.from_config(cfg))
+    return EpisodeRunner(engine, tokenizer, AgentSettings.from_config(cfg)) if r.multi_turn.enable else None
 
 
 def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):

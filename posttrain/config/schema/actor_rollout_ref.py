@@ -256,12 +256,23 @@ class AgentConfig:
     `posttrain.agents.register_environment` (checked when the run starts). Another value than `single_turn_agent`
     needs `multi_turn.enable=True`"""
     num_workers: int = 8
-    """threads per process that run environment steps (tool calls among them) while the other episodes decode"""
+    """threads per process that run environment steps (tool calls among them) while the other episodes decode; with
+    `program`, the programs that run at once per process (the server decodes their requests together: raise it)"""
     agent_loop_config_path: Optional[str] = None
     """a YAML list in verl's layout (`- name: NAME` / `_target_: package.module.Class`): each target, an environment
     class or a factory taking the run's agent settings, is registered under its name in every process when the run
     starts, so rows can name it in `agent_name`. verl's own agent-loop classes (an async `run()`) are refused: write
     the turn logic as an environment (docs/agents.md)"""
+    program: Optional[str] = None
+    """an agent program plays every episode instead of the environments: `module:function` or
+    `path/to/file.py:function` (a Python function `fn(row, base_url, api_key) -> reward or None`, run in a thread), or
+    a command line (run per sample with the row as JSON on stdin and `OPENAI_BASE_URL` / `OPENAI_API_KEY` set; it may
+    print `{"reward": x}` last). It talks to an OpenAI-compatible server over the policy, which records the tokens
+    trained on; its reward, else `POST /rl/reward`, else the data_source's scorer (docs/agents.md, "Agent programs
+    over the OpenAI API"). A function that does not import is refused when the config loads"""
+    program_timeout_s: float = 600.0
+    """each program run's time limit in seconds (a command is killed, a function abandoned): the sample is dropped
+    and counted in `agent/program_errors/timeout`"""
 
 
 @dataclass
