@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -86,10 +87,15 @@ MUL = f"verifiers:{HERE}:MulTaskset"
 
 # ---- a stub OpenAI-compatible endpoint: replies come from a script, requests are kept
 class Stub:
+    """`recorder` (optional, Contract-2 shaped: record(episode, call)) gets one call per request, keyed by the
+    bearer key: its prompt continues the episode's previous prompt + completion, as a chat server's would."""
+
     def __init__(self):
         self.replies: list[dict] = []
         self.requests: list[dict] = []
         self.keys: list[str] = []
+        self.recorder = None
+        self.history: dict[str, list[int]] = {}
         app = fastapi.FastAPI()
 
         @app.get("/v1/models")
@@ -101,6 +107,13 @@ class Stub:
             self.requests.append(await request.json())
             self.keys.append(request.headers.get("authorization", ""))
             message = self.replies.pop(0)
+            if self.recorder is not None:
+                key = self.keys[-1].removeprefix("Bearer ")
+                prompt = self.history[key] + [20] if key in self.history else [1, 2]
+                completion = [10 + len(prompt), 3]
+                self.history[key] = prompt + completion
+                self.recorder.record(key, SimpleNamespace(prompt_ids=prompt, completion_ids=completion,
+                                                          logprobs=[-0.5, -0.25], finish_reason="stop"))
             return {"id": "c", "object": "chat.completion", "created": 0, "model": "tiny",
                     "choices": [{"index": 0, "message": {"role": "assistant", **message},
                                  "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
@@ -231,18 +244,14 @@ def test_config_refuses_environment_without_verifiers(monkeypatch):
         verifiers_env.load_environment("verifiers:some_env")
 
 
-def test_config_sets_the_environment_program():
-    """data.environment sets the rollout's agent program to the environment's (where the build runs programs);
-    another program next to it is refused."""
+def test_config_sets_the_environment_program(tiny_model_dir):
+    """data.environment sets the rollout's agent program to the environment's; another program next to it is
+    refused."""
     from posttrain.config import load_config
     from posttrain.config.normalise import ENVIRONMENT_PROGRAM
-    from posttrain.config.schema import Config
 
     assert ENVIRONMENT_PROGRAM.split(":") == [verifiers_env.__name__, verifiers_env.run_episode.__name__]
-    if not hasattr(Config().actor_rollout_ref.rollout.agent, "program"):
-        assert "which this build does not run yet" in _problems(f"data.environment={SUM}")
-        return
-    cfg = load_config(None, [f"data.environment={SUM}", "actor_rollout_ref.model.path=x"], validate=False)
+    cfg = load_config(None, [f"data.environment={SUM}", f"actor_rollout_ref.model.path={tiny_model_dir}"])
     assert cfg.actor_rollout_ref.rollout.agent.program == ENVIRONMENT_PROGRAM
     assert "leave actor_rollout_ref.rollout.agent.program unset" in _problems(
         f"data.environment={SUM}", "actor_rollout_ref.rollout.agent.program=other:fn")
@@ -262,3 +271,44 @@ def test_environment_rows_load_as_a_dataset(tiny_tokenizer):
     assert len(train) == 3 and len(val) == 1
     assert {it.data_source for it in train.items} == {verifiers_env.DATA_SOURCE}
     assert val.items[0].extra_info["verifiers"]["task"]["answer"] == "14"
+
+
+def test_the_program_runs_under_the_program_runner(stub, tiny_tokenizer):
+    """With the config's program string, ProgramRunner runs the environment's rollout per sample: the tool
+    episode's two calls become one sample (the tool result's tokens masked) carrying the rubric's score."""
+    import contextlib
+    import threading
+
+    from posttrain.agents.program import ProgramRunner
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.config.normalise import ENVIRONMENT_PROGRAM
+    from posttrain.rollout.base import SamplingParams
+
+    class Recorder:
+        def __init__(self):
+            self.calls, self.lock = {}, threading.Lock()
+
+        def record(self, episode, call):
+            with self.lock:
+                self.calls.setdefault(episode, []).append(call)
+
+        def take(self, episode):
+            return self.calls.pop(episode, []), None
+
+    @contextlib.contextmanager
+    def serve(engine, tokenizer, sampling, programs):
+        stub.recorder, stub.history = Recorder(), {}
+        try:
+            yield stub.base_url, stub.recorder
+        finally:
+            stub.recorder = None
+
+    row = verifiers_env.environment_rows(MUL)[0][1]  # 12*12
+    stub.replies[:] = [{"content": None, "tool_calls": [_call("c1", "calculator_multiply", a=12, b=12)]},
+                       {"content": "144"}]
+    runner = ProgramRunner(SimpleNamespace(pad_id=0), tiny_tokenizer, AgentSettings(program=ENVIRONMENT_PROGRAM),
+                           serve=serve)
+    [ep] = runner.run([{**row, "uid": "u"}], 1, SamplingParams(max_new_tokens=32))
+    assert ep.reward == pytest.approx(1.25)
+    assert ep.prompt_ids == [1, 2] and ep.tokens == [12, 3, 20, 15, 3] and ep.mask == [1, 1, 0, 1, 1]
+    assert runner.take_metrics()["agent/program_samples"] == 1.0

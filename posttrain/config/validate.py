@@ -238,13 +238,8 @@ def _check_environment(cfg: Config, check: Checks) -> None:
           f"data.environment={d.environment!r}: expected 'verifiers:<module or taskset id>'", "wrong values")
     check(not d.train_files and not d.val_files, "data.environment takes the place of data.train_files and "
                                                  "data.val_files (its tasks are the prompts); set one or the other")
-    if not hasattr(agent, "program"):
-        check.unsupported(False, "data.environment plays each episode as an agent program "
-                                 "(actor_rollout_ref.rollout.agent.program), which this build does not run yet")
-    else:
-        check(agent.program == ENVIRONMENT_PROGRAM, "data.environment runs its own agent program; leave "
-                                                    f"actor_rollout_ref.rollout.agent.program unset (got "
-                                                    f"{agent.program!r})")
+    check(agent.program == ENVIRONMENT_PROGRAM, "data.environment runs its own agent program; leave "
+                                                f"actor_rollout_ref.rollout.agent.program unset (got {agent.program!r})")
 
 
 def _check_judge(rm, check: Checks) -> None:
