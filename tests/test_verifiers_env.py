@@ -57,6 +57,9 @@ class Calculator(vf.Toolset[vf.ToolsetConfig, CountState]):
         return a * b
 
 
+STOPS: list = []  # each scored trace's stop condition
+
+
 class MulData(vf.TaskData):
     answer: str
 
@@ -73,6 +76,11 @@ class MulTask(vf.Task[MulData, CountState]):
     @vf.reward(weight=0.25)
     async def used_tool(self, trace: vf.Trace) -> float:
         return float(trace.state.calls == 1 and len(trace.tool_messages) == 1)
+
+    @vf.metric
+    async def stopped_by_turn_limit(self, trace: vf.Trace) -> float:
+        STOPS.append(trace.stop_condition)
+        return float(trace.is_truncated)
 
 
 class MulTaskset(vf.Taskset[MulTask]):
@@ -190,7 +198,9 @@ def test_tool_rollout_runs_the_tool_and_scores(stub):
     stub.requests.clear()
     stub.replies[:] = [{"content": None, "tool_calls": [_call("c1", "calculator_multiply", a=6, b=7)]},
                        {"content": "The answer is 42."}]
+    STOPS.clear()
     assert verifiers_env.run_episode(row, stub.base_url, "e") == pytest.approx(1.0 + 0.25)
+    assert STOPS == ["agent_completed"]
     first, second = stub.requests
     assert [t["function"]["name"] for t in first["tools"]] == ["calculator_multiply"]
     assert first["tools"][0]["function"]["parameters"]["required"] == ["a", "b"]
@@ -207,7 +217,9 @@ def test_tool_errors_go_back_to_the_model(stub):
     stub.replies[:] = [{"content": None, "tool_calls": [_call("a", "calculator_multiply", a="x", b=1)]},
                        {"content": None, "tool_calls": [_call("b", "nope")]},
                        {"content": None, "tool_calls": [_call("c", "calculator_multiply", a=3, b=9)]}]
+    STOPS.clear()
     assert verifiers_env.run_episode(row, stub.base_url, "e") == pytest.approx(0.0 + 0.25 * 0.0)
+    assert STOPS == ["max_turns"]
     assert len(stub.requests) == 3 and stub.replies == []
     tool_results = [m["content"] for m in stub.requests[2]["messages"] if m["role"] == "tool"]
     assert tool_results[0].startswith("Error executing tool calculator_multiply")

@@ -138,7 +138,6 @@ class VerifiersEnvironment:
         """Play the task with `client` (an AsyncOpenAI) until the model answers without tool calls or `max_turns`
         assistant turns; the rubric's weighted reward sum, None when a reward could not be computed offline."""
         vf = _vf()
-        from mcp.server.mcpserver.utilities.func_metadata import func_metadata  # noqa: F401  (tools need mcp)
         from verifiers.v1.dialects.chat import message_to_wire, response_from_wire
         from verifiers.v1.mcp.server import _call_state
 
@@ -151,7 +150,7 @@ class VerifiersEnvironment:
         state_cls = next((t._state_cls for t in [*own, *self._shared] if t._state_cls is not vf.State), vf.State)
         state = state_cls()  # the episode's state: every tool call reads and writes it, rewards see trace.state
         messages, sampled = self.opening(task.data), []
-        schemas = [t.schema for t in tools.values()]
+        schemas, stop = [t.schema for t in tools.values()], "max_turns"
         for _ in range(max_turns):
             completion = await client.chat.completions.create(
                 model=model, messages=[message_to_wire(m) for m in messages], **({"tools": schemas} if schemas else {}))
@@ -159,6 +158,7 @@ class VerifiersEnvironment:
             sampled.append(len(messages))
             messages.append(reply)
             if not reply.tool_calls:
+                stop = "agent_completed"
                 break
             for call in reply.tool_calls:
                 token = _call_state.set(state)
@@ -167,7 +167,7 @@ class VerifiersEnvironment:
                 finally:
                     _call_state.reset(token)
                 messages.append(vf.ToolMessage(tool_call_id=call.id, content=content, name=call.name))
-        trace = _trace(vf, task, messages, sampled, [vf.Tool(**t.schema["function"]) for t in tools.values()])
+        trace = _trace(vf, task, messages, sampled, [vf.Tool(**t.schema["function"]) for t in tools.values()], stop)
         trace.state = state
         await task.score(trace)
         rewards = trace.rewards.values()
@@ -193,13 +193,13 @@ async def _call_tool(tools: dict[str, _Tool], call) -> str:
     return pydantic_core.to_json(result, fallback=str).decode()
 
 
-def _trace(vf, task, messages: list, sampled: list[int], tools: list):
+def _trace(vf, task, messages: list, sampled: list[int], tools: list, stop: str):
     """The conversation as a verifiers Trace (one branch), which the task's rewards read."""
     nodes = [vf.MessageNode(parent=i - 1 if i else None, message=m, sampled=i in sampled,
                             tools=tools if i == 0 else []) for i, m in enumerate(messages)]
     return vf.Trace(task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
                     agent=vf.AgentInfo(config=vf.AgentConfig()), tools=tools, nodes=nodes, is_completed=True,
-                    ok=True, stop_condition="agent_completed")
+                    ok=True, stop_condition=stop)
 
 
 _lock = threading.Lock()
@@ -231,15 +231,17 @@ def environment_rows(spec: str, *, val_size: int = 0, train_limit: int = -1,
     return [env.row(t, max_turns) for t in train], [env.row(t, max_turns) for t in val]
 
 
-_models: dict[str, str] = {}
+_served: tuple[str, str] | None = None  # (base_url, its model): training serves one endpoint per rollout
 
 
 async def _model_name(client, base_url: str) -> str:
-    """The endpoint's served model (its /models), asked once per endpoint."""
-    if base_url not in _models:
+    """The endpoint's served model (the first of its /models), asked once per endpoint."""
+    global _served
+    served = _served
+    if served is None or served[0] != base_url:
         listed = await client.models.list()
-        _models[base_url] = listed.data[0].id if listed.data else "default"
-    return _models[base_url]
+        served = _served = (base_url, listed.data[0].id if listed.data else "default")
+    return served[1]
 
 
 def run_episode(row: dict, base_url: str, api_key: str) -> float | None:
