@@ -114,8 +114,8 @@ class DecodeEngine(RolloutEngine):
         logits (B*n, V). `share_prefix=False`: each row gets its own copy of its prompt's keys and values (the
         prompt is still computed once) — for runs whose rows are parked and resumed one by one (multi-turn
         episodes), where a resumed row is a slot of its own and a slot shared by `n` rows would compute `n` rows'
-        prefix products for it. Such a run decodes eagerly: its layout changes at every park and resume, and a
-        CUDA graph is recorded per layout."""
+        prefix products for it; `n` may then also be a tensor of counts, one per prompt. Such a run decodes eagerly:
+        its layout changes at every park and resume, and a CUDA graph is recorded per layout."""
         prompts, mask = prompts.to(self.device), mask.to(self.device)
         if share_prefix:
             logits, state = self._prefill(model, prompts, mask, n, max_new, self.static)
@@ -135,12 +135,19 @@ class DecodeEngine(RolloutEngine):
             return self._step(_forward(model), state, token, state.graph)
 
     def add(self, model, state: DecodeState, prompts: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor,
-            max_new: int) -> torch.Tensor:
+            max_new: int, *, copies: torch.Tensor | None = None) -> torch.Tensor:
         """Left-padded `prompts` join the run, `state.group` rows each with the caller's `ids`, decoding from the
-        next step on for up to `max_new` steps: their first logits (rows, V). The other rows are untouched."""
+        next step on for up to `max_new` steps: their first logits (rows, V). The other rows are untouched.
+        `copies` (one count per prompt): that many slots per prompt, its keys and values computed once and copied
+        into each (a state of group 1 whose prompts bring different numbers of samples: the server's requests)."""
         prompts, mask = prompts.to(self.device), mask.to(self.device)
         with self._prefilling(model):
             logits, keys, values = prefill(_forward(model), model.config, prompts, mask)
+        if copies is not None:
+            copies = copies.to(self.device)
+            keys, values = [k.repeat_interleave(copies, dim=0) for k in keys], [v.repeat_interleave(copies, dim=0)
+                                                                                 for v in values]
+            logits, mask = logits.repeat_interleave(copies, dim=0), mask.repeat_interleave(copies, dim=0)
         state.add(keys, values, mask, ids, max_new)
         return logits.repeat_interleave(state.group, dim=0)
 
