@@ -324,3 +324,78 @@ def test_the_program_runs_under_the_program_runner(stub, tiny_tokenizer):
     assert ep.reward == pytest.approx(1.25)
     assert ep.prompt_ids == [1, 2] and ep.tokens == [12, 3, 20, 15, 3] and ep.mask == [1, 1, 0, 1, 1]
     assert runner.take_metrics()["agent/program_samples"] == 1.0
+
+
+# ---- against posttrain's own server on a tiny model
+@pytest.fixture(scope="module")
+def tool_model_dir(tmp_path_factory):
+    """A tiny model whose tokenizer has the tool chat template and the hermes tokens."""
+    from posttrain.data.synthetic_tools import tokenizer_corpus
+    from posttrain.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("verifiers_tiny"), tokenizer_corpus(0, 300), hidden_size=64,
+                            num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, seed=0, tools=True)
+
+
+def test_rollouts_against_the_posttrain_server(tool_model_dir):
+    """The program's requests reach posttrain's server as the rows' conversations (rendered with the environment's
+    tools), the server records them under the episode's key, and the reward is one the rubric can give."""
+    import torch
+
+    from posttrain.models.load import load_causal_lm, load_tokenizer
+    from posttrain.models.policy import PolicyModel
+    from posttrain.rollout.registry import build_engine
+    from posttrain.serve.app import Served, build_app
+    from posttrain.serve.recorder import Recorder
+    from posttrain.serve.scheduler import RequestSampling, Scheduler
+    from posttrain.serve.server import serve_in_thread
+
+    tokenizer = load_tokenizer(str(tool_model_dir))
+    engine = build_engine("posttrain", PolicyModel(load_causal_lm(str(tool_model_dir)).eval()), tokenizer,
+                          device=torch.device("cpu"), dtype=torch.float32)
+    scheduler, recorder = Scheduler(engine, max_running=4, max_waiting=8), Recorder()
+    scheduler.start()
+    server = serve_in_thread(build_app(Served("policy", tokenizer, scheduler), recorder=recorder,
+                                       sampling_override=RequestSampling(temperature=1.0, max_tokens=12, seed=0)))
+    try:
+        for spec, possible in ((SUM, {0.0, 0.5, 2.0, 2.5}), (MUL, {0.0, 0.25, 1.0, 1.25})):
+            row = verifiers_env.environment_rows(spec, max_turns=2)[0][0]
+            reward = verifiers_env.run_episode(row, server.base_url, f"episode-{spec}")
+            calls, _ = recorder.take(f"episode-{spec}")
+            tools = [t.schema for t in verifiers_env._tools(
+                verifiers_env.load_environment(spec).task_cls.toolsets(None)).values()] or None
+            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                                **({"tools": tools} if tools else {}))
+            ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            assert reward in possible and 1 <= len(calls) <= 2
+            assert calls[0].prompt_ids == ids
+            assert len(calls[0].completion_ids) == len(calls[0].logprobs) <= 12
+    finally:
+        server.close()
+        scheduler.close()
+
+
+def test_grpo_trains_two_steps_on_a_tool_environment(tool_model_dir, tmp_path):
+    """data.environment end to end: GRPO runs two steps whose episodes are the environment's rollouts through the
+    server, every sample scored by the rubric (none by a reward function), and validates on the held-out task."""
+    from posttrain.config import load_config
+    from posttrain.trainer.rl import RLTrainer
+
+    run = tmp_path / "run"
+    cfg = load_config(None, [
+        "algorithm.adv_estimator=grpo", "data.train_batch_size=2", "data.max_prompt_length=512",
+        "data.max_response_length=24", "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2", f"data.environment={MUL}",
+        "data.val_max_samples=1", "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=False", f"actor_rollout_ref.model.path={tool_model_dir}",
+        "trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
+        f"trainer.default_local_dir={run}", "trainer.logger=['jsonl']", "trainer.val_before_train=False"])
+    RLTrainer(cfg).fit()
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["agent/programs"] == 4 and m["agent/program_samples"] >= 1  # 2 prompts x n=2
+        assert m.get("agent/program_errors", 0) == 0 and m["agent/program_scored_by_reward_function"] == 0
+        assert m["actor/pg_loss"] == m["actor/pg_loss"]
+    assert metrics[-1]["val-agent/programs"] == 1

@@ -116,7 +116,7 @@ class VerifiersEnvironment:
         from verifiers.v1.dialects.chat import message_to_wire
 
         return {"prompt": [message_to_wire(m) for m in self.opening(task.data)], "data_source": DATA_SOURCE,
-                "reward_model": {"ground_truth": ""},
+                "reward_model": {"ground_truth": task.key},  # the task's identity; the rubric is the scorer
                 "extra_info": {"index": task.data.idx, "verifiers": {
                     "env": self.spec, "task": task.data.model_dump(mode="json", exclude_none=True),
                     "max_turns": max_turns or DEFAULT_MAX_TURNS}}}
