@@ -269,7 +269,7 @@ def test_config_sets_the_environment_program(tiny_model_dir):
         f"data.environment={SUM}", "actor_rollout_ref.rollout.agent.program=other:fn")
 
 
-def test_environment_rows_load_as_a_dataset(tiny_tokenizer):
+def test_environment_rows_load_as_a_dataset(tiny_tokenizer, tmp_path):
     """The rows the trainer writes for data.environment load like any data file: prompt, data source and the task
     in extra_info, and the held-out tail as validation."""
     from posttrain.config import load_config
@@ -277,7 +277,7 @@ def test_environment_rows_load_as_a_dataset(tiny_tokenizer):
     from posttrain.trainer.setup import _environment_files
 
     cfg = load_config(None, [f"data.environment={SUM}", "data.val_max_samples=1"], validate=False)
-    train_files, val_files = _environment_files(cfg)
+    train_files, val_files = _environment_files(cfg, tmp_path)
     train = RLDataset(train_files, tiny_tokenizer, missing_chat_template="join")
     val = RLDataset(val_files, tiny_tokenizer, missing_chat_template="join")
     assert len(train) == 3 and len(val) == 1

@@ -286,9 +286,11 @@ def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # prompts rendered with the tools episodes offer
         data_kwargs |= dict(tools=toolbox_for(AgentSettings.from_config(cfg)).schemas() or None,
                             agent_names=ENVIRONMENTS)
-    train_files, val_files = _environment_files(cfg) if d.environment else (d.train_files, d.val_files)
-    train = RLDataset(train_files, tokenizer, max_samples=d.train_max_samples, **data_kwargs)
-    val = RLDataset(val_files, tokenizer, max_samples=d.val_max_samples, **data_kwargs) if val_files else None
+    with tempfile.TemporaryDirectory(prefix="posttrain-environment-") as folder:  # read whole while it exists
+        train_files, val_files = (_environment_files(cfg, Path(folder)) if d.environment
+                                  else (d.train_files, d.val_files))
+        train = RLDataset(train_files, tokenizer, max_samples=d.train_max_samples, **data_kwargs)
+        val = RLDataset(val_files, tokenizer, max_samples=d.val_max_samples, **data_kwargs) if val_files else None
     for data in (train, val):
         for note in data.notes if data is not None and par.is_main else ():
             print(f"note: {note}", file=sys.stderr)
@@ -298,14 +300,14 @@ def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
     return train, val, processor is not None
 
 
-def _environment_files(cfg) -> tuple[list[str], list[str]]:
-    """data.environment's training and validation rows, written as JSONL files the dataset reads like any other."""
+def _environment_files(cfg, folder: Path) -> tuple[list[str], list[str]]:
+    """data.environment's training and validation rows, written to `folder` as JSONL files the dataset reads like
+    any other (no validation file when no task is held out)."""
     from ..agents.verifiers_env import environment_rows
 
     d = cfg.data
     train, val = environment_rows(d.environment, val_size=d.val_max_samples, train_limit=d.train_max_samples,
                                   max_turns=cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns)
-    folder = Path(tempfile.mkdtemp(prefix="posttrain-environment-"))
     files = []
     for name, rows in (("train.jsonl", train), ("val.jsonl", val)):
         (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
