@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from .schema import Config
 
+ENVIRONMENT_PROGRAM = "posttrain.agents.verifiers_env:run_episode"  # the agent program of data.environment
+
 
 def normalise(cfg: Config) -> Config:
     """Settle `cfg` in place (and return it)."""
@@ -16,4 +18,6 @@ def normalise(cfg: Config) -> Config:
     layout_fits = tr.nnodes >= 1 and tr.n_gpus_per_node >= 1 and tp >= 1 and world % tp == 0
     if layout_fits and tp > 1 and arr.model.lora_rank > 0 and arr.actor.strategy == "megatron":
         arr.actor.fsdp_config.tp_size = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
+    if cfg.data.environment and arr.rollout.agent.program is None:
+        arr.rollout.agent.program = ENVIRONMENT_PROGRAM  # the environment's rollouts are its episodes
     return cfg

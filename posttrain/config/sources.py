@@ -16,6 +16,9 @@ def check_sources(cfg: Config, check) -> None:
         value = getattr(cfg.data, key)
         for path in [value] if isinstance(value, str) else list(value or []):
             check(Path(str(path)).is_file(), f"data.{key}: '{path}' does not exist (or is not a file)", group)
+    if cfg.data.environment and cfg.data.environment.startswith("verifiers:"):
+        check(importlib.util.find_spec("verifiers") is not None, f"data.environment={cfg.data.environment} needs "
+              "the verifiers package: pip install 'posttrain[verifiers]'", group)
     reward_file = cfg.custom_reward_function.path
     if reward_file:
         from .reward_file import reward_file_problem

@@ -170,6 +170,8 @@ def _validate(cfg: Config, check: Checks) -> None:
     for key in ("train_max_samples", "val_max_samples"):
         value = getattr(d, key)
         check(value == -1 or value >= 1, f"data.{key}={value} must be >= 1 (or -1: every row)")
+    if d.environment is not None:
+        _check_environment(cfg, check)
 
     # ---- reward
     rm = cfg.reward_model
@@ -214,8 +216,9 @@ def _validate(cfg: Config, check: Checks) -> None:
           "trainer.overwrite_run_dir=True starts over, so it goes with trainer.resume_mode=disable (with "
           f"resume_mode={tr.resume_mode} the run would resume instead)")
     check.choice(tr.device, ("auto", "cpu", "cuda"), "trainer.device")
-    check(not tr.val_only or bool(d.val_files), "trainer.val_only=True validates and stops, so it needs "
-                                                "data.val_files")
+    check(not tr.val_only or bool(d.val_files) or bool(d.environment) and d.val_max_samples > 0,
+          "trainer.val_only=True validates and stops, so it needs data.val_files (or data.environment with "
+          "data.val_max_samples)")
     check(tr.total_epochs >= 1, "trainer.total_epochs must be >= 1")
     check(tr.total_training_steps is None or tr.total_training_steps >= 1,
           f"trainer.total_training_steps={tr.total_training_steps} must be >= 1 (or null: trainer.total_epochs "
@@ -224,6 +227,19 @@ def _validate(cfg: Config, check: Checks) -> None:
                                                   "(0 = never stop, skip every non-finite update)")
     check.choice(d.missing_chat_template, ("error", "join"), "data.missing_chat_template")
     check(tr.critic_warmup >= 0, "trainer.critic_warmup must be >= 0")
+
+
+def _check_environment(cfg: Config, check: Checks) -> None:
+    """data.environment: a verifiers taskset in place of the data files, its rollouts as the episodes."""
+    from .normalise import ENVIRONMENT_PROGRAM
+
+    d, agent = cfg.data, cfg.actor_rollout_ref.rollout.agent
+    check(d.environment.startswith("verifiers:") and len(d.environment) > len("verifiers:"),
+          f"data.environment={d.environment!r}: expected 'verifiers:<module or taskset id>'", "wrong values")
+    check(not d.train_files and not d.val_files, "data.environment takes the place of data.train_files and "
+                                                 "data.val_files (its tasks are the prompts); set one or the other")
+    check(agent.program == ENVIRONMENT_PROGRAM, "data.environment runs its own agent program; leave "
+                                                f"actor_rollout_ref.rollout.agent.program unset (got {agent.program!r})")
 
 
 def _check_judge(rm, check: Checks) -> None:

@@ -3,7 +3,9 @@ reward, the roles (which dtypes, where each model lives) and the sampling settin
 
 from __future__ import annotations
 
+import json
 import sys
+import tempfile
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,8 +165,8 @@ def preflight(cfg) -> None:
     if not cfg.actor_rollout_ref.model.path:
         raise ConfigError("actor_rollout_ref.model.path is required (a local Hugging Face model directory or a hub "
                           "id such as Qwen/Qwen2.5-0.5B-Instruct)")
-    if not cfg.data.train_files:
-        raise ConfigError("data.train_files is required")
+    if not cfg.data.train_files and not cfg.data.environment:
+        raise ConfigError("data.train_files (or data.environment) is required")
 
 
 @dataclass
@@ -217,7 +219,7 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
 
     code_reward.configure_from_config(cfg)  # before any scorer process starts: they read it
     rule_reward = _rule_reward(cfg, tokenizer)
-    for data in datasets:
+    for data in datasets if not cfg.data.environment else ():  # an environment's program scores its episodes
         if not cfg.reward_model.enable:
             rule_reward.check_data_sources(it.data_source for it in data.items)
         if not cfg.custom_reward_function.path:  # code rows, no sandbox: refuse before training
@@ -284,8 +286,11 @@ def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:  # prompts rendered with the tools episodes offer
         data_kwargs |= dict(tools=toolbox_for(AgentSettings.from_config(cfg)).schemas() or None,
                             agent_names=ENVIRONMENTS)
-    train = RLDataset(d.train_files, tokenizer, max_samples=d.train_max_samples, **data_kwargs)
-    val = RLDataset(d.val_files, tokenizer, max_samples=d.val_max_samples, **data_kwargs) if d.val_files else None
+    with tempfile.TemporaryDirectory(prefix="posttrain-environment-") as folder:  # read whole while it exists
+        train_files, val_files = (_environment_files(cfg, Path(folder)) if d.environment
+                                  else (d.train_files, d.val_files))
+        train = RLDataset(train_files, tokenizer, max_samples=d.train_max_samples, **data_kwargs)
+        val = RLDataset(val_files, tokenizer, max_samples=d.val_max_samples, **data_kwargs) if val_files else None
     for data in (train, val):
         for note in data.notes if data is not None and par.is_main else ():
             print(f"note: {note}", file=sys.stderr)
@@ -293,6 +298,21 @@ def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
         raise ConfigError(f"data.train_batch_size={d.train_batch_size} is larger than the training set "
                           f"({len(train)} prompts)")
     return train, val, processor is not None
+
+
+def _environment_files(cfg, folder: Path) -> tuple[list[str], list[str]]:
+    """data.environment's training and validation rows, written to `folder` as JSONL files the dataset reads like
+    any other (no validation file when no task is held out)."""
+    from ..agents.verifiers_env import environment_rows
+
+    d = cfg.data
+    train, val = environment_rows(d.environment, val_size=d.val_max_samples, train_limit=d.train_max_samples,
+                                  max_turns=cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns)
+    files = []
+    for name, rows in (("train.jsonl", train), ("val.jsonl", val)):
+        (folder / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        files.append([str(folder / name)] if rows else [])
+    return files[0], files[1]
 
 
 def _rule_reward(cfg, tokenizer) -> RewardManager:

@@ -14,6 +14,12 @@ class DataConfig:
     """parquet or jsonl file, or a list of them (rows in the layout of DESIGN.md)"""
     val_files: Optional[StrOrList] = None
     """validation files; null = no validation"""
+    environment: Optional[str] = None
+    """`verifiers:<module or taskset id>` (or `verifiers:pkg.module:TasksetClass`): the prompts are a verifiers
+    taskset's tasks and each episode is its rollout, played against the policy's OpenAI-compatible server and scored
+    by the task's rubric (docs/agents.md). Takes the place of `train_files` / `val_files` (set neither); a taskset has
+    no splits, so its last `val_max_samples` tasks are held out for validation (-1: no validation). Needs
+    `pip install 'posttrain[verifiers]'`"""
     prompt_key: str = "prompt"
     """column holding the chat messages (or a plain string)"""
     reward_fn_key: str = "data_source"
