@@ -107,7 +107,8 @@ def cmd_demo(args) -> int:
     if args.task == "tools":
         from .trainer.tools_task import run_tools_demo
 
-        run_tools_demo(args.output_dir or "runs/demo_tools", seed=args.seed, rl_steps=args.rl_steps)
+        run_tools_demo(args.output_dir or "runs/demo_tools", seed=args.seed, rl_steps=args.rl_steps,
+                       program=args.program)
         return 0
     from .trainer.demo import run_demo
 
@@ -203,10 +204,14 @@ def cmd_sandbox_server(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    try:
+        from .serve.server import serve_engine
+    except ImportError as e:  # the serve extra is not installed: checked before the model loads
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     from .models.load import compute_dtype, load_tokenizer, pick_device
     from .models.policy import PolicyModel
     from .rollout.registry import build_engine
-    from .serve.server import serve_engine
     from .trainer.evaluate import load_model_for_eval
 
     device = pick_device(args.device)
@@ -260,6 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="default: runs/demo (add), runs/demo_tools (tools)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rl-steps", type=int, default=40)
+    p.add_argument("--program", default=None,
+                   help="--task tools: an agent program plays the episodes over the OpenAI API, e.g. "
+                        "examples/agent_programs/calculator_agent.py:run (module:function, file.py:function or a "
+                        "command line)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("export", help="a checkpoint as a plain Hugging Face folder (LoRA merged)")

@@ -308,6 +308,8 @@ def test_a_program_that_does_not_import_is_refused_when_the_config_loads(tmp_pat
             load_config(None, [f"{key}={spec}"])
     with pytest.raises(ConfigError, match="rollout.name=hf"):
         load_config(None, [f"{key}=my_agent:play", "actor_rollout_ref.rollout.name=hf"])
+    with pytest.raises(ConfigError, match="adv_estimator=remax: its greedy baseline"):
+        load_config(None, [f"{key}=my_agent:play", "algorithm.adv_estimator=remax"])
     with pytest.raises(ConfigError, match="program_timeout_s=0.0 must be positive"):
         load_config(None, ["actor_rollout_ref.rollout.agent.program_timeout_s=0"])
     for spec in ("my_agent:play", f"{tmp_path}/my_agent.py:play", "python3 agent.py --flag"):
@@ -317,3 +319,79 @@ def test_a_program_that_does_not_import_is_refused_when_the_config_loads(tmp_pat
     assert runner.program({}, "", "") == 1.0
     assert ProgramRunner(None, None, AgentSettings(program="python3 agent.py --flag")).program == [
         "python3", "agent.py", "--flag"]
+
+
+# ---------------------------------------------------------------- through the real server
+
+
+def reference_greedy(lm, prompt: list[int], steps: int, eos: int) -> list[int]:
+    """Greedy decoding by the model's own forward over the whole sequence each step; stops after EOS."""
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = int(lm(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(token)
+            ids.append(token)
+            if token == eos:
+                break
+    return out
+
+
+def test_a_program_over_the_server_trains_on_what_the_policy_decoded(tiny_model_dir):
+    """Two chat calls of an openai-client program, the second going on from the first's answer, through the real
+    server: the sample's prompt is the rendered chat, its policy tokens the model's greedy tokens with finite
+    log-probs, and the second call continues the sample (appended: the rest of the re-rendered conversation) exactly
+    when its rendered prompt starts with the first call's prompt and answer; the reward is the one POSTed."""
+    import httpx
+    import openai
+
+    from posttrain.models.load import load_causal_lm, load_tokenizer
+    from posttrain.models.policy import PolicyModel
+    from posttrain.rollout.registry import build_engine
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    engine = build_engine("posttrain", PolicyModel(load_causal_lm(str(tiny_model_dir))), tok,
+                          device=torch.device("cpu"), dtype=torch.float32)
+    lm = load_causal_lm(str(tiny_model_dir)).eval()
+    sent = {}
+
+    def program(row, base_url, api_key):
+        client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        messages = list(row["prompt"])
+        first = client.chat.completions.create(model="policy", messages=messages, max_tokens=6, temperature=1.3)
+        messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                     {"role": "user", "content": "and 5+5="}]
+        client.chat.completions.create(model="policy", messages=messages, max_tokens=6)
+        sent[row["uid"]] = messages
+        httpx.post(base_url.removesuffix("/v1") + "/rl/reward", json={"reward": 0.5},
+                   headers={"Authorization": f"Bearer {api_key}"}).raise_for_status()
+
+    rows = [{"uid": "a", "prompt": [{"role": "user", "content": "2+3="}]},
+            {"uid": "b", "prompt": [{"role": "user", "content": "7+1="}]}]
+    runner = ProgramRunner(engine, tok, AgentSettings(num_workers=4), program)
+    eps = runner.run(rows, 1, SamplingParams(do_sample=False, max_new_tokens=64, logprobs=True))
+    assert runner.take_metrics() == {"agent/programs": 2.0, "agent/program_samples": float(len(eps)),
+                                     "agent/program_scored_by_reward_function": 0.0}
+    def render(messages):
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    eos = tok.eos_token_id
+    for row in rows:
+        mine = [e for e in eps if e.row is row]
+        prompt = render(row["prompt"])
+        first = reference_greedy(lm, prompt, 6, eos)
+        second_prompt = render(sent[row["uid"]])
+        second = reference_greedy(lm, second_prompt, 6, eos)
+        assert mine[0].prompt_ids == prompt and mine[0].tokens[:len(first)] == first
+        assert all(e.reward == 0.5 for e in mine)
+        if second_prompt[:len(prompt) + len(first)] == prompt + first:
+            gap = second_prompt[len(prompt) + len(first):]
+            [ep] = mine
+            assert ep.tokens == first + gap + second
+            assert ep.mask == [1] * len(first) + [0] * len(gap) + [1] * len(second)
+        else:
+            assert [(e.prompt_ids, e.tokens) for e in mine] == [(prompt, first), (second_prompt, second)]
+        for ep in mine:
+            policy = [lp for lp, m in zip(ep.logprobs, ep.mask) if m]
+            assert all(math.isfinite(lp) and lp <= 0 for lp in policy) and len(ep.logprobs) == len(ep.tokens)

@@ -69,3 +69,35 @@ def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path):
     calls = [correct_call_share(read_episodes(tmp_path / "rl", step)[1]) for step in (0, 15)]
     assert calls[1] - calls[0] >= 0.2, calls
     assert after - before >= 0.05, (before, after)
+
+
+def test_grpo_through_the_server_teaches_an_openai_client_agent_program(tmp_path):
+    """The same shortened tool task, with the episodes played by an agent program — a plain openai client that offers
+    the calculator, runs its calls and returns its own reward (examples/agent_programs/calculator_agent.py) — over the
+    OpenAI-compatible server on the policy: right first calls rise by at least 0.2 and held-out accuracy by at least
+    0.05 (measured on an AMD Zen 5: right calls 0.29 -> 0.64, accuracy 0.22 -> 0.41, as the episode loop's above);
+    no run fails, and the server's recorded calls merge into about one sample per run (the client re-renders the
+    conversation as the chat template does)."""
+    from pathlib import Path
+
+    from posttrain.agents.episode_log import read_episodes
+    from posttrain.config import load_config
+    from posttrain.trainer.tools_task import (TOOLS_RL_OVERRIDES, correct_call_share, prepare_tools_task,
+                                              program_overrides, tools_sft)
+
+    agent = Path(__file__).resolve().parents[1] / "examples" / "agent_programs" / "calculator_agent.py"
+    paths = prepare_tools_task(tmp_path, seed=0, train=1000, dev=100, held_out=100)
+    tools_sft(paths, tmp_path / "sft", seed=0, epochs=20)
+    RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + program_overrides(f"{agent}:run") + [
+        f"actor_rollout_ref.model.path={tmp_path / 'sft'}", f"data.train_files={paths['rl_train']}",
+        f"data.val_files={paths['test']}", "trainer.total_training_steps=15", "trainer.test_freq=15",
+        f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']"])).fit()
+    metrics = read_metrics(tmp_path / "rl")
+    key = "val-core/synthetic/calculator/acc/mean@1"
+    before, after = metrics[0][key], metrics[-1][key]
+    calls = [correct_call_share(read_episodes(tmp_path / "rl", step)[1]) for step in (0, 15)]
+    assert calls[1] - calls[0] >= 0.2, calls
+    assert after - before >= 0.05, (before, after)
+    steps = [m for m in metrics if "agent/programs" in m]
+    assert len(steps) == 15 and all(m["agent/programs"] == 256 and "agent/program_errors" not in m for m in steps)
+    assert sum(m["agent/program_samples"] for m in steps) <= 1.05 * 256 * 15

@@ -44,14 +44,15 @@ def tool_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stack(tool_model_dir):
-    """(tokenizer, the model, the scheduler, the recorder, base URL) of one served app."""
+    """(tokenizer, a copy of the served model, the scheduler, the recorder, base URL) of one served app."""
     from posttrain.models.load import load_causal_lm, load_tokenizer
     from posttrain.models.policy import PolicyModel
     from posttrain.rollout.registry import build_engine
 
     tokenizer = load_tokenizer(str(tool_model_dir))
-    lm = load_causal_lm(str(tool_model_dir)).eval()
-    engine = build_engine("posttrain", PolicyModel(lm), tokenizer, device=torch.device("cpu"), dtype=torch.float32)
+    engine = build_engine("posttrain", PolicyModel(load_causal_lm(str(tool_model_dir))), tokenizer,
+                          device=torch.device("cpu"), dtype=torch.float32)
+    lm = load_causal_lm(str(tool_model_dir)).eval()  # the reference: the scheduler's copy is switched while it decodes
     scheduler = Scheduler(engine, max_running=16, max_waiting=16)
     scheduler.start()
     recorder = Recorder()
@@ -120,14 +121,17 @@ def test_a_greedy_chat_completion_is_the_models_greedy_text_with_its_logprobs(st
 def test_streamed_deltas_join_to_the_unstreamed_greedy_text(stack):
     tokenizer, lm, _, _, url = stack
     c = client(url)
-    whole = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=20, temperature=0)
+    whole = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=20, temperature=0, logprobs=True)
     chunks = list(c.chat.completions.create(model=MODEL, messages=USER, max_tokens=20, temperature=0, stream=True,
-                                            stream_options={"include_usage": True}))
+                                            stream_options={"include_usage": True}, logprobs=True))
     with_choice = [ch for ch in chunks if ch.choices]
     assert with_choice[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in with_choice) == whole.choices[0].message.content
     assert [ch.choices[0].finish_reason for ch in with_choice if ch.choices[0].finish_reason] == \
         [whole.choices[0].finish_reason]
+    streamed_logprobs = [e for ch in with_choice if ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed_logprobs] == \
+        [(e.token, e.logprob) for e in whole.choices[0].logprobs.content]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
@@ -184,6 +188,25 @@ def test_a_stop_string_cuts_the_text_where_it_starts_streamed_or_not(stack):
     assert parts[-1].choices[0].finish_reason == "stop"
 
 
+def test_concurrent_requests_get_what_each_gets_alone(stack):
+    """Requests decoding in one batch (joining and leaving it at different steps) answer as they do alone."""
+    _, _, _, _, url = stack
+    c = client(url)
+    asks = [dict(model=MODEL, messages=[{"role": "user", "content": f"{a}*{a + 7}="}], max_tokens=4 + 3 * a,
+                 temperature=0 if a % 2 else 0.8, seed=a) for a in range(6)]
+    alone = [c.chat.completions.create(**ask).choices[0].message.content for ask in asks]
+    together = [None] * len(asks)
+
+    def ask_one(i):
+        together[i] = c.chat.completions.create(**asks[i]).choices[0].message.content
+    threads = [threading.Thread(target=ask_one, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert together == alone
+
+
 def test_models_and_health(stack):
     _, _, scheduler, _, url = stack
     models = client(url).models.list()
@@ -222,19 +245,36 @@ def test_streamed_text_holds_back_a_tool_call_and_stop_string_prefixes(tool_mode
     assert sent + sample.finish() == "12*" and sample.stopped
 
 
+def test_incremental_text_is_the_text_of_all_ids_also_across_split_characters(tool_model_dir):
+    """Byte-level tokens split multi-byte characters: a token ending inside one gives no text until the character is
+    complete, and the pieces joined are the decoding of all ids at once."""
+    from posttrain.models.load import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tool_model_dir))
+    for text in ("héllo wörld ✓ 日本語 🙂 end", "12*34=408\n\n<tool_call>x", "  spaces  and\ttabs "):
+        ids = tokenizer(text)["input_ids"] + [tokenizer.eos_token_id]
+        sample, pieces = SampleText(tokenizer), []
+        for t in ids:
+            pieces.append(sample.push(t, 0.0))
+            assert "\ufffd" not in pieces[-1]
+        pieces.append(sample.finish())
+        assert "".join(pieces) == text_of(tokenizer, ids) == text and sample.ids == ids
+        assert sum(1 for p in pieces if p) > 3  # it did come piece by piece
+
+
 class FixedScheduler:
     """A scheduler (Contract 1's interface) whose every sample is the same fixed token ids, then EOS: the parse path
     of a turn the untrained tiny model would never write."""
 
     context_length = 512
 
-    def __init__(self, ids: list[int], eos: int):
-        self.ids, self.eos, self.prompts = ids, eos, []
+    def __init__(self, ids: list[int], eos: int, finish: str = "stop"):
+        self.ids, self.eos, self.finish, self.prompts = ids, eos, finish, []
 
     def submit(self, prompt_ids, n, sampling):
         self.prompts.append(list(prompt_ids))
         return FixedHandle([Event(s, t, -0.25) for s in range(n) for t in self.ids + [self.eos]] +
-                           [Event(s, None, None, "stop") for s in range(n)])
+                           [Event(s, None, None, self.finish) for s in range(n)])
 
 
 class FixedHandle:
@@ -323,6 +363,21 @@ def test_every_bad_request_is_an_openai_error_and_the_server_serves_on(stack):
     assert c.chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices[0].message is not None
 
 
+def test_a_failed_decoding_is_answered_500_and_not_recorded(tool_model_dir):
+    from posttrain.models.load import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tool_model_dir))
+    recorder = Recorder()
+    failing = FixedScheduler(tokenizer("12")["input_ids"], tokenizer.eos_token_id, finish="error")
+    with serve_in_thread(build_app(Served(MODEL, tokenizer, failing), recorder=recorder)) as server:
+        c = client(server.base_url, "ep-failed")
+        e = status_error(lambda: c.chat.completions.create(model=MODEL, messages=USER))
+        assert isinstance(e, openai.InternalServerError) and e.status_code == 500
+        with pytest.raises(openai.APIError):  # streamed: the first event is a token, then the error event
+            list(c.chat.completions.create(model=MODEL, messages=USER, stream=True))
+    assert recorder.take("ep-failed") == ([], None)
+
+
 class Spy:
     """The scheduler, with the handles it gave out and their cancels seen. `hold`: after each request's first
     event the app sees no more until `release` is set (the request cannot end meanwhile)."""
@@ -401,19 +456,54 @@ def test_a_client_gone_mid_stream_has_its_samples_cancelled(stack):
         with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=30) as r:
             assert r.status_code == 200
             next(r.iter_lines())
-        wait_for(lambda: None in spy.handles[0].cancels)
+        wait_for(lambda: None in spy.handles[0].cancels, 5)
         spy.release.set()
     assert client(url).chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices
 
 
-def test_a_client_gone_before_its_answer_has_its_samples_cancelled(stack):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_gone_before_its_answer_has_its_samples_cancelled(stack, stream):
     tokenizer, _, scheduler, _, _ = stack
     spy = Spy(scheduler)
     with serve_in_thread(build_app(Served(MODEL, tokenizer, spy))) as server, scheduler.paused():
-        body = {"model": MODEL, "messages": USER, "max_tokens": 400, "temperature": 0}
-        with pytest.raises(httpx.TimeoutException):
+        body = {"model": MODEL, "messages": USER, "max_tokens": 400, "temperature": 0, "stream": stream}
+        with pytest.raises(httpx.TimeoutException):  # a stream waits for its first token before it starts
             httpx.post(server.base_url + "/chat/completions", json=body, timeout=0.5)
-        wait_for(lambda: spy.handles and None in spy.handles[0].cancels)
+        wait_for(lambda: spy.handles and None in spy.handles[0].cancels, 5)
+
+
+def test_reading_a_cancelled_generation_ends_at_once_not_at_its_deadline(tool_model_dir):
+    """A client gone before its answer: the request's handler stops waiting (nothing would read its answer)."""
+    from posttrain.models.load import load_tokenizer
+    from posttrain.serve.generation import Cancelled, Generation
+
+    class Silent:  # a request whose samples never produce an event
+        cancelled = []
+
+        async def aevents(self):
+            await asyncio.Event().wait()
+            yield
+
+        def cancel(self, sample=None):
+            self.cancelled.append(sample)
+
+    tokenizer = load_tokenizer(str(tool_model_dir))
+
+    async def scenario():
+        handle = Silent()
+        gen = Generation([handle], 1, [SampleText(tokenizer)], deadline=time.monotonic() + 600)
+
+        async def read():
+            async for _ in gen.updates():
+                pass
+        reader = asyncio.ensure_future(read())
+        await asyncio.sleep(0.05)
+        gen.cancel()
+        with pytest.raises(Cancelled):
+            await asyncio.wait_for(reader, 5)
+        return handle.cancelled
+
+    assert asyncio.run(scenario()) == [None]
 
 
 def test_an_api_key_is_required_when_set(stack):

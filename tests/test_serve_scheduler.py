@@ -18,7 +18,7 @@ import posttrain.rollout.decode_state as decode_state
 import posttrain.rollout.engine as engine_module
 from posttrain.models.load import load_causal_lm
 from posttrain.rollout.engine import DecodeEngine
-from posttrain.serve.scheduler import PromptTooLong, QueueFull, RequestSampling, Scheduler
+from posttrain.serve.scheduler import SLOT_ROWS, PromptTooLong, QueueFull, RequestSampling, Scheduler
 
 GREEDY = RequestSampling(temperature=0.0, max_tokens=8)
 PROMPTS = [[5, 17, 33, 2, 9, 41], [71, 8, 12], [3, 99, 250, 4, 18, 7, 61, 120, 45], [200, 11]]
@@ -111,11 +111,13 @@ def test_greedy_requests_give_the_full_forward_greedy_continuation(engine, sched
 
 
 def test_requests_joining_and_leaving_mid_run_decode_as_alone(engine, scheduler, lm64, monkeypatch):
-    """Requests that join while others decode (and of different n and max_tokens, so rows leave at different steps)
-    give every sample the greedy continuation of its own prompt."""
+    """Requests that join while others decode, of different n (more samples than a slot holds) and max_tokens (rows
+    leave at different steps), two with the same prompt joining together (sharing its slot), give every sample the
+    greedy continuation of its own prompt."""
     engine.eos_ids = {10**6}  # every request runs to max_tokens: the steps that submit come
     sched = scheduler()
-    plan = [(PROMPTS[0], 2, 12), (PROMPTS[1], 1, 3), (PROMPTS[2], 3, 9), (PROMPTS[3], 1, 6), (PROMPTS[1], 2, 7)]
+    assert SLOT_ROWS < 6
+    plan = [(PROMPTS[0], 2, 12), (PROMPTS[1], 1, 3), (PROMPTS[2], 6, 9), (PROMPTS[3], 1, 6), (PROMPTS[3], 2, 7)]
     handles = {}
 
     def submit(i):
@@ -132,15 +134,23 @@ def test_requests_joining_and_leaving_mid_run_decode_as_alone(engine, scheduler,
         assert [(t, f) for t, _, f in results[i].values()] == [want] * n, i
 
 
-def test_sampled_logprobs_are_the_float64_forwards(scheduler, lm64):
+def test_sampled_logprobs_are_the_float64_forwards(engine, scheduler, lm64, monkeypatch):
     """Each sampled token's log-prob equals log_softmax(logits / temperature) of a float64 full forward at it, for
-    every sample of a request, beside a request sampled at another temperature."""
+    every sample: of a request decoding from the start, and of requests joining mid-run, one with more samples than a
+    slot holds and one with the same prompt (sharing a slot with it) at another temperature and with a seed."""
+    engine.eos_ids = {10**6}  # the second step comes
     sched = scheduler()
-    handles = [sched.submit(PROMPTS[0], 3, RequestSampling(temperature=0.8, max_tokens=6)),
-               sched.submit(PROMPTS[2], 1, RequestSampling(temperature=1.0, max_tokens=6))]
+    plan = [(PROMPTS[0], 3, 0.8, None), (PROMPTS[2], SLOT_ROWS + 1, 1.0, None), (PROMPTS[2], 2, 0.7, 5)]
+    handles = []
+
+    def submit(prompt, n, temperature, seed):
+        handles.append(sched.submit(prompt, n, RequestSampling(temperature=temperature, max_tokens=6, seed=seed)))
+    on_step(engine, monkeypatch, {2: lambda: (submit(*plan[1]), submit(*plan[2]))})
+    submit(*plan[0])
     sched.start()
-    for handle, prompt, temperature in zip(handles, (PROMPTS[0], PROMPTS[2]), (0.8, 1.0)):
-        for tokens, logprobs, _ in collect(handle).values():
+    results = [collect(handles[0])] + [collect(h) for h in handles[1:]]
+    for (prompt, _, temperature, _), result in zip(plan, results):
+        for tokens, logprobs, _ in result.values():
             with torch.no_grad():
                 logits = lm64(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
             want = torch.log_softmax(logits / temperature, dim=-1)[torch.arange(len(tokens)), tokens]
@@ -206,7 +216,7 @@ def test_cancelling_one_sample_ends_it_only(engine, scheduler, lm64, monkeypatch
     assert {s: f for s, (_, _, f) in collect(queued).items()} == {0: "cancelled", 1: "cancelled"}
 
 
-def test_the_queue_bound_and_the_context_bound_refuse_requests(scheduler, lm):
+def test_the_queue_bound_the_context_bound_and_bad_input_refuse_requests(scheduler, lm):
     sched = scheduler(max_waiting=2)
     context = lm.config.max_position_embeddings
     assert sched.context_length == context
@@ -215,8 +225,12 @@ def test_the_queue_bound_and_the_context_bound_refuse_requests(scheduler, lm):
     held = [sched.submit([5] * (context - 2), 1, RequestSampling(max_tokens=2)), sched.submit([5], 1, GREEDY)]
     with pytest.raises(QueueFull):
         sched.submit([5], 1, GREEDY)
-    with pytest.raises(ValueError):
-        sched.submit([5], sched.max_running + 1, GREEDY)
+    bad = [([5], sched.max_running + 1, GREEDY), ([], 1, GREEDY), ([lm.config.vocab_size], 1, GREEDY),
+           ([5], 1, RequestSampling(max_tokens=0)), ([5], 1, RequestSampling(temperature=-1.0)),
+           ([5], 1, RequestSampling(top_p=0.0))]
+    for prompt, n, sampling in bad:
+        with pytest.raises(ValueError):
+            sched.submit(prompt, n, sampling)
     sched.close()
     assert [collect(h)[0][2] for h in held] == ["cancelled", "cancelled"]
 
@@ -311,3 +325,27 @@ def test_a_model_the_shared_prefix_step_does_not_run_is_refused(engine):
     engine.shared_prefix_ok = False  # as the self-check decides for such a model
     with pytest.raises(ValueError, match="shared-prefix"):
         Scheduler(engine)
+
+
+def test_a_consumer_leaving_early_cancels_its_request(engine, scheduler, monkeypatch):
+    """A consumer that stops reading (a client gone) cancels the samples still running: they end "cancelled"."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    left = threading.Event()
+    on_step(engine, monkeypatch, {2: lambda: left.wait(10)})
+    handle = sched.submit(PROMPTS[1], 2, RequestSampling(temperature=0.0, max_tokens=40))
+    sched.start()
+    for _ in handle.events(timeout=10):
+        break
+    left.set()
+    rest = list(handle.events(timeout=10))
+    assert sorted(e.finish for e in rest if e.finish) == ["cancelled", "cancelled"]
+    assert len(rest) < 2 * 40
+
+
+def test_no_event_within_the_timeout_raises_and_cancels(scheduler):
+    sched = scheduler()  # not started: nothing decodes
+    handle = sched.submit(PROMPTS[0], 1, GREEDY)
+    with pytest.raises(TimeoutError):
+        next(handle.events(timeout=0.05))
+    assert [(e.token, e.finish) for e in handle.events(timeout=1)] == [(None, "cancelled")]

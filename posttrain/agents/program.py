@@ -9,7 +9,7 @@ which is its episode id on the server. Its reward, first found of: the callable'
 stdout line `{"reward": x}`; a `POST /rl/reward`; else none, and the batch's reward manager scores the sample's text
 by its data_source like any episode's.
 
-Rules a reviewer should know (metrics `agent/program*`):
+The rules (metrics `agent/program*`):
 - the calls of one run become samples by the rule of trajectories.py; all of them carry the run's reward and the
   row's uid, so a row may have more samples than `rollout.n` (GRPO's group statistics then weigh each one);
 - a run that made no call gives no sample (`agent/program_no_calls`): no zero reward is invented for it;
@@ -43,7 +43,7 @@ from .episode_log import _plain
 from .settings import AgentSettings
 from .trajectories import trajectories
 
-ERROR_KINDS = ("raised", "exit_status", "timeout", "bad_reward")
+SERVED_NAME = "policy"  # the model name clients send
 COMMAND_GRACE_S = 5.0  # a command is killed at its limit; its thread reports within this much more
 
 
@@ -97,11 +97,13 @@ def serve_policy(engine, tokenizer, sampling: SamplingParams, programs: int):
     from ..serve.scheduler import Scheduler
     from ..serve.server import serve_in_thread
 
-    scheduler = Scheduler(engine, max_running=max(1, programs), max_waiting=max(256, 4 * programs))
+    # every program's requests decode together (as the episode loop decodes all of a step's episodes); a request's
+    # `n` must fit too
+    scheduler = Scheduler(engine, max_running=max(64, programs), max_waiting=max(256, 4 * programs))
     recorder = Recorder()
     scheduler.start()
     try:
-        app = build_app(Served("policy", tokenizer, scheduler), recorder=recorder,
+        app = build_app(Served(SERVED_NAME, tokenizer, scheduler), recorder=recorder,
                         sampling_override=request_sampling(sampling))
         server = serve_in_thread(app)
         try:

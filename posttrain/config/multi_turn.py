@@ -52,7 +52,7 @@ def check_multi_turn(cfg: Config, check) -> None:
     check(agent.program_timeout_s > 0, f"actor_rollout_ref.rollout.agent.program_timeout_s={agent.program_timeout_s} "
                                        "must be positive (seconds per program run)", "wrong values")
     if agent.program is not None:
-        check_program(str(agent.program), rollout, check)
+        check_program(str(agent.program), cfg, check)
     if not mt.enable:
         check(agent.default_agent_loop == "single_turn_agent",
               f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop} runs multi-turn "
@@ -67,10 +67,12 @@ def check_multi_turn(cfg: Config, check) -> None:
                                   "appended as text, and image inputs are not carried across turns)")
 
 
-def check_program(spec: str, rollout, check) -> None:
+def check_program(spec: str, cfg: Config, check) -> None:
     """An agent program: a function that imports (its module is imported now), or a command line that names
-    something; served by posttrain's engine."""
-    key = "actor_rollout_ref.rollout.agent.program"
+    something; served by posttrain's engine; not with ReMax, whose greedy baseline is one response per prompt."""
+    from ..algo import estimator_info
+
+    key, rollout = "actor_rollout_ref.rollout.agent.program", cfg.actor_rollout_ref.rollout
     if not spec.strip():
         check(False, f"{key} is empty: name a function (module:function) or a command line, or leave it null",
               "wrong values")
@@ -81,6 +83,9 @@ def check_program(spec: str, rollout, check) -> None:
             check(False, f"{key}: {e}", "files, models and packages")
     check(rollout.name != "hf", f"{key} runs agent programs against a server over posttrain's engine; "
                                 "rollout.name=hf (transformers' generate) cannot serve them: set rollout.name=posttrain")
+    check.unsupported(not estimator_info(cfg.algorithm.adv_estimator).needs_greedy_baseline,
+                      f"{key} with algorithm.adv_estimator={cfg.algorithm.adv_estimator}: its greedy baseline is one "
+                      "response per prompt, and a program gives a prompt any number of samples; use grpo or rloo")
 
 
 def agent_loops_file_problem(path: str) -> str | None:

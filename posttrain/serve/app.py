@@ -27,7 +27,7 @@ except ImportError as e:  # the serve extra is optional
     raise ImportError("the server needs FastAPI and uvicorn: pip install 'posttrain[serve]'") from e
 
 from .chat import ChatError, SampleText, render, tool_message
-from .generation import Generation, GenerationFailed, RequestTimeout
+from .generation import Cancelled, Generation, GenerationFailed, RequestTimeout
 from .protocol import ChatRequest, CompletionRequest, RewardRequest, error_body
 from .recorder import Call, Recorder
 from .scheduler import PromptTooLong, QueueFull, RequestSampling
@@ -115,6 +115,10 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         auth = request.headers.get("authorization", "")
         return (auth[len("Bearer "):].strip() or None) if auth.startswith("Bearer ") else None
 
+    def timed_out() -> APIError:
+        return APIError(504, f"the request took longer than {request_timeout_s:g} s and was cancelled",
+                        "timeout_error", code="timeout")
+
     def check_model(name: str) -> None:
         if name != served.name:
             raise APIError(404, f"the model {name!r} does not exist; this server serves {served.name!r}",
@@ -158,8 +162,9 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
             raise APIError(503, f"the server is shutting down ({e})", "server_error") from None
         return handles
 
-    async def collect(gen: Generation, request: Request) -> None:
-        """Every update consumed (the samples' text and ids accumulate in them); the client watched meanwhile."""
+    @contextlib.asynccontextmanager
+    async def watching(gen: Generation, request: Request):
+        """Inside it, a client that disconnects has its samples cancelled (the reader gets `Cancelled`)."""
         async def watch():
             while not await request.is_disconnected():
                 await asyncio.sleep(DISCONNECT_POLL_S)
@@ -167,15 +172,23 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
 
         watcher = asyncio.ensure_future(watch())
         try:
-            async for _ in gen.updates():
-                pass
-        except RequestTimeout:
-            raise APIError(504, f"the request took longer than {request_timeout_s:g} s and was cancelled",
-                           "timeout_error", code="timeout") from None
-        except GenerationFailed as e:
-            raise APIError(500, str(e), "server_error") from None
+            yield
         finally:
             watcher.cancel()
+
+    async def collect(gen: Generation, request: Request) -> None:
+        """Every update consumed (the samples' text and ids accumulate in them); the client watched meanwhile."""
+        try:
+            async with watching(gen, request):
+                async for _ in gen.updates():
+                    pass
+        except RequestTimeout:
+            raise timed_out() from None
+        except GenerationFailed as e:
+            raise APIError(500, str(e), "server_error") from None
+        except Cancelled:  # nobody reads this answer
+            raise APIError(499, "the client closed the connection", "invalid_request_error") from None
+        finally:
             gen.cancel()
 
     def record(request: Request, prompts: list[list[int]], n: int, samples: list[SampleText], finishes: list[str]):
@@ -208,21 +221,22 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         samples = [SampleText(tokenizer, body.stop_strings(), watch) for _ in range(len(prompts) * body.n)]
         return Generation(handles, body.n, samples, deadline), samples
 
-    async def streamed(gen: Generation, chunks, on_done):
+    async def streamed(gen: Generation, request: Request, chunks, on_done):
         """The SSE response: the first update is awaited before the response starts (so a request refused or timed
         out while waiting still gets its HTTP status); `chunks(update)` gives the events of one update."""
         updates = gen.updates()
         try:
-            first = await updates.__anext__()
+            async with watching(gen, request):
+                first = await updates.__anext__()
         except StopAsyncIteration:
             first = None
         except RequestTimeout:
-            gen.cancel()
-            raise APIError(504, f"the request took longer than {request_timeout_s:g} s and was cancelled",
-                           "timeout_error", code="timeout") from None
+            raise timed_out() from None
         except GenerationFailed as e:
             gen.cancel()
             raise APIError(500, str(e), "server_error") from None
+        except Cancelled:
+            raise APIError(499, "the client closed the connection", "invalid_request_error") from None
 
         async def body():
             try:
@@ -236,8 +250,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                     yield sse(chunk)
                 yield "data: [DONE]\n\n"
             except RequestTimeout:
-                yield sse(error_body(f"the request took longer than {request_timeout_s:g} s and was cancelled",
-                                     "timeout_error", "timeout"))
+                yield sse(timed_out().body)
             except GenerationFailed as e:
                 yield sse(error_body(str(e), "server_error"))
             finally:  # also when the client went away (the response task is cancelled)
@@ -333,7 +346,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                          "usage": usage([prompt], body.n, samples)}]
             return []
 
-        return await streamed(gen, chunks, done)
+        return await streamed(gen, request, chunks, done)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
@@ -385,6 +398,6 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                 return [{**head, "choices": [], "usage": usage(prompts, body.n, samples)}]
             return []
 
-        return await streamed(gen, chunks, done)
+        return await streamed(gen, request, chunks, done)
 
     return app

@@ -2,8 +2,9 @@
 (chat.SampleText), its stop strings (a match cancels that sample), and the request's time limit.
 
 `Generation.updates()` yields `Update`s in arrival order; a sample's last one has `finish` set. It raises
-`RequestTimeout` when the deadline passes (every sample cancelled first) and `GenerationFailed` when a sample ended
-in an error. `cancel()` stops every sample (the client went away); the caller calls it in a `finally`.
+`RequestTimeout` when the deadline passes (every sample cancelled first), `GenerationFailed` when a sample ended in an
+error, and `Cancelled` once `cancel()` stopped every sample (the client went away); the caller calls `cancel()` in a
+`finally` as well.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ class GenerationFailed(Exception):
     pass
 
 
+class Cancelled(Exception):
+    """`cancel()` was called while the updates were being read (the client went away)."""
+
+
 @dataclass
 class Update:
     choice: int
@@ -38,9 +43,10 @@ class Generation:
         self.handles, self.n, self.samples, self.deadline = handles, n, samples, deadline
         self.finish: list[str | None] = [None] * len(samples)
         self._tasks: list[asyncio.Task] = []
+        self._queue: asyncio.Queue = asyncio.Queue()
 
     async def updates(self):
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = self._queue
 
         async def pump(i, handle):
             try:
@@ -57,6 +63,8 @@ class Generation:
             except asyncio.TimeoutError:
                 self.cancel()
                 raise RequestTimeout from None
+            if event is None:
+                raise Cancelled
             if isinstance(event, Exception):
                 self.cancel()
                 raise GenerationFailed(f"{type(event).__name__}: {event}")
@@ -95,3 +103,4 @@ class Generation:
             handle.cancel()
         for task in self._tasks:
             task.cancel()
+        self._queue.put_nowait((None, None))

@@ -66,8 +66,6 @@ class Sampling(Ignoring):
             return "presence_penalty / frequency_penalty are not supported"
         if self.logit_bias:
             return "logit_bias is not supported"
-        if len(self.stop_strings()) > 4:
-            return "stop takes at most 4 strings"
         return None
 
 

@@ -148,10 +148,19 @@ TOOLS_RL_OVERRIDES = [
 ]
 
 
+def program_overrides(program: str) -> list[str]:
+    """The tool task played by an agent program (`module:function`, `file.py:function` or a command) over the
+    OpenAI API instead of the episode loop: every sample of a step runs at once, so the server batches them."""
+    return [f"actor_rollout_ref.rollout.agent.program={program}", "actor_rollout_ref.rollout.agent.num_workers=256"]
+
+
 def run_tools_demo(out_dir: str | Path = "runs/demo_tools", *, seed: int = 0, rl_steps: int = 40,
-                   sft_epochs: float = 30.0, extra_overrides: list[str] = (), quiet: bool = False) -> dict:
+                   sft_epochs: float = 30.0, extra_overrides: list[str] = (), quiet: bool = False,
+                   program: str | None = None) -> dict:
     """`posttrain demo --task tools`: the calculator task's SFT warm start, then GRPO on multi-turn episodes with the
-    calculator; held-out greedy accuracy (and the share of first turns that call the tool right) before and after."""
+    calculator; held-out greedy accuracy (and the share of first turns that call the tool right) before and after.
+    `program`: the episodes are played by that agent program (examples/agent_programs/calculator_agent.py:run) over
+    an OpenAI-compatible server on the policy, and rewarded by it."""
     import time
 
     from ..agents.episode_log import read_episodes
@@ -164,12 +173,13 @@ def run_tools_demo(out_dir: str | Path = "runs/demo_tools", *, seed: int = 0, rl
     say(f"[demo tools] task and tiny model ready ({time.time() - t0:.0f}s); SFT on mixed demonstrations")
     tools_sft(paths, out / "sft", seed=seed, epochs=sft_epochs, quiet=quiet)
     t_sft = time.time() - t0
-    say(f"[demo tools] SFT done ({t_sft:.0f}s); GRPO on episodes with the calculator")
+    say(f"[demo tools] SFT done ({t_sft:.0f}s); GRPO on episodes with the calculator"
+        + (f", played by {program}" if program else ""))
     cfg = load_config(None, TOOLS_RL_OVERRIDES + [
         f"actor_rollout_ref.model.path={out / 'sft'}", f"data.train_files={paths['rl_train']}",
         f"data.val_files={paths['test']}", f"trainer.total_training_steps={rl_steps}", f"trainer.seed={seed}",
         f"data.seed={seed}", f"trainer.default_local_dir={out / 'rl'}", f"trainer.save_freq={rl_steps}",
-        *extra_overrides])
+        *(program_overrides(program) if program else []), *extra_overrides])
     final = RLTrainer(cfg).fit()
     history = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
     key = next(k for k in history[0] if k.startswith("val-core/"))
