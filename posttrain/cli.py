@@ -108,7 +108,7 @@ def cmd_demo(args) -> int:
         from .tiny.tools_task import run_tools_demo
 
         run_tools_demo(args.output_dir or "runs/demo_tools", seed=args.seed, rl_steps=args.rl_steps,
-                       program=args.program)
+                       program=args.program, environment=args.environment)
         return 0
     from .tiny.demo import run_demo
 
@@ -265,10 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", default=None, help="default: runs/demo (add), runs/demo_tools (tools)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rl-steps", type=int, default=40)
-    p.add_argument("--program", default=None,
-                   help="--task tools: an agent program plays the episodes over the OpenAI API, e.g. "
-                        "examples/agent_programs/calculator_agent.py:run (module:function, file.py:function or a "
-                        "command line)")
+    played = p.add_mutually_exclusive_group()
+    played.add_argument("--program", default=None,
+                        help="--task tools: an agent program plays the episodes over the OpenAI API, e.g. "
+                             "examples/agent_programs/calculator_agent.py:run (module:function, file.py:function or "
+                             "a command line)")
+    played.add_argument("--environment", default=None,
+                        help="--task tools: a verifiers environment's tasks are the prompts, played and scored by it "
+                             "over the OpenAI API: verifiers:examples/verifiers_envs/calculator_taskset.py:"
+                             "CalculatorTaskset")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("export", help="a checkpoint as a plain Hugging Face folder (LoRA merged)")

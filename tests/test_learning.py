@@ -101,3 +101,60 @@ def test_grpo_through_the_server_teaches_an_openai_client_agent_program(tmp_path
     steps = [m for m in metrics if "agent/programs" in m]
     assert len(steps) == 15 and all(m["agent/programs"] == 256 and "agent/program_errors" not in m for m in steps)
     assert sum(m["agent/program_samples"] for m in steps) <= 1.05 * 256 * 15
+
+
+SHORT_CALCULATOR_TASKSET = '''
+import inspect
+
+import verifiers.v1 as vf
+
+from posttrain.tools.targets import load_callable
+
+example = inspect.getmodule(load_callable("{example}:CalculatorTaskset"))
+
+
+class ShortConfig(example.CalculatorConfig):
+    train: int = 1000
+    dev: int = 100
+    held_out: int = 100
+
+
+class ShortCalculatorTaskset(example.CalculatorTaskset, vf.Taskset[example.ProductTask, ShortConfig]):
+    """The example taskset at the shortened task's sizes."""
+'''
+
+
+def test_grpo_through_the_server_teaches_a_verifiers_environment(tmp_path):
+    """The same shortened tool task as a verifiers taskset (examples/verifiers_envs/calculator_taskset.py: the task's
+    problems, a `@vf.tool` calculator, a `@vf.reward` on the exact product), trained with `data.environment`: its
+    episodes played by verifiers_env's chat loop over the OpenAI-compatible server on the policy and scored by the
+    taskset's rubric. The SFT warm start calls the tool as the taskset offers it, and right first calls rise by at
+    least 0.2 and held-out accuracy by at least 0.05 (measured on an AMD Zen 5: right calls 0.29 -> 0.62, accuracy
+    0.22 -> 0.40; 6-13 min on the shared machine); no run fails, and each run is about one sample."""
+    pytest.importorskip("verifiers.v1")
+    from pathlib import Path
+
+    from posttrain.agents.episode_log import read_episodes
+    from posttrain.config import load_config
+    from posttrain.trainer.tools_task import (TOOLS_RL_OVERRIDES, correct_call_share, environment_overrides,
+                                              prepare_tools_task, tools_sft)
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "verifiers_envs" / "calculator_taskset.py"
+    (tmp_path / "short_taskset.py").write_text(SHORT_CALCULATOR_TASKSET.format(example=example))
+    paths = prepare_tools_task(tmp_path, seed=0, train=1000, dev=100, held_out=100)
+    tools_sft(paths, tmp_path / "sft", seed=0, epochs=20)
+    environment = f"verifiers:{tmp_path / 'short_taskset.py'}:ShortCalculatorTaskset"
+    RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + environment_overrides(environment, paths["test"]) + [
+        f"actor_rollout_ref.model.path={tmp_path / 'sft'}", "trainer.total_training_steps=15", "trainer.test_freq=15",
+        f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']"])).fit()
+    metrics = read_metrics(tmp_path / "rl")
+    key = next(k for k in metrics[0] if k.startswith("val-core/verifiers/"))
+    before, after = metrics[0][key], metrics[-1][key]
+    calls = [correct_call_share(read_episodes(tmp_path / "rl", step)[1]) for step in (0, 15)]
+    print(f"verifiers environment: accuracy {before:.2f} -> {after:.2f}, right first calls {calls[0]:.2f} -> "
+          f"{calls[1]:.2f}")
+    assert calls[1] - calls[0] >= 0.2, calls
+    assert after - before >= 0.05, (before, after)
+    steps = [m for m in metrics if "agent/programs" in m]
+    assert len(steps) == 15 and all(m["agent/programs"] == 256 and "agent/program_errors" not in m for m in steps)
+    assert sum(m["agent/program_samples"] for m in steps) <= 1.05 * 256 * 15

@@ -321,6 +321,32 @@ def test_events_reach_an_asyncio_consumer(engine, scheduler, lm64):
         assert [e.token for e in mine] == want_tokens + [None] and mine[-1].finish == want_finish
 
 
+@pytest.mark.parametrize("consumer", ["thread", "asyncio"])
+def test_a_wake_with_nothing_to_read_keeps_the_consumer_waiting(consumer):
+    """A consumer woken with no event to read (a put of no events, as cancelling an ended sample makes) waits for the
+    next event instead of failing on an empty queue (a server answered such a request with a 500)."""
+    from posttrain.serve.scheduler import Event, Handle
+
+    handle, got, final = Handle(None, 1), [], Event(0, None, None, "stop")
+
+    async def read():
+        return [e async for e in handle.aevents()]
+
+    def consume():
+        got.extend(handle.events(timeout=5) if consumer == "thread" else asyncio.run(read()))
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 5
+    while handle._wake is None and time.monotonic() < deadline:  # the consumer waits
+        time.sleep(0.005)
+    handle._put([])
+    time.sleep(0.05)
+    handle._put([final])
+    reader.join(5)
+    assert got == [final]
+
+
 def test_a_model_the_shared_prefix_step_does_not_run_is_refused(engine):
     engine.shared_prefix_ok = False  # as the self-check decides for such a model
     with pytest.raises(ValueError, match="shared-prefix"):

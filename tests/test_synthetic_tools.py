@@ -191,3 +191,20 @@ def test_tool_tokenizer_survives_a_reload(tmp_path):
     ('<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}', None)])
 def test_parse_call(text, expression):
     assert parse_call(text) == expression
+
+
+def test_right_first_calls_are_judged_against_the_prompts_product():
+    """A first call is right when its expression's value is the product the prompt asks for, whatever the record's
+    ground truth holds (a verifiers environment's is a task key); a later right call, a wrong operand, a bad
+    expression or a record without a problem is not."""
+    from posttrain.trainer.tools_task import correct_call_share
+
+    def record(first, *later, user="12*34=", truth="408"):
+        said = [{"role": "assistant", "content": text} for text in (first, *later)]
+        return {"ground_truth": truth, "messages": ([{"role": "user", "content": user}] if user else []) + said}
+
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+    assert correct_call_share([record(call % "12*34"), record(call % "34*12", truth="3f9a0c")]) == 1.0
+    assert correct_call_share([record(call % "12*35"), record("408", call % "12*34"), record(call % "12**34"),
+                               record(call % "1", user="")]) == 0.0
+    assert correct_call_share([record(call % "12*34"), record(call % "12*35")]) == 0.5

@@ -226,6 +226,47 @@ def test_tool_errors_go_back_to_the_model(stub):
     assert "unknown tool 'nope'" in tool_results[1]
 
 
+CALCULATOR_TASKSET = (f"verifiers:{__import__('pathlib').Path(__file__).resolve().parents[1]}"
+                      "/examples/verifiers_envs/calculator_taskset.py:CalculatorTaskset")
+
+
+def test_the_tool_task_as_a_taskset_offers_the_warm_started_tool(stub, tool_model_dir, tmp_path):
+    """The tool task's taskset (examples/verifiers_envs/calculator_taskset.py, named by file) holds the task's
+    training problems then its held-out ones, offers its tool as `calculator(expression)` (rendered as the SFT
+    demonstrations render it, not as verifiers' `<server>_<tool>`), runs it with the safe calculator and rewards
+    exactly the product; a missing file is refused with its path, and the demo refuses a taskset whose held-out
+    tasks are not the task's test problems."""
+    from posttrain.data.synthetic_tools import tool_schemas, write_task
+    from posttrain.models.load import load_tokenizer
+
+    train, val = verifiers_env.environment_rows(CALCULATOR_TASKSET, val_size=200)
+    files = write_task(tmp_path, seed=0)
+    rows = {k: [json.loads(line)["prompt"] for line in files[k].read_text().splitlines()] for k in ("rl_train", "test")}
+    assert [r["prompt"] for r in train] == rows["rl_train"] and [r["prompt"] for r in val] == rows["test"]
+    from posttrain.trainer.tools_task import environment_overrides
+
+    assert "data.val_max_samples=200" in environment_overrides(CALCULATOR_TASKSET, files["test"])
+    with pytest.raises(ConfigError, match="not the tool task's held-out problems"):  # the demo's seed 1: other ones
+        environment_overrides(CALCULATOR_TASKSET, write_task(tmp_path / "seed1", seed=1)["test"])
+
+    tools = [t.schema for t in verifiers_env._tools(
+        verifiers_env.load_environment(CALCULATOR_TASKSET).task_cls.toolsets(None)).values()]
+    tok, talk = load_tokenizer(str(tool_model_dir)), [{"role": "user", "content": "12*34="}]
+    assert tok.apply_chat_template(talk, tools=tools, tokenize=False) == tok.apply_chat_template(
+        talk, tools=tool_schemas(), tokenize=False)
+
+    row = train[0]  # 1663*365=
+    for calls, answer, reward in (("1663*365", "606995", 1.0), ("1663*366", "608658", 0.0), ("16**3", "4096", 0.0)):
+        stub.requests.clear()
+        stub.replies[:] = [{"content": None, "tool_calls": [_call("c1", "calculator", expression=calls)]},
+                           {"content": answer}]
+        assert verifiers_env.run_episode(row, stub.base_url, "e") == reward
+        result = stub.requests[1]["messages"][-1]["content"]
+        assert result == answer if calls != "16**3" else result.startswith("error: only integers")
+    with pytest.raises(ConfigError, match="no file"):
+        verifiers_env.load_environment("verifiers:no/such/taskset.py:CalculatorTaskset")
+
+
 def test_row_without_task_is_refused():
     with pytest.raises(ValueError, match="extra_info"):
         verifiers_env.run_episode({"prompt": [], "extra_info": {}}, "http://127.0.0.1:1/v1", "k")

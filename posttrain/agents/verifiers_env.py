@@ -38,15 +38,23 @@ def _vf():
 
 
 def _taskset_class(target: str):
-    """The Taskset class `target` names: `pkg.module:Class`, or a module (or installed taskset id) exporting
-    exactly one Taskset subclass in `__all__`, as verifiers resolves ids."""
+    """The Taskset class `target` names: `pkg.module:Class` or `path/to/file.py:Class`, or a module (or installed
+    taskset id) exporting exactly one Taskset subclass in `__all__`, as verifiers resolves ids."""
     vf = _vf()
     module_name, _, class_name = target.partition(":")
-    try:
-        module = (importlib.import_module(module_name) if "." in module_name or class_name
-                  else vf.import_taskset(module_name))
-    except ModuleNotFoundError as e:
-        raise ConfigError(f"data.environment={PREFIX}{target}: {e}") from None
+    if module_name.endswith(".py"):  # path/to/file.py:Class, as agent programs name a file's function
+        from ..tools.targets import load_callable
+
+        try:
+            module = inspect.getmodule(load_callable(target))
+        except ValueError as e:
+            raise ConfigError(f"data.environment={PREFIX}{target}: {e}") from None
+    else:
+        try:
+            module = (importlib.import_module(module_name) if "." in module_name or class_name
+                      else vf.import_taskset(module_name))
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"data.environment={PREFIX}{target}: {e}") from None
     names = [class_name] if class_name else list(getattr(module, "__all__", ()))
     found = [obj for name in names if isinstance(obj := getattr(module, name, None), type)
              and issubclass(obj, vf.Taskset) and obj is not vf.Taskset]

@@ -83,8 +83,8 @@ class Handle:
         self._wake = None  # set by a consumer waiting on no events; called once by the next `_put`
 
     def _put(self, events: list[Event]) -> None:
-        self._events.extend(events)
-        with self._lock:
+        with self._lock:  # with the wake taken, so a consumer never waits on a wake for events it read already
+            self._events.extend(events)
             wake, self._wake = self._wake, None
         if wake is not None:
             try:
@@ -106,7 +106,7 @@ class Handle:
         open_samples = self.n
         try:
             while open_samples:
-                if not self._events:
+                while not self._events:  # a wake with nothing to read (an empty put) waits again
                     ready = threading.Event()
                     if self._waiter(ready.set) and not ready.wait(timeout):
                         with self._lock:
@@ -127,7 +127,7 @@ class Handle:
         open_samples = self.n
         try:
             while open_samples:
-                if not self._events:
+                while not self._events:  # a wake with nothing to read (an empty put) waits again
                     arrived = loop.create_future()
 
                     def wake(arrived=arrived):

@@ -80,13 +80,31 @@ def program_overrides(program: str) -> list[str]:
     return [f"actor_rollout_ref.rollout.agent.program={program}", "actor_rollout_ref.rollout.agent.num_workers=256"]
 
 
+def environment_overrides(environment: str, test_file: str | Path) -> list[str]:
+    """The tool task played by a verifiers environment (`data.environment`, e.g. examples/verifiers_envs/
+    calculator_taskset.py) over the OpenAI API: its tasks are the prompts, its last ones (as many as `test_file`'s
+    problems) held out, and those must be `test_file`'s problems (the taskset drew them for the same seed and
+    sizes), or the held-out accuracy would not be the task's."""
+    from ..agents.verifiers_env import environment_rows
+    from ..errors import ConfigError
+
+    test = [json.loads(line)["prompt"] for line in Path(test_file).read_text().splitlines()]
+    _, held_out = environment_rows(environment, val_size=len(test))
+    if [row["prompt"] for row in held_out] != test:
+        raise ConfigError(f"data.environment={environment}: its last {len(test)} tasks are not the tool task's "
+                          f"held-out problems ({test_file}); build the taskset for the same seed and sizes")
+    return [f"data.environment={environment}", f"data.val_max_samples={len(test)}",
+            "actor_rollout_ref.rollout.agent.num_workers=256"]
+
+
 def run_tools_demo(out_dir: str | Path = "runs/demo_tools", *, seed: int = 0, rl_steps: int = 40,
                    sft_epochs: float = 30.0, extra_overrides: list[str] = (), quiet: bool = False,
-                   program: str | None = None) -> dict:
+                   program: str | None = None, environment: str | None = None) -> dict:
     """`posttrain demo --task tools`: the calculator task's SFT warm start, then GRPO on multi-turn episodes with the
     calculator; held-out greedy accuracy (and the share of first turns that call the tool right) before and after.
     `program`: the episodes are played by that agent program (examples/agent_programs/calculator_agent.py:run) over
-    an OpenAI-compatible server on the policy, and rewarded by it."""
+    an OpenAI-compatible server on the policy, and rewarded by it. `environment`: the prompts are that verifiers
+    taskset's tasks (examples/verifiers_envs/calculator_taskset.py), played and scored by it over the server."""
     import time
 
     from ..agents.episode_log import read_episodes
@@ -100,12 +118,13 @@ def run_tools_demo(out_dir: str | Path = "runs/demo_tools", *, seed: int = 0, rl
     tools_sft(paths, out / "sft", seed=seed, epochs=sft_epochs, quiet=quiet)
     t_sft = time.time() - t0
     say(f"[demo tools] SFT done ({t_sft:.0f}s); GRPO on episodes with the calculator"
-        + (f", played by {program}" if program else ""))
-    cfg = load_config(None, TOOLS_RL_OVERRIDES + [
-        f"actor_rollout_ref.model.path={out / 'sft'}", f"data.train_files={paths['rl_train']}",
-        f"data.val_files={paths['test']}", f"trainer.total_training_steps={rl_steps}", f"trainer.seed={seed}",
-        f"data.seed={seed}", f"trainer.default_local_dir={out / 'rl'}", f"trainer.save_freq={rl_steps}",
-        *(program_overrides(program) if program else []), *extra_overrides])
+        + (f", played by {program or environment}" if program or environment else ""))
+    data = (environment_overrides(environment, paths["test"]) if environment else
+            [f"data.train_files={paths['rl_train']}", f"data.val_files={paths['test']}"])
+    cfg = load_config(None, TOOLS_RL_OVERRIDES + data + [
+        f"actor_rollout_ref.model.path={out / 'sft'}", f"trainer.total_training_steps={rl_steps}",
+        f"trainer.seed={seed}", f"data.seed={seed}", f"trainer.default_local_dir={out / 'rl'}",
+        f"trainer.save_freq={rl_steps}", *(program_overrides(program) if program else []), *extra_overrides])
     final = RLTrainer(cfg).fit()
     history = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
     key = next(k for k in history[0] if k.startswith("val-core/"))
@@ -122,12 +141,14 @@ def run_tools_demo(out_dir: str | Path = "runs/demo_tools", *, seed: int = 0, rl
 
 def correct_call_share(records: list[dict]) -> float:
     """The share of logged episodes (posttrain episodes' records) whose first assistant turn calls the calculator
-    with an expression whose value is the ground truth."""
+    with an expression whose value is the product the prompt asks for (`a*b=`; the ground truth of the task's rows,
+    and of a verifiers environment's, whose ground truth is a task key)."""
     from ..data.calculator import calculate
 
     right = 0
     for record in records:
+        problem = next((m["content"] for m in record["messages"] if m["role"] == "user"), "")
         first = next((m["content"] for m in record["messages"] if m["role"] == "assistant"), "")
-        expression = parse_call(first)
-        right += expression is not None and _value(expression, calculate) == str(record["ground_truth"])
+        expression, truth = parse_call(first), _value(problem.rstrip("="), calculate)
+        right += None not in (expression, truth) and _value(expression, calculate) == truth
     return right / max(len(records), 1)

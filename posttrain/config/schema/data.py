@@ -15,7 +15,8 @@ class DataConfig:
     val_files: Optional[StrOrList] = None
     """validation files; null = no validation"""
     environment: Optional[str] = None
-    """`verifiers:<module or taskset id>` (or `verifiers:pkg.module:TasksetClass`): the prompts are a verifiers
+    """`verifiers:<module or taskset id>` (or `verifiers:pkg.module:TasksetClass`,
+    `verifiers:path/to/file.py:TasksetClass`): the prompts are a verifiers
     taskset's tasks and each episode is its rollout, played against the policy's OpenAI-compatible server and scored
     by the task's rubric (docs/agents.md). Takes the place of `train_files` / `val_files` (set neither); a taskset has
     no splits, so its last `val_max_samples` tasks are held out for validation (-1: no validation). Needs
