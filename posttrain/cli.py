@@ -202,6 +202,30 @@ def cmd_sandbox_server(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    try:
+        from .serve.server import serve_engine
+    except ImportError as e:  # the serve extra is not installed: checked before the model loads
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from .models.load import compute_dtype, load_tokenizer, pick_device
+    from .models.policy import PolicyModel
+    from .rollout.registry import build_engine
+    from .trainer.evaluate import load_model_for_eval
+
+    device = pick_device(args.device)
+    lm, tok_dir, _ = load_model_for_eval(args.model, trust_remote_code=args.trust_remote_code)
+    tokenizer = load_tokenizer(tok_dir, args.trust_remote_code, key="MODEL")
+    engine = build_engine("posttrain", PolicyModel(lm.to(device)), tokenizer, device=device,
+                          dtype=compute_dtype(args.dtype, device))
+    name = args.served_model_name or args.model
+    serve_engine(engine, tokenizer, name, host=args.host, port=args.port, api_key=args.api_key,
+                 max_running=args.max_running, max_waiting=args.max_waiting,
+                 request_timeout_s=args.request_timeout_s,
+                 on_ready=lambda url: print(f"serving {name} at {url}", flush=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posttrain", description="Reinforcement-learning post-training for LMs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -295,6 +319,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-assistant-turns", type=int, default=None,
                    help="the most policy turns of an episode; implies --multi-turn")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible server (chat and text completions) over a model: "
+                                      "docs/serve.md")
+    p.add_argument("model", help="what `posttrain eval` takes: a checkpoint, a run folder, an HF folder or a hub id")
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="0: a free port (the printed URL names it)")
+    p.add_argument("--api-key", default=None, help="clients must send Authorization: Bearer KEY (default: no key)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
+    p.add_argument("--max-running", type=int, default=64, help="samples decoding at once")
+    p.add_argument("--max-waiting", type=int, default=256, help="requests waiting for room; more are refused (429)")
+    p.add_argument("--request-timeout-s", type=float, default=600.0,
+                   help="a request running longer is cancelled and answered 504")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("plot", help="PNG charts of the standard metrics of one or more runs, overlaid")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="folders holding metrics.jsonl")

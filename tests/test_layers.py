@@ -22,6 +22,7 @@ LAYERS = [
     ("data",),
     ("reward", "rollout"),
     ("tools",),
+    ("serve",),
     ("agents", "config", "roles", "data.preprocess"),
     ("trainer",),
     ("cli",),

@@ -28,8 +28,9 @@ class DecodeState:
     `bias` masking the columns a row has not written (slicing it would make every product copy its operand),
     and the capacity grows by a quarter when full.
 
-    A slot added for one row (`add(first_row_only=True)`: a sequence put back with appended tokens) still takes
-    `group` rows in the shared product (the others zeros): the price of one product per slot.
+    A slot added with fewer rows than `group` (`add(rows=...)`: a sequence put back with appended tokens, a
+    server's request) still takes `group` rows in the shared product (the others zeros): the price of one product
+    per slot.
 
     Per row: `rows` its index among slots x `group` (None while that is the identity), `ids` the caller's id of
     its sequence, `positions` the position of its next token, `starts` the suffix column it began at (None while
@@ -159,10 +160,10 @@ class DecodeState:
         self._step_bias()
 
     def add(self, keys: list[torch.Tensor], values: list[torch.Tensor], prefix_mask: torch.Tensor, ids: torch.Tensor,
-            max_new: int, *, first_row_only: bool = False) -> None:
+            max_new: int, *, rows: torch.Tensor | None = None) -> None:
         """New slots (per layer (slots, kv_heads, P', head_dim) and their (slots, P') mask) with their `group` rows
-        each (`first_row_only`: one row each), appended after the current rows with the caller's `ids`; they
-        decode from the next step on, for up to `max_new` more steps. Slots no row reads any more are freed."""
+        each (`rows`: that many, at most `group`, per slot), appended after the current rows with the caller's `ids`;
+        they decode from the next step on, for up to `max_new` more steps. Slots no row reads any more are freed."""
         self._drop_unread_slots()
         device = self.prefix_bias.device
         old_width = self.prefix_keys[0].shape[2]
@@ -175,16 +176,18 @@ class DecodeState:
             return x if extra == 0 else pad(x, (0, 0) * (x.dim() - 1 - dim) + (extra, 0), value=value)
 
         slots, new_slots = self.prefix_keys[0].shape[0] - keys[0].shape[0], keys[0].shape[0]
-        per_slot = torch.arange(1 if first_row_only else self.group, device=device)
-        new_rows = ((slots + torch.arange(new_slots, device=device))[:, None] * self.group + per_slot).flatten()
+        counts = (torch.full((new_slots,), self.group, device=device) if rows is None else rows.to(device))
+        firsts = counts.cumsum(0) - counts  # each slot's first new row
+        within = torch.arange(int(counts.sum()), device=device) - firsts.repeat_interleave(counts)
+        new_rows = (slots + torch.arange(new_slots, device=device)).repeat_interleave(counts) * self.group + within
         bias = torch.zeros(prefix_mask.shape, dtype=torch.float32, device=device)
-        bias = bias.masked_fill(prefix_mask == 0, float("-inf")).repeat_interleave(len(per_slot), 0)[:, None, None]
+        bias = bias.masked_fill(prefix_mask == 0, float("-inf")).repeat_interleave(counts, 0)[:, None, None]
         old_rows = torch.arange(len(self.prefix_bias), device=device) if self.rows is None else self.rows
         self.rows = torch.cat([old_rows, new_rows])
         old_bias = self.prefix_bias if width == old_width else left(self.prefix_bias, 3, float("-inf"))
         self.prefix_bias = torch.cat([old_bias, left(bias, 3, float("-inf"))])
         added = len(new_rows)
-        self.positions = torch.cat([self.positions, prefix_mask.sum(-1).repeat_interleave(len(per_slot))])
+        self.positions = torch.cat([self.positions, prefix_mask.sum(-1).repeat_interleave(counts)])
         self.ids = torch.cat([self.ids, ids.to(device)])
         starts = self.starts if self.starts is not None else self.positions.new_zeros(len(old_rows))
         self.starts = torch.cat([starts, starts.new_full((added,), self.length)])

@@ -116,18 +116,41 @@ class DecodeEngine(RolloutEngine):
         episodes), where a resumed row is a slot of its own and a slot shared by `n` rows would compute `n` rows'
         prefix products for it. Such a run decodes eagerly: its layout changes at every park and resume, and a
         CUDA graph is recorded per layout."""
+        if not share_prefix:
+            return self.start_slots(model, prompts, mask, 1, max_new, copies=n)
         prompts, mask = prompts.to(self.device), mask.to(self.device)
-        if share_prefix:
-            logits, state = self._prefill(model, prompts, mask, n, max_new, self.static)
-        else:
-            with self._prefilling(model):
-                logits, keys, values = prefill(_forward(model), model.config, prompts, mask)
-            copies = lambda xs: [x.repeat_interleave(n, dim=0) for x in xs]  # noqa: E731
-            return logits.repeat_interleave(n, dim=0), DecodeState(
-                copies(keys), copies(values), mask.repeat_interleave(n, dim=0), 1, max_new)
+        logits, state = self._prefill(model, prompts, mask, n, max_new, self.static)
         if self.static:
             state.graph = DecodeStep(_forward(model), graphs=self.cuda_graphs)
         return logits.repeat_interleave(n, dim=0), state
+
+    def start_slots(self, model, prompts: torch.Tensor, mask: torch.Tensor, group: int, max_new: int, *,
+                    copies: torch.Tensor | int | None = None, rows: torch.Tensor | None = None):
+        """A new decoding state of `group` rows per slot, decoding eagerly, and its rows' first logits: `copies` and
+        `rows` as `add` takes them (a run whose layout changes as rows come and go: a server's requests)."""
+        logits, keys, values, mask = self._slots(model, prompts, mask, copies)
+        state = DecodeState(keys, values, mask, group, max_new)
+        if rows is None:
+            return logits.repeat_interleave(group, dim=0), state
+        rows = rows.to(self.device)
+        if bool((rows < group).any()):  # the slots' first `rows` rows only
+            slots = torch.arange(len(rows), device=self.device)
+            firsts = rows.cumsum(0) - rows
+            within = torch.arange(int(rows.sum()), device=self.device) - firsts.repeat_interleave(rows)
+            state.keep(slots.repeat_interleave(rows) * group + within)
+        return logits.repeat_interleave(rows, dim=0), state
+
+    def _slots(self, model, prompts: torch.Tensor, mask: torch.Tensor, copies: torch.Tensor | int | None):
+        """Left-padded `prompts` prefilled (each once), then `copies` slots of each (one count per prompt, or one
+        for all): their last-position logits (slots, V), keys and values per layer, and mask (slots, P)."""
+        prompts, mask = prompts.to(self.device), mask.to(self.device)
+        with self._prefilling(model):
+            logits, keys, values = prefill(_forward(model), model.config, prompts, mask)
+        if copies is None:
+            return logits, keys, values, mask
+        copies = copies.to(self.device) if isinstance(copies, torch.Tensor) else copies
+        again = lambda xs: [x.repeat_interleave(copies, dim=0) for x in xs]  # noqa: E731
+        return logits.repeat_interleave(copies, dim=0), again(keys), again(values), mask.repeat_interleave(copies, 0)
 
     def step(self, model, state: DecodeState, token: torch.Tensor) -> torch.Tensor:
         """Each row's `token` (rows,) decoded: the next logits (rows, V)."""
@@ -135,14 +158,15 @@ class DecodeEngine(RolloutEngine):
             return self._step(_forward(model), state, token, state.graph)
 
     def add(self, model, state: DecodeState, prompts: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor,
-            max_new: int) -> torch.Tensor:
+            max_new: int, *, copies: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """Left-padded `prompts` join the run, `state.group` rows each with the caller's `ids`, decoding from the
-        next step on for up to `max_new` steps: their first logits (rows, V). The other rows are untouched."""
-        prompts, mask = prompts.to(self.device), mask.to(self.device)
-        with self._prefilling(model):
-            logits, keys, values = prefill(_forward(model), model.config, prompts, mask)
-        state.add(keys, values, mask, ids, max_new)
-        return logits.repeat_interleave(state.group, dim=0)
+        next step on for up to `max_new` steps: their first logits (rows, V). The other rows are untouched.
+        `copies` (one count per prompt): that many slots per prompt, its keys and values computed once and copied
+        into each; `rows` (one count per slot, at most `state.group`): that many rows in each slot (a server's
+        requests: the samples of one prompt fill slots of up to `group` rows)."""
+        logits, keys, values, mask = self._slots(model, prompts, mask, copies)
+        state.add(keys, values, mask, ids, max_new, rows=rows)
+        return logits.repeat_interleave(state.group if rows is None else rows.to(self.device), dim=0)
 
     def extend(self, model, state: DecodeState, seq_id: int, tokens: torch.Tensor, max_new: int) -> torch.Tensor:
         """Sequence `seq_id` continues after `tokens` (T,) appended to what the state holds of it (a multi-turn
@@ -173,7 +197,8 @@ class DecodeEngine(RolloutEngine):
         with self._prefilling(model):
             logits, keys, values, mask = prefill_after(_forward(model), model.config, [p for _, p, _ in parked],
                                                        [t.to(self.device) for _, _, t in parked])
-        state.add(keys, values, mask, torch.tensor([i for i, _, _ in parked]), max_new, first_row_only=True)
+        state.add(keys, values, mask, torch.tensor([i for i, _, _ in parked]), max_new,
+                  rows=torch.ones(len(parked), dtype=torch.long))
         return logits
 
     @contextlib.contextmanager

@@ -1,0 +1,403 @@
+"""The OpenAI-compatible HTTP API over a Scheduler: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
+`/health`, and `POST /rl/reward` (an episode's reward, for training).
+
+Every failure is an HTTP error with OpenAI's error body, and the server goes on serving the other requests:
+malformed or invalid JSON and unsupported fields 400, a wrong or missing key 401, an unknown model or route 404, a
+prompt over the context 400, a full queue 429, a request over `request_timeout_s` 504 (its samples cancelled), a
+decoding failure 500. A client that disconnects has its samples cancelled. A stream that fails after its first
+chunk ends with an `error` event (the OpenAI client raises it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ImportError as e:  # the serve extra is optional
+    raise ImportError("the server needs FastAPI and uvicorn: pip install 'posttrain[serve]'") from e
+
+from .chat import ChatError, SampleText, render, tool_message
+from .generation import Cancelled, Generation, GenerationFailed, RequestTimeout
+from .protocol import ChatRequest, CompletionRequest, RewardRequest, error_body
+from .recorder import Call, Recorder
+from .scheduler import PromptTooLong, QueueFull, RequestSampling
+from ..tools.parse import OPEN
+
+DISCONNECT_POLL_S = 0.25
+
+
+@dataclass
+class Served:
+    """What the server serves: `name` (the model id clients send), the tokenizer whose chat template renders
+    messages, the scheduler decoding on the model, and the tool-call format of the template (tools/parse.py)."""
+    name: str
+    tokenizer: object
+    scheduler: object
+    tool_format: str = "hermes"
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.body = status, error_body(message, kind, code, param)
+
+
+def _bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+class KeyCheck:
+    """ASGI middleware: `/v1/...` and `/rl/...` need `Authorization: Bearer <api_key>` (checked before the body is
+    read, so a request without the key learns nothing else); `/health` does not."""
+
+    def __init__(self, app, api_key: str):
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/rl/")):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(given, self.expected):
+                body = error_body("a wrong or missing API key (Authorization: Bearer KEY)", "invalid_request_error",
+                                  "invalid_api_key")
+                await JSONResponse(body, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder | None = None,
+              request_timeout_s: float = 600, sampling_override: RequestSampling | None = None) -> FastAPI:
+    """The app; `sampling_override` (training): temperature / top_p / top_k / stop ids from it, not from the client,
+    and the client's max_tokens capped at its max_tokens."""
+    app = FastAPI(title="posttrain", docs_url=None, redoc_url=None, openapi_url=None)
+    if api_key is not None:
+        app.add_middleware(KeyCheck, api_key=api_key)
+    tokenizer, scheduler = served.tokenizer, served.scheduler
+
+    @app.exception_handler(APIError)
+    async def api_error(_, e: APIError):
+        return JSONResponse(e.body, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        if first.get("type") == "json_invalid":
+            message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', first.get('msg'))})"
+        elif not where:
+            message = "the body must be a JSON object (Content-Type: application/json)"
+        else:
+            message = f"{where or 'body'}: {first.get('msg', 'invalid')}"
+        return JSONResponse(error_body(message, "invalid_request_error", param=where or None), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_, e: StarletteHTTPException):
+        return JSONResponse(error_body(str(e.detail), "invalid_request_error"), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def crashed(_, e: Exception):
+        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"), status_code=500)
+
+    def episode_of(request: Request) -> str | None:
+        given = request.headers.get("x-episode-id")
+        if given:
+            return given
+        auth = request.headers.get("authorization", "")
+        return (auth[len("Bearer "):].strip() or None) if auth.startswith("Bearer ") else None
+
+    def timed_out() -> APIError:
+        return APIError(504, f"the request took longer than {request_timeout_s:g} s and was cancelled",
+                        "timeout_error", code="timeout")
+
+    def check_model(name: str) -> None:
+        if name != served.name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves {served.name!r}",
+                           code="model_not_found", param="model")
+
+    def sampling_for(body, prompt_len: int) -> RequestSampling:
+        room = scheduler.context_length - prompt_len
+        if room <= 0:
+            raise _bad(f"the prompt is {prompt_len} tokens, and the model's context is {scheduler.context_length}",
+                       "messages" if isinstance(body, ChatRequest) else "prompt")
+        asked = body.new_tokens()
+        top_k = body.top_k if body.top_k and body.top_k > 0 else -1
+        s = RequestSampling(temperature=1.0 if body.temperature is None else body.temperature,
+                            top_p=1.0 if body.top_p is None else body.top_p, top_k=top_k,
+                            max_tokens=room if asked is None else asked, seed=body.seed)
+        if sampling_override is not None:
+            o = sampling_override
+            s = replace(s, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, stop_token_ids=o.stop_token_ids,
+                        max_tokens=min(s.max_tokens, o.max_tokens))
+        return s
+
+    def submit(prompts: list[list[int]], n: int, sampling: RequestSampling) -> list:
+        handles = []
+        try:
+            for ids in prompts:
+                handles.append(scheduler.submit(ids, n, sampling))
+        except QueueFull as e:
+            for h in handles:
+                h.cancel()
+            raise APIError(429, f"the server is busy ({e or 'too many requests waiting'}); retry later",
+                           "rate_limit_error", code="rate_limit_exceeded") from None
+        except PromptTooLong as e:
+            for h in handles:
+                h.cancel()
+            raise _bad(str(e), "max_tokens") from None
+        except ValueError as e:  # n over max_running, a token id outside the vocabulary
+            for h in handles:
+                h.cancel()
+            raise _bad(str(e)) from None
+        except RuntimeError as e:  # closed
+            raise APIError(503, f"the server is shutting down ({e})", "server_error") from None
+        return handles
+
+    @contextlib.asynccontextmanager
+    async def watching(gen: Generation, request: Request):
+        """Inside it, a client that disconnects has its samples cancelled (the reader gets `Cancelled`)."""
+        async def watch():
+            while not await request.is_disconnected():
+                await asyncio.sleep(DISCONNECT_POLL_S)
+            gen.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+
+    async def collect(gen: Generation, request: Request) -> None:
+        """Every update consumed (the samples' text and ids accumulate in them); the client watched meanwhile."""
+        try:
+            async with watching(gen, request):
+                async for _ in gen.updates():
+                    pass
+        except RequestTimeout:
+            raise timed_out() from None
+        except GenerationFailed as e:
+            raise APIError(500, str(e), "server_error") from None
+        except Cancelled:  # nobody reads this answer
+            raise APIError(499, "the client closed the connection", "invalid_request_error") from None
+        finally:
+            gen.cancel()
+
+    def record(request: Request, prompts: list[list[int]], n: int, samples: list[SampleText], finishes: list[str]):
+        if recorder is None or (episode := episode_of(request)) is None:
+            return
+        for choice, (sample, finish) in enumerate(zip(samples, finishes)):
+            recorder.record(episode, Call(list(prompts[choice // n]), list(sample.ids), list(sample.logprobs), finish))
+
+    def token_entries(tokens: list[tuple[int, float]]) -> list[dict]:
+        out = []
+        for token, logprob in tokens:
+            text = tokenizer.decode([token], skip_special_tokens=False)
+            out.append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+        return out
+
+    def usage(prompts: list[list[int]], n: int, samples: list[SampleText]) -> dict:
+        prompt_tokens = sum(len(p) for p in prompts)
+        completion = sum(len(s.ids) for s in samples)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                "total_tokens": prompt_tokens + completion}
+
+    def sse(obj) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    async def start(request: Request, body, prompts: list[list[int]], watch: str | None):
+        """The samples submitted, and a Generation over them."""
+        sampling = sampling_for(body, max(len(p) for p in prompts))
+        deadline = time.monotonic() + request_timeout_s
+        handles = submit(prompts, body.n, sampling)
+        samples = [SampleText(tokenizer, body.stop_strings(), watch) for _ in range(len(prompts) * body.n)]
+        return Generation(handles, body.n, samples, deadline), samples
+
+    async def streamed(gen: Generation, request: Request, chunks, on_done):
+        """The SSE response: the first update is awaited before the response starts (so a request refused or timed
+        out while waiting still gets its HTTP status); `chunks(update)` gives the events of one update."""
+        updates = gen.updates()
+        try:
+            async with watching(gen, request):
+                first = await updates.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except RequestTimeout:
+            raise timed_out() from None
+        except GenerationFailed as e:
+            gen.cancel()
+            raise APIError(500, str(e), "server_error") from None
+        except Cancelled:
+            raise APIError(499, "the client closed the connection", "invalid_request_error") from None
+
+        async def body():
+            try:
+                if first is not None:
+                    for chunk in chunks(first):
+                        yield sse(chunk)
+                    async for update in updates:
+                        for chunk in chunks(update):
+                            yield sse(chunk)
+                for chunk in on_done():
+                    yield sse(chunk)
+                yield "data: [DONE]\n\n"
+            except RequestTimeout:
+                yield sse(timed_out().body)
+            except GenerationFailed as e:
+                yield sse(error_body(str(e), "server_error"))
+            finally:  # also when the client went away (the response task is cancelled)
+                gen.cancel()
+                with contextlib.suppress(Exception):
+                    await updates.aclose()
+
+        return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        return {"object": "list", "data": [{"id": served.name, "object": "model", "created": 0,
+                                            "owned_by": "posttrain", "max_model_len": scheduler.context_length}]}
+
+    @app.post("/rl/reward")
+    async def reward(body: RewardRequest, request: Request):
+        if recorder is None:
+            raise APIError(404, "this server records no episodes (it was started without a recorder)")
+        episode = episode_of(request)
+        if episode is None:
+            raise _bad("no episode id: send X-Episode-Id or Authorization: Bearer <episode id>")
+        recorder.set_reward(episode, body.reward)
+        return {"episode": episode, "reward": body.reward}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        check_model(body.model)
+        if (why := body.unsupported()) is not None:
+            raise _bad(why)
+        tools = body.tools if body.tools and body.tool_choice != "none" else None
+        try:
+            prompt = render(tokenizer, body.messages, tools)
+        except ChatError as e:
+            raise _bad(str(e), "messages") from None
+        gen, samples = await start(request, body, [prompt], OPEN if tools else None)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": rid, "created": created, "model": served.name}
+
+        def message(choice: int) -> tuple[dict, str]:
+            sample = samples[choice]
+            content, calls = tool_message(sample.text, tools is not None, served.tool_format)
+            reason = "tool_calls" if calls and gen.finish[choice] == "stop" else gen.finish[choice]
+            return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}, reason
+
+        if not body.stream:
+            await collect(gen, request)
+            choices, reasons = [], []
+            for i, sample in enumerate(samples):
+                msg, reason = message(i)
+                reasons.append(reason)
+                lp = {"content": token_entries(list(zip(sample.ids, sample.logprobs)))} if body.logprobs else None
+                choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reason})
+            record(request, [prompt], body.n, samples, reasons)
+            return {**head, "object": "chat.completion", "choices": choices, "usage": usage([prompt], body.n, samples)}
+
+        started: set[int] = set()
+        reasons: list[str | None] = [None] * len(samples)
+
+        def chunk(choice: int, delta: dict, tokens=(), reason=None) -> dict:
+            lp = {"content": token_entries(list(tokens))} if body.logprobs and tokens else None
+            return {**head, "object": "chat.completion.chunk",
+                    "choices": [{"index": choice, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
+
+        def chunks(update):
+            out = []
+            if update.choice not in started:
+                started.add(update.choice)
+                out.append(chunk(update.choice, {"role": "assistant", "content": ""}))
+            if update.text or update.tokens:
+                out.append(chunk(update.choice, {"content": update.text} if update.text else {}, update.tokens))
+            if update.finish is not None:
+                tail = samples[update.choice].tail()
+                _, reason = message(update.choice)
+                reasons[update.choice] = reason
+                if tail:
+                    content, calls = tool_message(tail, True, served.tool_format)
+                    if content:
+                        out.append(chunk(update.choice, {"content": content}))
+                    if calls:
+                        out.append(chunk(update.choice, {"tool_calls": [{"index": k, **c}
+                                                                        for k, c in enumerate(calls)]}))
+                out.append(chunk(update.choice, {}, reason=reason))
+            return out
+
+        def done():
+            record(request, [prompt], body.n, samples, reasons)
+            if body.stream_options and body.stream_options.include_usage:
+                return [{**head, "object": "chat.completion.chunk", "choices": [],
+                         "usage": usage([prompt], body.n, samples)}]
+            return []
+
+        return await streamed(gen, request, chunks, done)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_model(body.model)
+        if (why := body.unsupported()) is not None:
+            raise _bad(why)
+        prompts = []
+        for p in body.prompts():
+            ids = tokenizer(p, add_special_tokens=True)["input_ids"] if isinstance(p, str) else list(p)
+            if not ids:
+                raise _bad("the prompt is empty", "prompt")
+            if any(not 0 <= t < len(tokenizer) for t in ids):
+                raise _bad(f"prompt token ids must lie in [0, {len(tokenizer)})", "prompt")
+            prompts.append(ids)
+        if not prompts:
+            raise _bad("no prompt given", "prompt")
+        gen, samples = await start(request, body, prompts, None)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": rid, "created": created, "model": served.name, "object": "text_completion"}
+
+        def logprobs(tokens, offset: int = 0) -> dict | None:
+            if body.logprobs is None:
+                return None
+            texts = [tokenizer.decode([t], skip_special_tokens=False) for t, _ in tokens]
+            offsets = [offset + sum(len(x) for x in texts[:k]) for k in range(len(texts))]
+            return {"tokens": texts, "token_logprobs": [lp for _, lp in tokens], "top_logprobs": None,
+                    "text_offset": offsets}
+
+        if not body.stream:
+            await collect(gen, request)
+            choices = [{"index": i, "text": s.text, "logprobs": logprobs(list(zip(s.ids, s.logprobs))),
+                        "finish_reason": gen.finish[i]} for i, s in enumerate(samples)]
+            record(request, prompts, body.n, samples, list(gen.finish))
+            return {**head, "choices": choices, "usage": usage(prompts, body.n, samples)}
+
+        sent = [0] * len(samples)
+
+        def chunks(update):
+            if not (update.text or update.tokens or update.finish):
+                return []
+            lp = logprobs(update.tokens, sent[update.choice])
+            sent[update.choice] += len(update.text)
+            return [{**head, "choices": [{"index": update.choice, "text": update.text, "logprobs": lp,
+                                          "finish_reason": update.finish}]}]
+
+        def done():
+            record(request, prompts, body.n, samples, list(gen.finish))
+            if body.stream_options and body.stream_options.include_usage:
+                return [{**head, "choices": [], "usage": usage(prompts, body.n, samples)}]
+            return []
+
+        return await streamed(gen, request, chunks, done)
+
+    return app

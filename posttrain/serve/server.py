@@ -1,0 +1,83 @@
+"""Running the app: `serve_in_thread` (uvicorn in a thread of this process: training and tests), `run` (the same
+until SIGINT / SIGTERM) and `serve_engine` (`posttrain serve`: scheduler, app and `run` over a decoding engine)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+try:
+    import uvicorn
+except ImportError as e:  # the serve extra is optional
+    raise ImportError("the server needs FastAPI and uvicorn: pip install 'posttrain[serve]'") from e
+
+STARTUP_TIMEOUT_S = 30.0
+
+
+class ServerThread:
+    """A uvicorn server in a daemon thread. `base_url` is the OpenAI base URL (http://HOST:PORT/v1)."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                timeout_graceful_shutdown=1, lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="posttrain-serve", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {host}:{port} (is the port taken?)")
+            time.sleep(0.01)
+        self.host = host
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> ServerThread:
+    """`app` served from a thread; returns once it accepts connections (port 0: a free port)."""
+    return ServerThread(app, host, port)
+
+
+def serve_engine(engine, tokenizer, name: str, *, host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None, max_running: int = 64, max_waiting: int = 256,
+                 request_timeout_s: float = 600, on_ready=print) -> None:
+    """`posttrain serve`: a scheduler over `engine` (a DecodeEngine) and the app over it, served until interrupted."""
+    from .app import Served, build_app
+    from .scheduler import Scheduler
+
+    scheduler = Scheduler(engine, max_running=max_running, max_waiting=max_waiting)
+    scheduler.start()
+    try:
+        run(build_app(Served(name, tokenizer, scheduler), api_key=api_key, request_timeout_s=request_timeout_s),
+            host, port, on_ready)
+    finally:
+        scheduler.close()
+
+
+def run(app, host: str, port: int, on_ready=print) -> None:
+    """Serve until SIGINT or SIGTERM; `on_ready(base_url)` once it accepts connections."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with serve_in_thread(app, host, port) as server:
+            on_ready(server.base_url)
+            while not stop.is_set() and server.thread.is_alive():
+                stop.wait(0.5)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,351 @@
+"""The serving scheduler against its definition: each sample's tokens are what the model gives for its own prompt
+alone (greedy: the argmax of a float64 full forward over prompt + tokens so far, no cache), whatever joins, leaves or
+fails around it; log-probs are the float64 forward's at the sampled tokens; a seed fixes a request's tokens;
+stop ids, max_tokens, cancel, the queue bound and the context bound end or refuse requests as documented. The model
+is the tiny one with random weights."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+import time
+
+import pytest
+import torch
+
+import posttrain.rollout.decode_state as decode_state
+import posttrain.rollout.engine as engine_module
+from posttrain.models.load import load_causal_lm
+from posttrain.rollout.engine import DecodeEngine
+from posttrain.serve.scheduler import SLOT_ROWS, PromptTooLong, QueueFull, RequestSampling, Scheduler
+
+GREEDY = RequestSampling(temperature=0.0, max_tokens=8)
+PROMPTS = [[5, 17, 33, 2, 9, 41], [71, 8, 12], [3, 99, 250, 4, 18, 7, 61, 120, 45], [200, 11]]
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir)).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3)
+    return model
+
+
+@pytest.fixture(scope="module")
+def lm64(lm):
+    return copy.deepcopy(lm).double()
+
+
+@pytest.fixture
+def engine(lm, tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr(decode_state, "FIRST_CAPACITY", 4)  # suffix buffers grow mid-run
+    return DecodeEngine(lm, tiny_tokenizer, device=torch.device("cpu"), dtype=torch.float32)
+
+
+@pytest.fixture
+def scheduler(engine):
+    made = []
+
+    def make(**kw):
+        made.append(Scheduler(engine, **kw))
+        return made[-1]
+    yield make
+    for s in made:
+        s.close()
+
+
+def greedy(lm64, prompt, steps, stops):
+    """The greedy continuation by full forwards: (tokens, finish)."""
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(steps):
+            token = int(lm64(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(token)
+            ids.append(token)
+            if token in stops:
+                return out, "stop"
+    return out, "length"
+
+
+def collect(handle, timeout=30.0):
+    """{sample: (tokens, logprobs, finish)} from the handle's events, checking each sample ends exactly once, last."""
+    samples = {}
+    for event in handle.events(timeout=timeout):
+        tokens, logprobs, finish = samples.setdefault(event.sample, ([], [], []))
+        assert not finish, "an event after the sample's final one"
+        if event.token is None:
+            finish.append(event.finish)
+        else:
+            tokens.append(event.token)
+            logprobs.append(event.logprob)
+    assert sorted(samples) == list(range(handle.n))
+    return {s: (t, lp, f[0]) for s, (t, lp, f) in samples.items()}
+
+
+def on_step(engine, monkeypatch, actions):
+    """Run `actions[k]()` in the scheduler's thread just before its k-th decoding step (1-based)."""
+    count = [0]
+    step = engine.step
+
+    def counted(model, state, token):
+        count[0] += 1
+        if count[0] in actions:
+            actions[count[0]]()
+        return step(model, state, token)
+    monkeypatch.setattr(engine, "step", counted)
+    return count
+
+
+def test_greedy_requests_give_the_full_forward_greedy_continuation(engine, scheduler, lm64):
+    """Requests prefilled together (different prompt lengths) each decode their prompt's greedy continuation."""
+    sched = scheduler()
+    handles = [sched.submit(p, 1, GREEDY) for p in PROMPTS]
+    sched.start()
+    for prompt, handle in zip(PROMPTS, handles):
+        tokens, _, finish = collect(handle)[0]
+        assert (tokens, finish) == greedy(lm64, prompt, 8, engine.eos_ids)
+
+
+def test_requests_joining_and_leaving_mid_run_decode_as_alone(engine, scheduler, lm64, monkeypatch):
+    """Requests that join while others decode, of different n (more samples than a slot holds) and max_tokens (rows
+    leave at different steps), two with the same prompt joining together (sharing its slot), give every sample the
+    greedy continuation of its own prompt."""
+    engine.eos_ids = {10**6}  # every request runs to max_tokens: the steps that submit come
+    sched = scheduler()
+    assert SLOT_ROWS < 6
+    plan = [(PROMPTS[0], 2, 12), (PROMPTS[1], 1, 3), (PROMPTS[2], 6, 9), (PROMPTS[3], 1, 6), (PROMPTS[3], 2, 7)]
+    handles = {}
+
+    def submit(i):
+        prompt, n, max_tokens = plan[i]
+        handles[i] = sched.submit(prompt, n, RequestSampling(temperature=0.0, max_tokens=max_tokens))
+    on_step(engine, monkeypatch, {2: lambda: submit(2), 4: lambda: (submit(3), submit(4))})
+    submit(0)
+    submit(1)
+    sched.start()
+    results = {i: collect(handles[i]) for i in (0, 1)}  # request 0 outlives step 4
+    results.update({i: collect(handles[i]) for i in (2, 3, 4)})
+    for i, (prompt, n, max_tokens) in enumerate(plan):
+        want = greedy(lm64, prompt, max_tokens, engine.eos_ids)
+        assert [(t, f) for t, _, f in results[i].values()] == [want] * n, i
+
+
+def test_sampled_logprobs_are_the_float64_forwards(engine, scheduler, lm64, monkeypatch):
+    """Each sampled token's log-prob equals log_softmax(logits / temperature) of a float64 full forward at it, for
+    every sample: of a request decoding from the start, and of requests joining mid-run, one with more samples than a
+    slot holds and one with the same prompt (sharing a slot with it) at another temperature and with a seed."""
+    engine.eos_ids = {10**6}  # the second step comes
+    sched = scheduler()
+    plan = [(PROMPTS[0], 3, 0.8, None), (PROMPTS[2], SLOT_ROWS + 1, 1.0, None), (PROMPTS[2], 2, 0.7, 5)]
+    handles = []
+
+    def submit(prompt, n, temperature, seed):
+        handles.append(sched.submit(prompt, n, RequestSampling(temperature=temperature, max_tokens=6, seed=seed)))
+    on_step(engine, monkeypatch, {2: lambda: (submit(*plan[1]), submit(*plan[2]))})
+    submit(*plan[0])
+    sched.start()
+    results = [collect(handles[0])] + [collect(h) for h in handles[1:]]
+    for (prompt, _, temperature, _), result in zip(plan, results):
+        for tokens, logprobs, _ in result.values():
+            with torch.no_grad():
+                logits = lm64(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+            want = torch.log_softmax(logits / temperature, dim=-1)[torch.arange(len(tokens)), tokens]
+            torch.testing.assert_close(torch.tensor(logprobs, dtype=torch.float64), want, atol=1e-4, rtol=0)
+
+
+def test_a_seed_gives_the_same_tokens_whatever_else_runs(engine, scheduler, monkeypatch):
+    """A seeded request alone, then again among unseeded and other seeded requests joining at other steps: the
+    same tokens per sample."""
+    engine.eos_ids = {10**6}
+    seeded = RequestSampling(temperature=1.0, max_tokens=10, seed=1234)
+    alone = scheduler()
+    first = alone.submit(PROMPTS[2], 2, seeded)
+    alone.start()
+    want = collect(first)
+    alone.close()
+    assert want[0][0] != want[1][0]  # the two samples are two draws
+
+    busy = scheduler()
+    others = []
+    on_step(engine, monkeypatch, {1: lambda: others.append(busy.submit(PROMPTS[0], 1, seeded)),
+                                  3: lambda: others.append(busy.submit(PROMPTS[3], 2, RequestSampling(max_tokens=5)))})
+    others.append(busy.submit(PROMPTS[1], 3, RequestSampling(temperature=1.0, max_tokens=10)))
+    again = busy.submit(PROMPTS[2], 2, RequestSampling(temperature=1.0, max_tokens=10, seed=1234))
+    busy.start()
+    assert {s: t for s, (t, _, _) in collect(again).items()} == {s: t for s, (t, _, _) in want.items()}
+    for handle in others:
+        collect(handle)
+
+
+def test_stop_ids_eos_and_max_tokens_end_samples(engine, scheduler, lm64):
+    """A stop id ends the sample on it ("stop", the stop id its last token), as the model's EOS does; max_tokens ends
+    it with "length"."""
+    engine.eos_ids = {10**6}  # no EOS in the reference run
+    ref, _ = greedy(lm64, PROMPTS[0], 10, set())
+    k = next(i for i in range(2, 10) if ref[i] not in ref[:i])
+    sched = scheduler()
+    by_stop = sched.submit(PROMPTS[0], 1, RequestSampling(temperature=0.0, max_tokens=10, stop_token_ids=(ref[k],)))
+    by_length = sched.submit(PROMPTS[0], 1, RequestSampling(temperature=0.0, max_tokens=3))
+    engine.eos_ids = {ref[k]}
+    by_eos = sched.submit(PROMPTS[0], 1, RequestSampling(temperature=0.0, max_tokens=10))
+    sched.start()
+    assert collect(by_stop)[0][::2] == (ref[:k + 1], "stop")
+    assert collect(by_length)[0][::2] == (ref[:3], "length")
+    assert collect(by_eos)[0][::2] == (ref[:k + 1], "stop")
+
+
+def test_cancelling_one_sample_ends_it_only(engine, scheduler, lm64, monkeypatch):
+    """Sample 1 of three, cancelled mid-run, ends "cancelled" after a prefix of its tokens; its siblings run to
+    max_tokens; a waiting request cancelled as a whole ends every sample "cancelled"."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    handle = sched.submit(PROMPTS[2], 3, RequestSampling(temperature=0.0, max_tokens=12))
+    on_step(engine, monkeypatch, {3: lambda: handle.cancel(1)})
+    queued = sched.submit(PROMPTS[0], 2, GREEDY)
+    queued.cancel()
+    sched.start()
+    ref, _ = greedy(lm64, PROMPTS[2], 12, set())
+    got = collect(handle)
+    assert got[0][::2] == got[2][::2] == (ref, "length")
+    tokens, _, finish = got[1]
+    assert finish == "cancelled" and 3 <= len(tokens) < 12 and tokens == ref[:len(tokens)]
+    assert {s: f for s, (_, _, f) in collect(queued).items()} == {0: "cancelled", 1: "cancelled"}
+
+
+def test_the_queue_bound_the_context_bound_and_bad_input_refuse_requests(scheduler, lm):
+    sched = scheduler(max_waiting=2)
+    context = lm.config.max_position_embeddings
+    assert sched.context_length == context
+    with pytest.raises(PromptTooLong):
+        sched.submit([5] * (context - 2), 1, RequestSampling(max_tokens=3))
+    held = [sched.submit([5] * (context - 2), 1, RequestSampling(max_tokens=2)), sched.submit([5], 1, GREEDY)]
+    with pytest.raises(QueueFull):
+        sched.submit([5], 1, GREEDY)
+    bad = [([5], sched.max_running + 1, GREEDY), ([], 1, GREEDY), ([lm.config.vocab_size], 1, GREEDY),
+           ([5], 1, RequestSampling(max_tokens=0)), ([5], 1, RequestSampling(temperature=-1.0)),
+           ([5], 1, RequestSampling(top_p=0.0))]
+    for prompt, n, sampling in bad:
+        with pytest.raises(ValueError):
+            sched.submit(prompt, n, sampling)
+    sched.close()
+    assert [collect(h)[0][2] for h in held] == ["cancelled", "cancelled"]
+
+
+def test_a_failing_prefill_ends_its_own_request_only(engine, scheduler, lm64, monkeypatch):
+    """A prompt whose prefill raises, among prompts prefilled together and as a request joining mid-run, ends its
+    request with "error"; the others decode their greedy continuations."""
+    poison = 222
+    prefill = engine_module.prefill
+
+    def failing(forward, config, prompts, mask, *args):
+        if (prompts == poison).any():
+            raise RuntimeError("injected")
+        return prefill(forward, config, prompts, mask, *args)
+    monkeypatch.setattr(engine_module, "prefill", failing)
+    engine.eos_ids = {10**6}  # every request runs to max_tokens: the second step comes
+    sched = scheduler()
+    late, submitted = [], threading.Event()
+    on_step(engine, monkeypatch, {2: lambda: (late.extend([sched.submit([poison, 3], 2, GREEDY),
+                                                           sched.submit(PROMPTS[3], 1, GREEDY)]), submitted.set())})
+    good = [sched.submit(PROMPTS[0], 1, GREEDY), sched.submit(PROMPTS[1], 2, GREEDY)]
+    bad = sched.submit([7, poison, 9], 1, GREEDY)
+    sched.start()
+    assert collect(bad)[0] == ([], [], "error")
+    assert submitted.wait(10)
+    assert collect(late[0]) == {0: ([], [], "error"), 1: ([], [], "error")}
+    for prompt, handle in zip((PROMPTS[0], PROMPTS[1], PROMPTS[3]), good + late[1:]):
+        for tokens, _, finish in collect(handle).values():
+            assert (tokens, finish) == greedy(lm64, prompt, 8, engine.eos_ids)
+
+
+def test_a_failing_step_ends_the_batch_and_serving_goes_on(engine, scheduler, lm64, monkeypatch):
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+
+    def fail():
+        raise RuntimeError("injected")
+    on_step(engine, monkeypatch, {3: fail})
+    first = sched.submit(PROMPTS[0], 2, RequestSampling(temperature=0.0, max_tokens=20))
+    sched.start()
+    assert {s: f for s, (_, _, f) in collect(first).items()} == {0: "error", 1: "error"}
+    after = sched.submit(PROMPTS[1], 1, GREEDY)
+    assert collect(after)[0][::2] == greedy(lm64, PROMPTS[1], 8, engine.eos_ids)
+
+
+def test_no_step_runs_while_paused(engine, scheduler, lm64, monkeypatch):
+    """Inside `paused()` no decoding step runs and a request submitted then waits; afterwards both requests decode
+    their greedy continuations."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    gate, resume = threading.Event(), threading.Event()
+    count = on_step(engine, monkeypatch, {2: lambda: (gate.set(), resume.wait(10))})
+    running = sched.submit(PROMPTS[0], 1, RequestSampling(temperature=0.0, max_tokens=12))
+    sched.start()
+    assert gate.wait(10)
+    entered = threading.Event()
+
+    def pause():
+        with sched.paused():
+            entered.set()
+            steps = count[0]
+            queued.append(sched.submit(PROMPTS[1], 1, GREEDY))
+            time.sleep(0.1)
+            assert count[0] == steps
+    queued = []
+    pauser = threading.Thread(target=pause)
+    pauser.start()
+    time.sleep(0.05)
+    assert not entered.is_set()  # a step is running: the pause waits for it
+    resume.set()
+    pauser.join(10)
+    assert entered.is_set()
+    assert collect(running)[0][::2] == greedy(lm64, PROMPTS[0], 12, set())
+    assert collect(queued[0])[0][::2] == greedy(lm64, PROMPTS[1], 8, set())
+
+
+def test_events_reach_an_asyncio_consumer(engine, scheduler, lm64):
+    sched = scheduler()
+    handle = sched.submit(PROMPTS[1], 2, GREEDY)
+    sched.start()
+
+    async def read():
+        return [e async for e in handle.aevents()]
+    events = asyncio.run(read())
+    want_tokens, want_finish = greedy(lm64, PROMPTS[1], 8, engine.eos_ids)
+    for sample in (0, 1):
+        mine = [e for e in events if e.sample == sample]
+        assert [e.token for e in mine] == want_tokens + [None] and mine[-1].finish == want_finish
+
+
+def test_a_model_the_shared_prefix_step_does_not_run_is_refused(engine):
+    engine.shared_prefix_ok = False  # as the self-check decides for such a model
+    with pytest.raises(ValueError, match="shared-prefix"):
+        Scheduler(engine)
+
+
+def test_a_consumer_leaving_early_cancels_its_request(engine, scheduler, monkeypatch):
+    """A consumer that stops reading (a client gone) cancels the samples still running: they end "cancelled"."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    left = threading.Event()
+    on_step(engine, monkeypatch, {2: lambda: left.wait(10)})
+    handle = sched.submit(PROMPTS[1], 2, RequestSampling(temperature=0.0, max_tokens=40))
+    sched.start()
+    for _ in handle.events(timeout=10):
+        break
+    left.set()
+    rest = list(handle.events(timeout=10))
+    assert sorted(e.finish for e in rest if e.finish) == ["cancelled", "cancelled"]
+    assert len(rest) < 2 * 40
+
+
+def test_no_event_within_the_timeout_raises_and_cancels(scheduler):
+    sched = scheduler()  # not started: nothing decodes
+    handle = sched.submit(PROMPTS[0], 1, GREEDY)
+    with pytest.raises(TimeoutError):
+        next(handle.events(timeout=0.05))
+    assert [(e.token, e.finish) for e in handle.events(timeout=1)] == [(None, "cancelled")]
