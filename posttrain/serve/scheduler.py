@@ -9,9 +9,9 @@ Layout: the samples of a prompt joining together (a request's `n`, and requests 
 episodes of one RL row open with) share it: the prompt is prefilled once and its keys and values fill slots of up to
 `SLOT_ROWS` rows, each slot's prompt read once per step for all its rows (decode_state.py). A slot with fewer rows (a
 chat request's n is 1) computes the empty rows' part of the prefix product on zeros. Measured on benchmarks/
-grpo_step.py's M model on a CPU, 64 requests: same 300-token prompt, 4 rows per slot give 0.93x the tokens/s of an
+grpo_step.py's M model on a CPU, 64 requests: same 300-token prompt, 4 rows per slot give 0.9x the tokens/s of an
 offline batch sharing the prompt (1 row per slot: 0.74x); distinct prompts, 4 rows per slot cost ~5% against 1
-(8 rows: ~9%). Decoding is eager (no CUDA graphs): the batch's layout changes whenever a request joins or leaves.
+(8 rows: ~9%), 0.98x an offline batch of the same prompts. Decoding is eager (no CUDA graphs): the batch's layout changes whenever a request joins or leaves.
 
 Sampling: rows of requests asking the same temperature / top-p / top-k and no seed are sampled in one call; a
 request with a seed draws from its own generator, so the same seed and prompt give the same tokens whatever else is
