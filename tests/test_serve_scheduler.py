@@ -321,6 +321,53 @@ def test_events_reach_an_asyncio_consumer(engine, scheduler, lm64):
         assert [e.token for e in mine] == want_tokens + [None] and mine[-1].finish == want_finish
 
 
+def test_an_event_loop_is_woken_once_per_step_for_all_its_consumers(engine, scheduler):
+    """Many requests read on one event loop: the scheduler wakes the loop at most once per decoding step, not once per
+    request per token."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    handles = [sched.submit(p, 1, GREEDY) for p in PROMPTS]
+    loop = asyncio.new_event_loop()
+    wakes = []
+    threadsafe = loop.call_soon_threadsafe
+
+    def counted(*args):
+        wakes.append(args)
+        return threadsafe(*args)
+    loop.call_soon_threadsafe = counted
+
+    async def read(handle):
+        return [e async for e in handle.aevents()]
+
+    async def read_all():
+        sched.start()
+        return await asyncio.gather(*(read(h) for h in handles))
+    try:
+        events = loop.run_until_complete(read_all())
+    finally:
+        loop.close()
+    assert [len(e) for e in events] == [GREEDY.max_tokens + 1] * len(PROMPTS)
+    assert 1 <= len(wakes) <= GREEDY.max_tokens  # one decoding step per token
+
+
+def test_a_reader_of_final_events_only_is_woken_once_per_sample_end(engine, scheduler):
+    """`notify(..., final=True)`: the callback runs when a sample's final event has come, with every event before
+    it there to take, not once per token."""
+    sched = scheduler()
+    handle = sched.submit(PROMPTS[0], 1, GREEDY)
+    woken = []
+    assert handle.notify(None, lambda: woken.append(list(handle._events)), final=True)
+    sched.start()
+    deadline = time.monotonic() + 30
+    while not woken and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert len(woken) == 1 and woken[0][-1].finish is not None
+    events = handle.take()
+    assert len(events) == GREEDY.max_tokens + 1 or events[-1].finish == "stop"
+    assert events[-1].finish is not None and all(e.token is not None for e in events[:-1])
+
+
 def test_a_model_the_shared_prefix_step_does_not_run_is_refused(engine):
     engine.shared_prefix_ok = False  # as the self-check decides for such a model
     with pytest.raises(ValueError, match="shared-prefix"):
