@@ -110,6 +110,29 @@ def test_greedy_requests_give_the_full_forward_greedy_continuation(engine, sched
         assert (tokens, finish) == greedy(lm64, prompt, 8, engine.eos_ids)
 
 
+def test_single_sample_requests_open_one_row_slots_that_a_larger_request_joins(engine, scheduler, lm64, monkeypatch):
+    """Requests of one sample each open a decoding state of one row per slot (no slot rows decode on zeros); a request
+    of several samples of one prompt that joins it mid-run takes one slot per sample, and every sample still gets its
+    prompt's greedy continuation."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    groups, joined = [], {}
+    start = engine.start_slots
+
+    def spied(*args, **kw):
+        logits, state = start(*args, **kw)
+        groups.append(state.group)
+        return logits, state
+    monkeypatch.setattr(engine, "start_slots", spied)
+    on_step(engine, monkeypatch, {2: lambda: joined.setdefault(0, sched.submit(PROMPTS[2], 3, GREEDY))})
+    first = [sched.submit(p, 1, RequestSampling(temperature=0.0, max_tokens=10)) for p in PROMPTS[:2]]
+    sched.start()
+    for prompt, handle in zip(PROMPTS, first):
+        assert collect(handle)[0][::2] == greedy(lm64, prompt, 10, set())
+    assert groups == [1]
+    assert [(t, f) for t, _, f in collect(joined[0]).values()] == [greedy(lm64, PROMPTS[2], 8, set())] * 3
+
+
 def test_requests_joining_and_leaving_mid_run_decode_as_alone(engine, scheduler, lm64, monkeypatch):
     """Requests that join while others decode, of different n (more samples than a slot holds) and max_tokens (rows
     leave at different steps), two with the same prompt joining together (sharing its slot), give every sample the

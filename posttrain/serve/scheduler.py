@@ -8,10 +8,12 @@ come (`Handle.events`, or `Handle.aevents` on an event loop).
 Layout: the samples of a prompt joining together (a request's `n`, and requests with the same prompt, as the `n`
 episodes of one RL row open with) share it: the prompt is prefilled once and its keys and values fill slots of up to
 `SLOT_ROWS` rows, each slot's prompt read once per step for all its rows (decode_state.py). A slot with fewer rows (a
-chat request's n is 1) computes the empty rows' part of the prefix product on zeros. Measured on benchmarks/
-grpo_step.py's M model on a CPU, 64 requests: same 300-token prompt, 4 rows per slot give 0.9x the tokens/s of an
-offline batch sharing the prompt (1 row per slot: 0.74x); distinct prompts, 4 rows per slot cost ~5% against 1
-(8 rows: ~9%), 0.98x an offline batch of the same prompts. Decoding is eager (no CUDA graphs): the batch's layout changes whenever a request joins or leaves.
+chat request's n is 1) computes the empty rows' part of the prefix product on zeros, so a decoding state takes as
+many rows per slot as the most samples of one prompt among the requests that open it (up to `SLOT_ROWS`), kept until
+the batch empties. Measured on benchmarks/grpo_step.py's M model on a CPU, 64 requests: same 300-token prompt, 4 rows
+per slot give 0.9x the tokens/s of an offline batch sharing the prompt (1 row per slot: 0.74x); distinct prompts, 4
+rows per slot cost ~5% against 1 (8 rows: ~9%), 0.98x an offline batch of the same prompts; on the S model, with
+shorter prompts, 4 rows per slot cost ~18% against 1 (a decoding step of 64 rows: 12.5 ms against 10). Decoding is eager (no CUDA graphs): the batch's layout changes whenever a request joins or leaves.
 
 Sampling: rows of requests asking the same temperature / top-p / top-k and no seed are sampled in one call; a
 request with a seed draws from its own generator, so the same seed and prompt give the same tokens whatever else is
@@ -421,8 +423,9 @@ class Scheduler:
             request.live.clear()
 
     def _prefill(self, model, requests: list[_Request]) -> None:
-        """Each distinct prompt prefilled once; its samples (of one request or several) in slots of up to
-        `SLOT_ROWS` rows."""
+        """Each distinct prompt prefilled once; its samples (of one request or several) in slots of the state's
+        rows per slot: a new state's is the most samples of one prompt among the requests that open it, up to
+        `SLOT_ROWS` (the module docstring says why)."""
         engine = self.engine
         by_prompt: dict[tuple[int, ...], list[_Row]] = {}
         for r in requests:
@@ -430,13 +433,14 @@ class Scheduler:
         width = max(len(p) for p in by_prompt)
         ids = torch.tensor([[engine.pad_id] * (width - len(p)) + list(p) for p in by_prompt])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in by_prompt])
-        slots = [rows[i:i + SLOT_ROWS] for rows in by_prompt.values() for i in range(0, len(rows), SLOT_ROWS)]
-        copies = torch.tensor([-(-len(rows) // SLOT_ROWS) for rows in by_prompt.values()])
+        group = self._state.group if self._state is not None else min(SLOT_ROWS, max(map(len, by_prompt.values())))
+        slots = [rows[i:i + group] for rows in by_prompt.values() for i in range(0, len(rows), group)]
+        copies = torch.tensor([-(-len(rows) // group) for rows in by_prompt.values()])
         counts = torch.tensor([len(slot) for slot in slots])
         rows = [row for slot in slots for row in slot]
         max_new = max(r.sampling.max_tokens for r in requests)
         if self._state is None:
-            self._logits, self._state = engine.start_slots(model, ids, mask, SLOT_ROWS, max_new, copies=copies,
+            self._logits, self._state = engine.start_slots(model, ids, mask, group, max_new, copies=copies,
                                                            rows=counts)
             self._rows = rows
         else:
