@@ -1,7 +1,7 @@
 """`posttrain serve` under concurrent clients against one offline batched call on the same prompts.
 
     python benchmarks/serve.py [--models S,M] [--requests 64] [--clients 1,8,64] [--max-tokens 128]
-                               [--dtype fp32] [--device cpu] [--workdir DIR]
+                               [--dtype fp32] [--device cpu] [--threads 1] [--workdir DIR]
 
 Workload: the random Qwen2 models S and M of grpo_step.py (vocabulary 2048, so an end-of-sequence token is rarely
 drawn), `--requests` GSM8K questions as one-message chats, each answered with up to `--max-tokens` tokens sampled at
@@ -12,11 +12,13 @@ temperature 1.
 - `serve, C clients`: `posttrain serve` in its own process; C clients send the same chat requests over HTTP
   (`/v1/chat/completions`, non-streaming), each sending its next request when its last one is answered, until all
   `--requests` are answered (with 1 client, the first `--requests // 4` only: one request at a time is slow and its
-  rate is already clear). Reported: completion tokens / wall time, the ratio to offline, and per-request latency
-  p50 / p99 (send to full answer).
+  rate is already clear). The clients' connections are open before the clock starts (as a client's keep-alive
+  connections are). Reported: completion tokens / wall time, the ratio to offline, and per-request latency p50 / p99
+  (send to full answer).
 
-Beside them the fp32 / bf16 2048^2 matmul ceiling of this machine, measured in the same run. Both sides run on all
-the machine's cores; the clients' own work (one event loop) is small beside decoding.
+Beside them the fp32 / bf16 2048^2 matmul ceiling of this machine with the same torch threads, measured in the same
+run. Both sides run the same code (this checkout) with `--threads` torch threads each (the server's event loop and
+the clients, one event loop, take what is left of the machine); offline and server run one after the other.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,7 @@ def offline_worker(args) -> None:
     from posttrain.rollout.registry import build_engine
 
     torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
     path = Path(args.workdir) / args.model
     tokenizer = load_tokenizer(str(path))
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -82,12 +84,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args, model: str, port: int) -> subprocess.Popen:
+def start_server(args, model: str, port: int, env: dict) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "posttrain", "serve", str(Path(args.workdir) / model), "--port", str(port),
            "--device", args.device, "--dtype", args.dtype, "--max-running", str(max(args.clients_list)),
            "--max-waiting", str(4 * args.requests)]
     log = open(Path(args.workdir) / f"serve_{model}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 async def wait_ready(base: str, server: subprocess.Popen, timeout: float = 300.0) -> None:
@@ -107,16 +109,15 @@ async def wait_ready(base: str, server: subprocess.Popen, timeout: float = 300.0
     raise SystemExit("posttrain serve did not answer /health in time")
 
 
-async def run_clients(base: str, model: str, prompts: list[str], clients: int, max_tokens: int) -> dict:
-    """`clients` concurrent clients through `prompts`: completion tokens, wall time, per-request latencies."""
-    import httpx
-
+async def run_clients(client, base: str, model: str, prompts: list[str], clients: int, max_tokens: int) -> dict:
+    """`clients` concurrent clients through `prompts`: completion tokens, wall time, per-request latencies. Their
+    `clients` connections are opened first (a round of /health), outside the time."""
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
     latencies, tokens = [], []
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop() -> None:
         while not queue.empty():
             question = queue.get_nowait()
             sent = time.perf_counter()
@@ -127,11 +128,10 @@ async def run_clients(base: str, model: str, prompts: list[str], clients: int, m
             latencies.append(time.perf_counter() - sent)
             tokens.append(r.json()["usage"]["completion_tokens"])
 
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(limits=limits) as client:
-        start = time.perf_counter()
-        await asyncio.gather(*(client_loop(client) for _ in range(clients)))
-        seconds = time.perf_counter() - start
+    await asyncio.gather(*(client.get(f"{base}/health") for _ in range(clients)))
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(clients)))
+    seconds = time.perf_counter() - start
     return dict(tokens=sum(tokens), seconds=seconds, latencies=latencies)
 
 
@@ -140,22 +140,30 @@ def percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
 
 
-def serve_runs(args, model: str) -> list[dict]:
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = start_server(args, model, port)
-    try:
-        asyncio.run(wait_ready(base, server))
-        names = json.loads(__import__("urllib.request").request.urlopen(f"{base}/v1/models").read())["data"]
-        served = names[0]["id"]
+async def client_runs(args, base: str) -> list[dict]:
+    import httpx
+
+    most = max(args.clients_list)
+    limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
+    async with httpx.AsyncClient(limits=limits) as client:
+        served = (await client.get(f"{base}/v1/models")).json()["data"][0]["id"]
         prompts = questions(Path(args.workdir), args.requests)
-        asyncio.run(run_clients(base, served, prompts[:8], 8, args.max_tokens))  # warm-up
+        await run_clients(client, base, served, prompts[:8], 8, args.max_tokens)  # warm-up
         results = []
         for clients in args.clients_list:
             share = prompts if clients > 1 else prompts[: max(1, args.requests // 4)]
-            r = asyncio.run(run_clients(base, served, share, clients, args.max_tokens))
+            r = await run_clients(client, base, served, share, clients, args.max_tokens)
             results.append(dict(clients=clients, **r))
         return results
+
+
+def serve_runs(args, model: str, env: dict) -> list[dict]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = start_server(args, model, port, env)
+    try:
+        asyncio.run(wait_ready(base, server))
+        return asyncio.run(client_runs(args, base))
     finally:
         server.terminate()
         try:
@@ -172,6 +180,7 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each side (offline, server)")
     p.add_argument("--workdir")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -182,16 +191,22 @@ def main() -> None:
         return
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="posttrain_serve_bench_")
     workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
     models = args.models.split(",")
     build(workdir, models)
+    import torch
+
+    torch.set_num_threads(args.threads)
     ceiling = matmul_ceiling(args.device)
-    print(f"matmul ceiling: fp32 {ceiling['fp32']:.0f} GFLOP/s, bf16 {ceiling['bf16']:.0f} GFLOP/s; "
-          f"{os.cpu_count()} cores; {args.requests} requests of up to {args.max_tokens} tokens, {args.dtype}")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    print(f"matmul ceiling: fp32 {ceiling['fp32']:.0f} GFLOP/s, bf16 {ceiling['bf16']:.0f} GFLOP/s "
+          f"({args.threads} torch threads); {os.cpu_count()} cores; {args.requests} requests of up to "
+          f"{args.max_tokens} tokens, {args.dtype}")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent), OMP_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads))
     for model in models:
         cmd = [sys.executable, __file__, "--worker", "--model", model, "--workdir", str(workdir), "--requests",
                str(args.requests), "--max-tokens", str(args.max_tokens), "--dtype", args.dtype, "--device",
-               args.device]
+               args.device, "--threads", str(args.threads)]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
@@ -200,7 +215,7 @@ def main() -> None:
         base_rate = offline["tokens"] / offline["seconds"]
         print(f"\nmodel {model}: offline batch  {base_rate:8.1f} tokens/s  "
               f"(latency {offline['seconds']:.2f} s for every request)")
-        for r in serve_runs(args, model):
+        for r in serve_runs(args, model, env):
             rate = r["tokens"] / r["seconds"]
             print(f"  serve, {r['clients']:3d} clients {rate:8.1f} tokens/s  {rate / base_rate:5.2f}x offline  "
                   f"latency p50 {percentile(r['latencies'], 0.5):6.2f} s  p99 {percentile(r['latencies'], 0.99):6.2f} s"
