@@ -281,9 +281,12 @@ class FixedHandle:
     def __init__(self, events):
         self._events, self.cancelled = events, []
 
-    async def aevents(self):
-        for e in self._events:
-            yield e
+    def take(self):
+        events, self._events = self._events, []
+        return events
+
+    def notify(self, loop, callback, final=False):
+        return not self._events
 
     def cancel(self, sample=None):
         self.cancelled.append(sample)
@@ -393,20 +396,32 @@ class Spy:
     def submit(self, *args):
         handle = self.scheduler.submit(*args)
         handle.cancels = []
-        cancel, events = handle.cancel, handle.aevents
+        cancel, take, notify = handle.cancel, handle.take, handle.notify
+        seen = []
 
         def spied(sample=None):
             handle.cancels.append(sample)
             cancel(sample)
 
-        async def held():
-            first = True
-            async for event in events():
-                yield event
-                while self.hold and first and not self.release.is_set():
-                    await asyncio.sleep(0.01)
-                first = False
-        handle.cancel, handle.aevents = spied, held
+        def holding():
+            return self.hold and seen and not self.release.is_set()
+
+        def held_take():
+            if holding():
+                return []
+            events = take()
+            if self.hold and events and not seen:
+                seen.append(events[0])
+                handle._events.extendleft(reversed(events[1:]))  # back in front, for after the release
+                return events[:1]
+            return events
+
+        def held_notify(loop, callback, final=False):
+            if holding():  # looked at again shortly, as a reader polling would
+                loop.call_later(0.01, callback)
+                return True
+            return notify(loop, callback, final)
+        handle.cancel, handle.take, handle.notify = spied, held_take, held_notify
         self.handles.append(handle)
         return handle
 
@@ -480,9 +495,11 @@ def test_reading_a_cancelled_generation_ends_at_once_not_at_its_deadline(tool_mo
     class Silent:  # a request whose samples never produce an event
         cancelled = []
 
-        async def aevents(self):
-            await asyncio.Event().wait()
-            yield
+        def take(self):
+            return []
+
+        def notify(self, loop, callback, final=False):
+            return True
 
         def cancel(self, sample=None):
             self.cancelled.append(sample)

@@ -110,6 +110,29 @@ def test_greedy_requests_give_the_full_forward_greedy_continuation(engine, sched
         assert (tokens, finish) == greedy(lm64, prompt, 8, engine.eos_ids)
 
 
+def test_single_sample_requests_open_one_row_slots_that_a_larger_request_joins(engine, scheduler, lm64, monkeypatch):
+    """Requests of one sample each open a decoding state of one row per slot (no slot rows decode on zeros); a request
+    of several samples of one prompt that joins it mid-run takes one slot per sample, and every sample still gets its
+    prompt's greedy continuation."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    groups, joined = [], {}
+    start = engine.start_slots
+
+    def spied(*args, **kw):
+        logits, state = start(*args, **kw)
+        groups.append(state.group)
+        return logits, state
+    monkeypatch.setattr(engine, "start_slots", spied)
+    on_step(engine, monkeypatch, {2: lambda: joined.setdefault(0, sched.submit(PROMPTS[2], 3, GREEDY))})
+    first = [sched.submit(p, 1, RequestSampling(temperature=0.0, max_tokens=10)) for p in PROMPTS[:2]]
+    sched.start()
+    for prompt, handle in zip(PROMPTS, first):
+        assert collect(handle)[0][::2] == greedy(lm64, prompt, 10, set())
+    assert groups == [1]
+    assert [(t, f) for t, _, f in collect(joined[0]).values()] == [greedy(lm64, PROMPTS[2], 8, set())] * 3
+
+
 def test_requests_joining_and_leaving_mid_run_decode_as_alone(engine, scheduler, lm64, monkeypatch):
     """Requests that join while others decode, of different n (more samples than a slot holds) and max_tokens (rows
     leave at different steps), two with the same prompt joining together (sharing its slot), give every sample the
@@ -345,6 +368,51 @@ def test_a_wake_with_nothing_to_read_keeps_the_consumer_waiting(consumer):
     handle._put([final])
     reader.join(5)
     assert got == [final]
+def test_an_event_loop_is_woken_once_per_step_for_all_its_consumers(engine, scheduler):
+    """Many requests read on one event loop: the scheduler wakes the loop at most once per decoding step, not once per
+    request per token."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    handles = [sched.submit(p, 1, GREEDY) for p in PROMPTS]
+    loop = asyncio.new_event_loop()
+    wakes = []
+    threadsafe = loop.call_soon_threadsafe
+
+    def counted(*args):
+        wakes.append(args)
+        return threadsafe(*args)
+    loop.call_soon_threadsafe = counted
+
+    async def read(handle):
+        return [e async for e in handle.aevents()]
+
+    async def read_all():
+        sched.start()
+        return await asyncio.gather(*(read(h) for h in handles))
+    try:
+        events = loop.run_until_complete(read_all())
+    finally:
+        loop.close()
+    assert [len(e) for e in events] == [GREEDY.max_tokens + 1] * len(PROMPTS)
+    assert 1 <= len(wakes) <= GREEDY.max_tokens  # one decoding step per token
+
+
+def test_a_reader_of_final_events_only_is_woken_once_per_sample_end(engine, scheduler):
+    """`notify(..., final=True)`: the callback runs when a sample's final event has come, with every event before
+    it there to take, not once per token."""
+    sched = scheduler()
+    handle = sched.submit(PROMPTS[0], 1, GREEDY)
+    woken = []
+    assert handle.notify(None, lambda: woken.append(list(handle._events)), final=True)
+    sched.start()
+    deadline = time.monotonic() + 30
+    while not woken and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
+    assert len(woken) == 1 and woken[0][-1].finish is not None
+    events = handle.take()
+    assert len(events) == GREEDY.max_tokens + 1 or events[-1].finish == "stop"
+    assert events[-1].finish is not None and all(e.token is not None for e in events[:-1])
 
 
 def test_a_model_the_shared_prefix_step_does_not_run_is_refused(engine):

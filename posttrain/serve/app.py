@@ -218,7 +218,8 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         sampling = sampling_for(body, max(len(p) for p in prompts))
         deadline = time.monotonic() + request_timeout_s
         handles = submit(prompts, body.n, sampling)
-        samples = [SampleText(tokenizer, body.stop_strings(), watch) for _ in range(len(prompts) * body.n)]
+        samples = [SampleText(tokenizer, body.stop_strings(), watch, whole=not body.stream)
+                   for _ in range(len(prompts) * body.n)]
         return Generation(handles, body.n, samples, deadline), samples
 
     async def streamed(gen: Generation, request: Request, chunks, on_done):

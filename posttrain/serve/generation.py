@@ -37,70 +37,84 @@ class Update:
 
 
 class Generation:
-    """`handles[i]` decodes prompt i's `n` samples; choice i * n + j is its sample j."""
+    """`handles[i]` decodes prompt i's `n` samples; choice i * n + j is its sample j.
+
+    The handles are read on the event loop with `take` / `notify` (scheduler.Handle): one wake-up per decoding step
+    reads every event that came, with no task or queue per handle and no timer per event (per token, those cost the
+    event loop as much as the rest of the request). When no sample needs its text before its end (an answer sent
+    whole, without stop strings), the reader is woken by final events only."""
 
     def __init__(self, handles: list, n: int, samples: list[SampleText], deadline: float):
         self.handles, self.n, self.samples, self.deadline = handles, n, samples, deadline
         self.finish: list[str | None] = [None] * len(samples)
-        self._tasks: list[asyncio.Task] = []
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._cancelled = self._expired = False
+        self._ready: asyncio.Future | None = None
+
+    def _expire(self) -> None:
+        self._expired = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
 
     async def updates(self):
-        queue = self._queue
-
-        async def pump(i, handle):
-            try:
-                async for event in handle.aevents():
-                    queue.put_nowait((i, event))
-            except Exception as e:  # noqa: BLE001 - the scheduler's failure ends this request, not the server
-                queue.put_nowait((i, e))
-
-        self._tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(self.handles)]
-        left = len(self.samples)
-        while left:
-            try:
-                i, event = await asyncio.wait_for(queue.get(), max(0.0, self.deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                self.cancel()
-                raise RequestTimeout from None
-            if event is None:
-                raise Cancelled
-            if isinstance(event, Exception):
-                self.cancel()
-                raise GenerationFailed(f"{type(event).__name__}: {event}")
-            choice = i * self.n + event.sample
-            sample = self.samples[choice]
-            if self.finish[choice] is not None:
-                continue
-            if event.finish is None:
-                if sample.stopped:
+        loop = asyncio.get_running_loop()
+        final = not any(sample.incremental for sample in self.samples)  # woken by final events only
+        timer = loop.call_later(max(0.0, self.deadline - time.monotonic()), self._expire)
+        try:
+            left = len(self.samples)
+            while left:
+                if self._cancelled:
+                    raise Cancelled
+                arrived = [(i, event) for i, handle in enumerate(self.handles) for event in handle.take()]
+                if not arrived:
+                    if self._expired or time.monotonic() >= self.deadline:
+                        self.cancel()
+                        raise RequestTimeout
+                    self._ready = loop.create_future()
+                    if all([handle.notify(loop, self._wake, final) for handle in self.handles]):
+                        await self._ready
                     continue
-                text = sample.push(event.token, event.logprob)
-                tokens = [(event.token, event.logprob)]
-                if sample.stopped:
-                    self.handles[i].cancel(event.sample)
-                    self.finish[choice] = "stop"
-                    left -= 1
-                    yield Update(choice, text + sample.finish(), tokens, "stop")
-                else:
-                    yield Update(choice, text, tokens)
-                continue
-            if event.finish == "error":
-                self.cancel()
-                raise GenerationFailed("decoding failed for this request")
-            if event.finish not in ("stop", "length"):  # cancelled by the server (it is closing)
-                self.cancel()
-                raise GenerationFailed(f"the request was ended by the server ({event.finish})")
-            self.finish[choice] = event.finish
-            left -= 1
-            yield Update(choice, sample.finish(), [], event.finish)
+                for i, event in arrived:
+                    update = self._update(i, event)
+                    if update is not None:
+                        left -= update.finish is not None
+                        yield update
+        finally:
+            timer.cancel()
+
+    def _update(self, i: int, event) -> Update | None:
+        """What `event` of handle `i` adds to its choice (None: nothing)."""
+        choice = i * self.n + event.sample
+        sample = self.samples[choice]
+        if self.finish[choice] is not None:
+            return None
+        if event.finish is None:
+            if sample.stopped:
+                return None
+            text = sample.push(event.token, event.logprob)
+            tokens = [(event.token, event.logprob)]
+            if sample.stopped:
+                self.handles[i].cancel(event.sample)
+                self.finish[choice] = "stop"
+                return Update(choice, text + sample.finish(), tokens, "stop")
+            return Update(choice, text, tokens)
+        if event.finish == "error":
+            self.cancel()
+            raise GenerationFailed("decoding failed for this request")
+        if event.finish not in ("stop", "length"):  # cancelled by the server (it is closing)
+            self.cancel()
+            raise GenerationFailed(f"the request was ended by the server ({event.finish})")
+        self.finish[choice] = event.finish
+        return Update(choice, sample.finish(), [], event.finish)
 
     def cancel(self) -> None:
-        """Every sample still decoding stopped (nothing to do once all have finished)."""
+        """Every sample still decoding stopped (nothing to do once all have finished); a reader waiting for updates
+        gets `Cancelled`."""
         if all(f is not None for f in self.finish):
             return
         for handle in self.handles:
             handle.cancel()
-        for task in self._tasks:
-            task.cancel()
-        self._queue.put_nowait((None, None))
+        self._cancelled = True
+        self._wake()

@@ -8,10 +8,12 @@ come (`Handle.events`, or `Handle.aevents` on an event loop).
 Layout: the samples of a prompt joining together (a request's `n`, and requests with the same prompt, as the `n`
 episodes of one RL row open with) share it: the prompt is prefilled once and its keys and values fill slots of up to
 `SLOT_ROWS` rows, each slot's prompt read once per step for all its rows (decode_state.py). A slot with fewer rows (a
-chat request's n is 1) computes the empty rows' part of the prefix product on zeros. Measured on benchmarks/
-grpo_step.py's M model on a CPU, 64 requests: same 300-token prompt, 4 rows per slot give 0.93x the tokens/s of an
-offline batch sharing the prompt (1 row per slot: 0.74x); distinct prompts, 4 rows per slot cost ~5% against 1
-(8 rows: ~9%). Decoding is eager (no CUDA graphs): the batch's layout changes whenever a request joins or leaves.
+chat request's n is 1) computes the empty rows' part of the prefix product on zeros, so a decoding state takes as
+many rows per slot as the most samples of one prompt among the requests that open it (up to `SLOT_ROWS`), kept until
+the batch empties. Measured on benchmarks/grpo_step.py's M model on a CPU, 64 requests: same 300-token prompt, 4 rows
+per slot give 0.9x the tokens/s of an offline batch sharing the prompt (1 row per slot: 0.74x); distinct prompts, 4
+rows per slot cost ~5% against 1 (8 rows: ~9%), 0.98x an offline batch of the same prompts; on the S model, with
+shorter prompts, 4 rows per slot cost ~18% against 1 (a decoding step of 64 rows: 12.5 ms against 10). Decoding is eager (no CUDA graphs): the batch's layout changes whenever a request joins or leaves.
 
 Sampling: rows of requests asking the same temperature / top-p / top-k and no seed are sampled in one call; a
 request with a seed draws from its own generator, so the same seed and prompt give the same tokens whatever else is
@@ -54,7 +56,7 @@ class RequestSampling:
     stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS ids
 
 
-@dataclass
+@dataclass(slots=True)  # one per sampled token: slots make them cheaper to make and to keep
 class Event:
     """One of a sample's tokens, or (token None) its end, with why in `finish`: "stop" (EOS or a stop id, which came
     as the sample's last token), "length" (max_tokens), "cancelled", "error"."""
@@ -73,31 +75,44 @@ class PromptTooLong(ValueError):
 
 
 class Handle:
-    """A submitted request: its events, in order per sample, to one consumer; `cancel`."""
+    """A submitted request: its events, in order per sample, to one consumer; `cancel`.
+
+    A consumer reads with `events` (a thread), `aevents` (an event loop), or `take` + `notify` (an event loop that
+    reads several handles at once: generation.py)."""
 
     def __init__(self, scheduler: "Scheduler", n: int):
         self.n = n
         self._scheduler = scheduler
         self._events: collections.deque[Event] = collections.deque()
         self._lock = threading.Lock()
-        self._wake = None  # set by a consumer waiting on no events; called once by the next `_put`
+        self._wake: tuple | None = None  # (loop or None, callback, final only): see `notify`
 
-    def _put(self, events: list[Event]) -> None:
-        with self._lock:  # with the wake taken, so a consumer never waits on a wake for events it read already
+    def _put(self, events: list[Event], wakes: "_Wakes | None" = None) -> None:
+        """Events to the consumer; its wake-up goes to `wakes` (run after the step) or runs now."""
+        with self._lock:  # not while `notify` looks through the events
             self._events.extend(events)
-            wake, self._wake = self._wake, None
-        if wake is not None:
-            try:
-                wake()
-            except RuntimeError:  # the consumer's event loop is closed: nobody reads any more
-                pass
+            wake = self._wake
+            if wake is None or (wake[2] and (not events or events[-1].finish is None)):
+                return
+            self._wake = None
+        if wakes is None:
+            _Wakes.now(wake)
+        else:
+            wakes.add(wake)
 
-    def _waiter(self, wake) -> bool:
-        """Register `wake` unless events came meanwhile (False)."""
+    def take(self) -> list[Event]:
+        """The events that arrived, in order (none: [])."""
+        events = self._events
+        return [events.popleft() for _ in range(len(events))]
+
+    def notify(self, loop: asyncio.AbstractEventLoop | None, callback, final: bool = False) -> bool:
+        """`callback()` to run once on `loop` (None: in the scheduler thread) when events arrive; False (and nothing
+        registered) if some are there already. `final`: only when a sample's final event arrives (a reader that
+        needs no token before the end, such as an answer sent whole, is not woken once per token)."""
         with self._lock:
-            if self._events:
+            if any(e.finish is not None for e in self._events) if final else self._events:
                 return False
-            self._wake = wake
+            self._wake = (loop, callback, final)
             return True
 
     def events(self, timeout: float | None = None) -> Iterator[Event]:
@@ -108,7 +123,7 @@ class Handle:
             while open_samples:
                 while not self._events:  # a wake with nothing to read (an empty put) waits again
                     ready = threading.Event()
-                    if self._waiter(ready.set) and not ready.wait(timeout):
+                    if self.notify(None, ready.set) and not ready.wait(timeout):
                         with self._lock:
                             self._wake = None
                         if not self._events:
@@ -129,10 +144,7 @@ class Handle:
             while open_samples:
                 while not self._events:  # a wake with nothing to read (an empty put) waits again
                     arrived = loop.create_future()
-
-                    def wake(arrived=arrived):
-                        loop.call_soon_threadsafe(lambda: arrived.done() or arrived.set_result(None))
-                    if self._waiter(wake):
+                    if self.notify(loop, lambda: arrived.done() or arrived.set_result(None)):
                         await arrived
                 event = self._events.popleft()
                 open_samples -= event.finish is not None
@@ -147,6 +159,41 @@ class Handle:
         if sample is not None and not 0 <= sample < self.n:
             raise ValueError(f"sample {sample} of a request of n={self.n}")
         self._scheduler._cancel(self, sample)
+
+
+class _Wakes:
+    """The consumers to wake after a decoding step. Each event loop is woken once per step for all of its consumers:
+    a wake is a write to the loop's self-pipe and a turn of the loop, and one per request per token cost the
+    scheduler thread about a third of its time at 64 requests."""
+
+    def __init__(self):
+        self._by_loop: dict = {}
+
+    def add(self, wake: tuple) -> None:
+        loop, callback, _ = wake
+        if loop is None:
+            callback()
+        else:
+            self._by_loop.setdefault(loop, []).append(callback)
+
+    def run(self) -> None:
+        by_loop, self._by_loop = self._by_loop, {}
+        for loop, callbacks in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_call_all, callbacks)
+            except RuntimeError:  # the consumers' event loop is closed: nobody reads any more
+                pass
+
+    @staticmethod
+    def now(wake: tuple) -> None:
+        wakes = _Wakes()
+        wakes.add(wake)
+        wakes.run()
+
+
+def _call_all(callbacks) -> None:
+    for callback in callbacks:
+        callback()
 
 
 class _Request:
@@ -376,8 +423,9 @@ class Scheduler:
             request.live.clear()
 
     def _prefill(self, model, requests: list[_Request]) -> None:
-        """Each distinct prompt prefilled once; its samples (of one request or several) in slots of up to
-        `SLOT_ROWS` rows."""
+        """Each distinct prompt prefilled once; its samples (of one request or several) in slots of the state's
+        rows per slot: a new state's is the most samples of one prompt among the requests that open it, up to
+        `SLOT_ROWS` (the module docstring says why)."""
         engine = self.engine
         by_prompt: dict[tuple[int, ...], list[_Row]] = {}
         for r in requests:
@@ -385,13 +433,14 @@ class Scheduler:
         width = max(len(p) for p in by_prompt)
         ids = torch.tensor([[engine.pad_id] * (width - len(p)) + list(p) for p in by_prompt])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in by_prompt])
-        slots = [rows[i:i + SLOT_ROWS] for rows in by_prompt.values() for i in range(0, len(rows), SLOT_ROWS)]
-        copies = torch.tensor([-(-len(rows) // SLOT_ROWS) for rows in by_prompt.values()])
+        group = self._state.group if self._state is not None else min(SLOT_ROWS, max(map(len, by_prompt.values())))
+        slots = [rows[i:i + group] for rows in by_prompt.values() for i in range(0, len(rows), group)]
+        copies = torch.tensor([-(-len(rows) // group) for rows in by_prompt.values()])
         counts = torch.tensor([len(slot) for slot in slots])
         rows = [row for slot in slots for row in slot]
         max_new = max(r.sampling.max_tokens for r in requests)
         if self._state is None:
-            self._logits, self._state = engine.start_slots(model, ids, mask, SLOT_ROWS, max_new, copies=copies,
+            self._logits, self._state = engine.start_slots(model, ids, mask, group, max_new, copies=copies,
                                                            rows=counts)
             self._rows = rows
         else:
@@ -426,22 +475,25 @@ class Scheduler:
 
     def _emit(self, tokens: list[int], logprobs: list[float]) -> torch.Tensor | None:
         """Each row's token to its consumer, and the final event of each sample that ended on it; the rows that go
-        on (None: all of them)."""
-        kept, ended = [], False
-        for j, (row, t, lp) in enumerate(zip(self._rows, tokens, logprobs)):
-            request = row.request
-            row.count += 1
-            if t in request.stops:
-                finish = "stop"
-            elif row.count >= request.sampling.max_tokens:
-                finish = "length"
-            else:
-                request.handle._put([Event(row.sample, t, lp)])
-                kept.append(j)
-                continue
-            ended = True
-            request.live.discard(row.sample)
-            request.handle._put([Event(row.sample, t, lp), Event(row.sample, None, None, finish)])
+        on (None: all of them). The consumers are woken once all events are out."""
+        kept, ended, wakes = [], False, _Wakes()
+        try:
+            for j, (row, t, lp) in enumerate(zip(self._rows, tokens, logprobs)):
+                request = row.request
+                row.count += 1
+                if t in request.stops:
+                    finish = "stop"
+                elif row.count >= request.sampling.max_tokens:
+                    finish = "length"
+                else:
+                    request.handle._put([Event(row.sample, t, lp)], wakes)
+                    kept.append(j)
+                    continue
+                ended = True
+                request.live.discard(row.sample)
+                request.handle._put([Event(row.sample, t, lp), Event(row.sample, None, None, finish)], wakes)
+        finally:
+            wakes.run()
         return torch.tensor(kept, dtype=torch.long) if ended else None
 
     def _keep(self, keep: torch.Tensor) -> None:

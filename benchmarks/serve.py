@@ -1,0 +1,226 @@
+"""`posttrain serve` under concurrent clients against one offline batched call on the same prompts.
+
+    python benchmarks/serve.py [--models S,M] [--requests 64] [--clients 1,8,64] [--max-tokens 128]
+                               [--dtype fp32] [--device cpu] [--threads 1] [--workdir DIR]
+
+Workload: the random Qwen2 models S and M of grpo_step.py (vocabulary 2048, so an end-of-sequence token is rarely
+drawn), `--requests` GSM8K questions as one-message chats, each answered with up to `--max-tokens` tokens sampled at
+temperature 1.
+
+- `offline`: one `DecodeEngine.generate` call over every prompt at once (what a synchronous rollout does), in a
+  process of its own: tokens generated / wall time of the call; every request's latency is the whole call.
+- `serve, C clients`: `posttrain serve` in its own process; C clients send the same chat requests over HTTP
+  (`/v1/chat/completions`, non-streaming), each sending its next request when its last one is answered, until all
+  `--requests` are answered (with 1 client, the first `--requests // 4` only: one request at a time is slow and its
+  rate is already clear). The clients' connections are open before the clock starts (as a client's keep-alive
+  connections are). Reported: completion tokens / wall time, the ratio to offline, and per-request latency p50 / p99
+  (send to full answer).
+
+Beside them the fp32 / bf16 2048^2 matmul ceiling of this machine with the same torch threads, measured in the same
+run. Both sides run the same code (this checkout) with `--threads` torch threads each (the server's event loop and
+the clients, one event loop, take what is left of the machine); offline and server run one after the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_step import build, matmul_ceiling  # noqa: E402
+
+
+def questions(workdir: Path, count: int) -> list[str]:
+    rows = [json.loads(line) for line in (workdir / "train.jsonl").read_text().splitlines()]
+    return [r["prompt"][-1]["content"] for r in rows[:count]]
+
+
+def offline_worker(args) -> None:
+    """One batched generate over every prompt (after a warm-up call on a few): RESULT line with tokens and time."""
+    import torch
+
+    from posttrain.data.batch import Batch
+    from posttrain.data.dataset import encode_prompt
+    from posttrain.models.load import load_causal_lm, load_tokenizer
+    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout.registry import build_engine
+
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    path = Path(args.workdir) / args.model
+    tokenizer = load_tokenizer(str(path))
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    model = load_causal_lm(str(path), device=args.device).eval()
+    engine = build_engine("posttrain", model, tokenizer, device=torch.device(args.device), dtype=dtype)
+    prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}], None, where="a benchmark prompt")
+               for q in questions(Path(args.workdir), args.requests)]  # as the server renders a chat
+
+    def batch(rows: list[list[int]]) -> Batch:
+        width = max(len(r) for r in rows)
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+        return Batch({"prompts": ids, "prompt_mask": mask}, {})
+
+    sampling = SamplingParams(n=1, temperature=1.0, max_new_tokens=args.max_tokens)
+    engine.generate(batch(prompts[:8]), sampling)  # warm-up: the engine's self-check, first allocations
+    start = time.perf_counter()
+    out = engine.generate(batch(prompts), sampling)
+    seconds = time.perf_counter() - start
+    print("RESULT " + json.dumps(dict(tokens=int(out["response_mask"].sum()), seconds=seconds,
+                                      prompt_tokens=sum(len(p) for p in prompts))), flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, model: str, port: int, env: dict) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "posttrain", "serve", str(Path(args.workdir) / model), "--port", str(port),
+           "--device", args.device, "--dtype", args.dtype, "--max-running", str(max(args.clients_list)),
+           "--max-waiting", str(4 * args.requests)]
+    log = open(Path(args.workdir) / f"serve_{model}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+async def wait_ready(base: str, server: subprocess.Popen, timeout: float = 300.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as client:
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                raise SystemExit(f"posttrain serve exited with {server.returncode} (see its log in the workdir)")
+            try:
+                if (await client.get(f"{base}/health", timeout=2.0)).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+    raise SystemExit("posttrain serve did not answer /health in time")
+
+
+async def run_clients(client, base: str, model: str, prompts: list[str], clients: int, max_tokens: int) -> dict:
+    """`clients` concurrent clients through `prompts`: completion tokens, wall time, per-request latencies. Their
+    `clients` connections are opened first (a round of /health), outside the time."""
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    latencies, tokens = [], []
+
+    async def client_loop() -> None:
+        while not queue.empty():
+            question = queue.get_nowait()
+            sent = time.perf_counter()
+            r = await client.post(f"{base}/v1/chat/completions", timeout=None, json=dict(
+                model=model, messages=[{"role": "user", "content": question}], max_tokens=max_tokens,
+                temperature=1.0))
+            r.raise_for_status()
+            latencies.append(time.perf_counter() - sent)
+            tokens.append(r.json()["usage"]["completion_tokens"])
+
+    await asyncio.gather(*(client.get(f"{base}/health") for _ in range(clients)))
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(clients)))
+    seconds = time.perf_counter() - start
+    return dict(tokens=sum(tokens), seconds=seconds, latencies=latencies)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+async def client_runs(args, base: str) -> list[dict]:
+    import httpx
+
+    most = max(args.clients_list)
+    limits = httpx.Limits(max_connections=most, max_keepalive_connections=most)
+    async with httpx.AsyncClient(limits=limits) as client:
+        served = (await client.get(f"{base}/v1/models")).json()["data"][0]["id"]
+        prompts = questions(Path(args.workdir), args.requests)
+        await run_clients(client, base, served, prompts[:8], 8, args.max_tokens)  # warm-up
+        results = []
+        for clients in args.clients_list:
+            share = prompts if clients > 1 else prompts[: max(1, args.requests // 4)]
+            r = await run_clients(client, base, served, share, clients, args.max_tokens)
+            results.append(dict(clients=clients, **r))
+        return results
+
+
+def serve_runs(args, model: str, env: dict) -> list[dict]:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = start_server(args, model, port, env)
+    try:
+        asyncio.run(wait_ready(base, server))
+        return asyncio.run(client_runs(args, base))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="S,M")
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--clients", default="1,8,64")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each side (offline, server)")
+    p.add_argument("--workdir")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.clients_list = [int(c) for c in args.clients.split(",")]
+    if args.worker:
+        offline_worker(args)
+        return
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="posttrain_serve_bench_")
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    models = args.models.split(",")
+    build(workdir, models)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    ceiling = matmul_ceiling(args.device)
+    print(f"matmul ceiling: fp32 {ceiling['fp32']:.0f} GFLOP/s, bf16 {ceiling['bf16']:.0f} GFLOP/s "
+          f"({args.threads} torch threads); {os.cpu_count()} cores; {args.requests} requests of up to "
+          f"{args.max_tokens} tokens, {args.dtype}")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent), OMP_NUM_THREADS=str(args.threads),
+               MKL_NUM_THREADS=str(args.threads))
+    for model in models:
+        cmd = [sys.executable, __file__, "--worker", "--model", model, "--workdir", str(workdir), "--requests",
+               str(args.requests), "--max-tokens", str(args.max_tokens), "--dtype", args.dtype, "--device",
+               args.device, "--threads", str(args.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if line is None:
+            sys.exit(out.stderr[-3000:])
+        offline = json.loads(line[len("RESULT "):])
+        base_rate = offline["tokens"] / offline["seconds"]
+        print(f"\nmodel {model}: offline batch  {base_rate:8.1f} tokens/s  "
+              f"(latency {offline['seconds']:.2f} s for every request)")
+        for r in serve_runs(args, model, env):
+            rate = r["tokens"] / r["seconds"]
+            print(f"  serve, {r['clients']:3d} clients {rate:8.1f} tokens/s  {rate / base_rate:5.2f}x offline  "
+                  f"latency p50 {percentile(r['latencies'], 0.5):6.2f} s  p99 {percentile(r['latencies'], 0.99):6.2f} s"
+                  f"  ({len(r['latencies'])} requests)")
+
+
+if __name__ == "__main__":
+    main()
