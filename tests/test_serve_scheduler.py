@@ -18,7 +18,7 @@ import posttrain.rollout.decode_state as decode_state
 import posttrain.rollout.engine as engine_module
 from posttrain.models.load import load_causal_lm
 from posttrain.rollout.engine import DecodeEngine
-from posttrain.serve.prefix_cache import MIN_REUSED_TOKENS
+from posttrain.serve.prefix_cache import MIN_REUSED_TOKENS, PrefixCache
 from posttrain.serve.scheduler import SLOT_ROWS, PromptTooLong, QueueFull, RequestSampling, Scheduler
 
 GREEDY = RequestSampling(temperature=0.0, max_tokens=8)
@@ -567,3 +567,25 @@ def test_weights_changed_inside_a_pause_are_not_read_from_kept_keys_and_values(e
         with torch.no_grad():
             k_proj.copy_(saved)
     assert resumed == [] and sched.stats["prefix_cache_hits"] == 0
+
+
+def test_the_prefix_cache_finds_the_longest_kept_prefix_and_keeps_no_prefix_of_a_kept_sequence():
+    """Of two kept sequences, a prompt reuses the one it shares more tokens with (to the token, past a block
+    boundary), always leaving its last token to compute; keeping a sequence drops kept ones that are its prefixes,
+    and a sequence that is a prefix of a kept one is not kept again."""
+    def past(ids):  # position i's "key" is its token: a slice is checkable
+        x = torch.tensor(ids, dtype=torch.float32)[None, None, :, None]
+        return [x], [x]
+    cache = PrefixCache(1000)
+    base = list(range(3, 3 + 20))
+    near, far = base + [100] * 15, base + [101] * 15
+    cache.put(far, past(far))
+    cache.put(near, past(near))
+    (keys, _), m = cache.match(base + [100] * 9 + [7, 8])
+    assert m == 29 and keys[0].flatten().tolist() == near[:29]
+    assert cache.match(near)[1] == len(near) - 1
+    assert cache.match(list(range(200, 240))) is None
+    longer = near + [5] * 10
+    cache.put(longer, past(longer))
+    cache.put(near[:25], past(near[:25]))
+    assert len(cache) == 2 and cache.tokens == len(far) + len(longer)

@@ -290,7 +290,7 @@ class Scheduler:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread; every queued and running sample ends "cancelled"."""
+        """Stop the thread; every queued and running sample ends "cancelled"; the prefix cache is emptied."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -298,6 +298,7 @@ class Scheduler:
             self._thread.join()
         else:
             self._end_everything("cancelled")
+        self.clear_prefix_cache()  # its keys and values, on the device, go now
 
     def submit(self, prompt_ids: list[int], n: int, sampling: RequestSampling) -> Handle:
         """Queue a request of `n` samples of `prompt_ids`. Raises QueueFull, PromptTooLong, ValueError (bad input)."""
