@@ -97,8 +97,8 @@ class Handle:
 
     def _put(self, events: list[Event], wakes: "_Wakes | None" = None) -> None:
         """Events to the consumer; its wake-up goes to `wakes` (run after the step) or runs now."""
-        self._events.extend(events)
-        with self._lock:
+        with self._lock:  # not while `notify` looks through the events
+            self._events.extend(events)
             wake = self._wake
             if wake is None or (wake[2] and (not events or events[-1].finish is None)):
                 return
