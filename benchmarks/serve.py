@@ -2,6 +2,7 @@
 
     python benchmarks/serve.py [--models S,M] [--requests 64] [--clients 1,8,64] [--max-tokens 128]
                                [--dtype fp32] [--device cpu] [--threads 1] [--workdir DIR]
+    python benchmarks/serve.py --turns 4 [--models S] [--requests 16] [--clients 8] [--max-tokens 32]
 
 Workload: the random Qwen2 models S and M of grpo_step.py (vocabulary 2048, so an end-of-sequence token is rarely
 drawn), `--requests` GSM8K questions as one-message chats, each answered with up to `--max-tokens` tokens sampled at
@@ -15,6 +16,12 @@ temperature 1.
   rate is already clear). The clients' connections are open before the clock starts (as a client's keep-alive
   connections are). Reported: completion tokens / wall time, the ratio to offline, and per-request latency p50 / p99
   (send to full answer).
+
+`--turns K`: conversations instead of single requests, against the server with its prefix cache on and off (no
+offline side): each of `--requests` conversations opens with a question and goes on for K turns, each turn's
+messages the last turn's plus its answer plus a user message (the next question, as a tool's result would come);
+reported per side: wall time, completion tokens / s, conversation latency p50, and the cache's hits and the prompt
+tokens they spared (the server's /health).
 
 Beside them the fp32 / bf16 2048^2 matmul ceiling of this machine with the same torch threads, measured in the same
 run. Both sides run the same code (this checkout) with `--threads` torch threads each (the server's event loop and
@@ -84,10 +91,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args, model: str, port: int, env: dict) -> subprocess.Popen:
+def start_server(args, model: str, port: int, env: dict, cache_tokens: int = 32768) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "posttrain", "serve", str(Path(args.workdir) / model), "--port", str(port),
            "--device", args.device, "--dtype", args.dtype, "--max-running", str(max(args.clients_list)),
-           "--max-waiting", str(4 * args.requests)]
+           "--max-waiting", str(4 * args.requests), "--prefix-cache-tokens", str(cache_tokens)]
     log = open(Path(args.workdir) / f"serve_{model}.log", "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
 
@@ -133,6 +140,72 @@ async def run_clients(client, base: str, model: str, prompts: list[str], clients
     await asyncio.gather(*(client_loop() for _ in range(clients)))
     seconds = time.perf_counter() - start
     return dict(tokens=sum(tokens), seconds=seconds, latencies=latencies)
+
+
+async def run_conversations(client, base: str, model: str, prompts: list[str], clients: int, max_tokens: int,
+                            turns: int) -> dict:
+    """`run_clients` with a conversation of `turns` turns per prompt: completion tokens, wall time, per-conversation
+    latencies."""
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(len(prompts)):
+        queue.put_nowait(i)
+    latencies, tokens = [], []
+
+    async def client_loop() -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            messages = [{"role": "user", "content": prompts[i]}]
+            sent = time.perf_counter()
+            for turn in range(turns):
+                r = await client.post(f"{base}/v1/chat/completions", timeout=None, json=dict(
+                    model=model, messages=messages, max_tokens=max_tokens, temperature=1.0))
+                r.raise_for_status()
+                answer = r.json()
+                tokens.append(answer["usage"]["completion_tokens"])
+                messages = messages + [{"role": "assistant", "content": answer["choices"][0]["message"]["content"]},
+                                       {"role": "user", "content": prompts[(i + turn + 1) % len(prompts)]}]
+            latencies.append(time.perf_counter() - sent)
+
+    await asyncio.gather(*(client.get(f"{base}/health") for _ in range(clients)))
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(clients)))
+    seconds = time.perf_counter() - start
+    stats = (await client.get(f"{base}/health")).json().get("stats", {})
+    return dict(tokens=sum(tokens), seconds=seconds, latencies=latencies, stats=stats)
+
+
+async def conversation_runs(args, base: str) -> dict:
+    import httpx
+
+    clients = max(args.clients_list)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits) as client:
+        served = (await client.get(f"{base}/v1/models")).json()["data"][0]["id"]
+        prompts = questions(Path(args.workdir), args.requests + 8)
+        await run_conversations(client, base, served, prompts[-8:], 8, args.max_tokens, 1)  # warm-up
+        return await run_conversations(client, base, served, prompts[:args.requests], clients, args.max_tokens,
+                                       args.turns)
+
+
+def turns_main(args, models: list[str], env: dict) -> None:
+    for model in models:
+        print(f"\nmodel {model}: {args.requests} conversations of {args.turns} turns, {max(args.clients_list)} "
+              f"clients, up to {args.max_tokens} tokens per answer")
+        for cache_tokens in (0, 32768):
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            server = start_server(args, model, port, env, cache_tokens)
+            try:
+                asyncio.run(wait_ready(base, server))
+                r = asyncio.run(conversation_runs(args, base))
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
+            s = r["stats"]
+            print(f"  prefix cache {'on ' if cache_tokens else 'off'}  {r['seconds']:6.2f} s  "
+                  f"{r['tokens'] / r['seconds']:8.1f} tokens/s  conversation p50 {percentile(r['latencies'], 0.5):6.2f} s"
+                  f"  hits {s.get('prefix_cache_hits', 0)}/{s.get('requests', 0)} requests, "
+                  f"{s.get('prefix_cache_tokens_reused', 0)}/{s.get('prompt_tokens', 0)} prompt tokens reused")
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -181,6 +254,7 @@ def main() -> None:
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--threads", type=int, default=1, help="torch threads of each side (offline, server)")
+    p.add_argument("--turns", type=int, default=1, help="> 1: conversations, prefix cache on against off")
     p.add_argument("--workdir")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -203,6 +277,9 @@ def main() -> None:
           f"{args.max_tokens} tokens, {args.dtype}")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent), OMP_NUM_THREADS=str(args.threads),
                MKL_NUM_THREADS=str(args.threads))
+    if args.turns > 1:
+        turns_main(args, models, env)
+        return
     for model in models:
         cmd = [sys.executable, __file__, "--worker", "--model", model, "--workdir", str(workdir), "--requests",
                str(args.requests), "--max-tokens", str(args.max_tokens), "--dtype", args.dtype, "--device",

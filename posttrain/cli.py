@@ -222,6 +222,7 @@ def cmd_serve(args) -> int:
     name = args.served_model_name or args.model
     serve_engine(engine, tokenizer, name, host=args.host, port=args.port, api_key=args.api_key,
                  max_running=args.max_running, max_waiting=args.max_waiting,
+                 prefix_cache_tokens=args.prefix_cache_tokens,
                  request_timeout_s=args.request_timeout_s,
                  on_ready=lambda url: print(f"serving {name} at {url}", flush=True))
     return 0
@@ -339,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: MODEL as given)")
     p.add_argument("--max-running", type=int, default=64, help="samples decoding at once")
     p.add_argument("--max-waiting", type=int, default=256, help="requests waiting for room; more are refused (429)")
+    p.add_argument("--prefix-cache-tokens", type=int, default=32768,
+                   help="tokens whose keys and values are kept for requests continuing a conversation (0: off)")
     p.add_argument("--request-timeout-s", type=float, default=600.0,
                    help="a request running longer is cancelled and answered 504")
     p.add_argument("--device", default="auto")

@@ -18,6 +18,7 @@ import posttrain.rollout.decode_state as decode_state
 import posttrain.rollout.engine as engine_module
 from posttrain.models.load import load_causal_lm
 from posttrain.rollout.engine import DecodeEngine
+from posttrain.serve.prefix_cache import MIN_REUSED_TOKENS, PrefixCache
 from posttrain.serve.scheduler import SLOT_ROWS, PromptTooLong, QueueFull, RequestSampling, Scheduler
 
 GREEDY = RequestSampling(temperature=0.0, max_tokens=8)
@@ -443,3 +444,172 @@ def test_no_event_within_the_timeout_raises_and_cancels(scheduler):
     with pytest.raises(TimeoutError):
         next(handle.events(timeout=0.05))
     assert [(e.token, e.finish) for e in handle.events(timeout=1)] == [(None, "cancelled")]
+
+
+# ------------------------------------------------------------------ the prefix cache
+
+def conversation(seed, length=20):
+    """A prompt longer than the prefix cache's shortest reuse."""
+    assert length > MIN_REUSED_TOKENS
+    return torch.randint(3, 250, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def assert_full_forward(lm64, prompt, result, temperature=None):
+    """Greedy (temperature None): each sample's tokens are the full-forward greedy continuation; every sample's
+    log-probs are the float64 full forward's at its tokens."""
+    for tokens, logprobs, finish in result.values():
+        if temperature is None:
+            assert (tokens, finish) == greedy(lm64, prompt, len(tokens), set())
+        with torch.no_grad():
+            logits = lm64(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
+        want = torch.log_softmax(logits / (temperature or 1.0), dim=-1)[torch.arange(len(tokens)), tokens]
+        torch.testing.assert_close(torch.tensor(logprobs, dtype=torch.float64), want, atol=1e-4, rtol=0)
+
+
+@pytest.fixture
+def resumed(engine, monkeypatch):
+    """The prompts that joined by resuming kept keys and values (per join: the tokens computed for each)."""
+    joins = []
+    for name in ("add", "start_slots"):
+        original = getattr(engine, name)
+
+        def spied(*args, _original=original, **kw):
+            if kw.get("pasts") is not None:
+                prompts = args[2] if _original.__name__ == "add" else args[1]
+                joins.append([t.tolist() for t in prompts])
+            return _original(*args, **kw)
+        monkeypatch.setattr(engine, name, spied)
+    return joins
+
+
+def run_turn(sched, prompt, n=1, sampling=RequestSampling(temperature=0.0, max_tokens=8)):
+    handle = sched.submit(prompt, n, sampling)
+    sched.start()
+    return collect(handle)
+
+
+def test_a_turn_extending_a_finished_sample_computes_only_its_new_tokens(engine, scheduler, lm64, resumed):
+    """A second turn whose prompt is the first turn's prompt + completion + new tokens resumes from the kept keys
+    and values (only the last sampled token and the new tokens are computed) and decodes what a full prefill gives:
+    greedy tokens, and, for 3 sampled samples sharing the resumed prefix, the float64 forward's log-probs."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    first = conversation(0)
+    completion = run_turn(sched, first)[0][0]
+    assert sched.stats["prefix_cache_tokens"] == len(first) + 7  # the last sampled token was never decoded
+    second = first + completion + [40, 41, 42]
+    assert_full_forward(lm64, second, run_turn(sched, second))
+    assert resumed == [[completion[-1:] + [40, 41, 42]]]
+    third = second + run_turn(sched, second)[0][0] + [50, 51]  # `second` again: a prefix of what is kept
+    assert_full_forward(lm64, third, run_turn(sched, third, 3, RequestSampling(temperature=0.9, max_tokens=6)),
+                        temperature=0.9)
+    stats = sched.stats
+    assert stats["prefix_cache_hits"] == 3 and stats["requests"] == 4
+    assert stats["prefix_cache_tokens_reused"] == (len(first) + 7) + (len(second) - 1) + (len(second) + 7)
+    assert stats["prefix_cache_sequences"] == 3  # the third turn's three samples; the turns before are prefixes
+
+
+def test_a_prompt_sharing_part_of_a_kept_sequence_reuses_the_shared_part(engine, scheduler, lm64, resumed):
+    """A prompt that leaves a kept sequence mid-way reuses its common prefix only; a prompt that is a prefix of a
+    kept sequence reuses all of it but its last token; a prompt sharing too few tokens is prefilled whole."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    first = conversation(1)
+    completion = run_turn(sched, first)[0][0]
+    branch = first[:18] + [7, 7, 7] + completion
+    assert_full_forward(lm64, branch, run_turn(sched, branch))
+    shorter = first + completion[:3]
+    assert_full_forward(lm64, shorter, run_turn(sched, shorter))
+    unrelated = first[:MIN_REUSED_TOKENS - 1] + conversation(2)
+    assert_full_forward(lm64, unrelated, run_turn(sched, unrelated))
+    assert resumed == [[branch[18:]], [shorter[-1:]]]
+    assert sched.stats["prefix_cache_tokens_reused"] == 18 + len(shorter) - 1
+
+
+def test_resumed_and_new_prompts_join_a_running_batch_together(engine, scheduler, lm64, monkeypatch, resumed):
+    """Two conversations' next turns and two new prompts submitted at once, while another request decodes: the two
+    resumed ones are computed in one forward beside the new ones' prefill, and every request decodes what a full
+    prefill gives."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    firsts = [conversation(3), conversation(4, 25)]
+    done = [run_turn(sched, p)[0][0] for p in firsts]
+    seconds = [p + c + [60 + i] for i, (p, c) in enumerate(zip(firsts, done))]
+    news = [conversation(5), PROMPTS[2]]
+    later = []
+    on_step(engine, monkeypatch, {3: lambda: later.extend(sched.submit(p, 2, GREEDY) for p in seconds + news)})
+    long = sched.submit(PROMPTS[0], 1, RequestSampling(temperature=0.0, max_tokens=14))
+    assert collect(long)[0][::2] == greedy(lm64, PROMPTS[0], 14, set())
+    for prompt, handle in zip(seconds + news, later):
+        assert_full_forward(lm64, prompt, collect(handle))
+    assert resumed == [[done[0][-1:] + [60], done[1][-1:] + [61]]]
+    assert sched.stats["prefix_cache_hits"] == 2
+
+
+def test_the_least_recently_used_sequences_leave_a_full_cache(engine, scheduler, lm64, resumed):
+    """Under a budget of 60 tokens, keeping a third 27-token sequence drops the least recently used one (the first:
+    the second was used since); a turn continuing it is prefilled whole, and still decodes right."""
+    engine.eos_ids = {10**6}
+    sched = scheduler(prefix_cache_tokens=60)
+    a, b, c = conversation(6), conversation(7), conversation(8)
+    done = {0: run_turn(sched, a)[0][0], 1: run_turn(sched, b)[0][0]}
+    assert sched.stats["prefix_cache_tokens"] == 54
+    b2 = b + done[1][:2]  # a prefix of b's sequence: a hit, which makes b the most recently used
+    run_turn(sched, b2)
+    run_turn(sched, c)
+    stats = sched.stats
+    assert stats["prefix_cache_evicted"] == 1 and stats["prefix_cache_tokens"] <= 60
+    a2 = a + done[0] + [9]
+    assert_full_forward(lm64, a2, run_turn(sched, a2))
+    assert len(resumed) == 1 and sched.stats["prefix_cache_hits"] == 1
+
+
+def test_without_the_cache_every_prompt_is_prefilled_whole(engine, scheduler, lm64, resumed):
+    engine.eos_ids = {10**6}
+    sched = scheduler(prefix_cache_tokens=0)
+    first = conversation(9)
+    second = first + run_turn(sched, first)[0][0] + [5]
+    assert_full_forward(lm64, second, run_turn(sched, second))
+    assert resumed == [] and sched.stats["prefix_cache_hits"] == 0 and sched.stats["prefix_cache_tokens"] == 0
+
+
+def test_weights_changed_inside_a_pause_are_not_read_from_kept_keys_and_values(engine, scheduler, lm, lm64, resumed):
+    """A pause clears the cache: a turn after weights changed inside it decodes what the new weights give."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    first = conversation(10)
+    second = first + run_turn(sched, first)[0][0] + [5]
+    k_proj = next(p for name, p in lm.named_parameters() if "k_proj.weight" in name)
+    saved = k_proj.detach().clone()
+    try:
+        with sched.paused():
+            with torch.no_grad():
+                k_proj.mul_(-1.5)
+        changed = copy.deepcopy(lm).double()
+        assert_full_forward(changed, second, run_turn(sched, second))
+    finally:
+        with torch.no_grad():
+            k_proj.copy_(saved)
+    assert resumed == [] and sched.stats["prefix_cache_hits"] == 0
+
+
+def test_the_prefix_cache_finds_the_longest_kept_prefix_and_keeps_no_prefix_of_a_kept_sequence():
+    """Of two kept sequences, a prompt reuses the one it shares more tokens with (to the token, past a block
+    boundary), always leaving its last token to compute; keeping a sequence drops kept ones that are its prefixes,
+    and a sequence that is a prefix of a kept one is not kept again."""
+    def past(ids):  # position i's "key" is its token: a slice is checkable
+        x = torch.tensor(ids, dtype=torch.float32)[None, None, :, None]
+        return [x], [x]
+    cache = PrefixCache(1000)
+    base = list(range(3, 3 + 20))
+    near, far = base + [100] * 15, base + [101] * 15
+    cache.put(far, past(far))
+    cache.put(near, past(near))
+    (keys, _), m = cache.match(base + [100] * 9 + [7, 8])
+    assert m == 29 and keys[0].flatten().tolist() == near[:29]
+    assert cache.match(near)[1] == len(near) - 1
+    assert cache.match(list(range(200, 240))) is None
+    longer = near + [5] * 10
+    cache.put(longer, past(longer))
+    cache.put(near[:25], past(near[:25]))
+    assert len(cache) == 2 and cache.tokens == len(far) + len(longer)

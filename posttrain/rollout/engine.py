@@ -124,11 +124,12 @@ class DecodeEngine(RolloutEngine):
             state.graph = DecodeStep(_forward(model), graphs=self.cuda_graphs)
         return logits.repeat_interleave(n, dim=0), state
 
-    def start_slots(self, model, prompts: torch.Tensor, mask: torch.Tensor, group: int, max_new: int, *,
-                    copies: torch.Tensor | int | None = None, rows: torch.Tensor | None = None):
-        """A new decoding state of `group` rows per slot, decoding eagerly, and its rows' first logits: `copies` and
-        `rows` as `add` takes them (a run whose layout changes as rows come and go: a server's requests)."""
-        logits, keys, values, mask = self._slots(model, prompts, mask, copies)
+    def start_slots(self, model, prompts, mask: torch.Tensor | None, group: int, max_new: int, *,
+                    copies: torch.Tensor | int | None = None, rows: torch.Tensor | None = None, pasts=None):
+        """A new decoding state of `group` rows per slot, decoding eagerly, and its rows' first logits: `copies`,
+        `rows` and `pasts` as `add` takes them (a run whose layout changes as rows come and go: a server's
+        requests)."""
+        logits, keys, values, mask = self._slots(model, prompts, mask, copies, pasts)
         state = DecodeState(keys, values, mask, group, max_new)
         if rows is None:
             return logits.repeat_interleave(group, dim=0), state
@@ -140,12 +141,17 @@ class DecodeEngine(RolloutEngine):
             state.keep(slots.repeat_interleave(rows) * group + within)
         return logits.repeat_interleave(rows, dim=0), state
 
-    def _slots(self, model, prompts: torch.Tensor, mask: torch.Tensor, copies: torch.Tensor | int | None):
-        """Left-padded `prompts` prefilled (each once), then `copies` slots of each (one count per prompt, or one
-        for all): their last-position logits (slots, V), keys and values per layer, and mask (slots, P)."""
-        prompts, mask = prompts.to(self.device), mask.to(self.device)
+    def _slots(self, model, prompts, mask: torch.Tensor | None, copies: torch.Tensor | int | None, pasts=None):
+        """Left-padded `prompts` prefilled (each once) — or, with `pasts`, the token lists `prompts` appended to
+        those parked sequences (`prefill_after`) — then `copies` slots of each (one count per prompt, or one for
+        all): their last-position logits (slots, V), keys and values per layer, and mask (slots, P)."""
         with self._prefilling(model):
-            logits, keys, values = prefill(_forward(model), model.config, prompts, mask)
+            if pasts is None:
+                prompts, mask = prompts.to(self.device), mask.to(self.device)
+                logits, keys, values = prefill(_forward(model), model.config, prompts, mask)
+            else:
+                logits, keys, values, mask = prefill_after(_forward(model), model.config, pasts,
+                                                           [t.to(self.device) for t in prompts])
         if copies is None:
             return logits, keys, values, mask
         copies = copies.to(self.device) if isinstance(copies, torch.Tensor) else copies
@@ -157,14 +163,17 @@ class DecodeEngine(RolloutEngine):
         with self.decoding(model):
             return self._step(_forward(model), state, token, state.graph)
 
-    def add(self, model, state: DecodeState, prompts: torch.Tensor, mask: torch.Tensor, ids: torch.Tensor,
-            max_new: int, *, copies: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def add(self, model, state: DecodeState, prompts, mask: torch.Tensor | None, ids: torch.Tensor,
+            max_new: int, *, copies: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+            pasts=None) -> torch.Tensor:
         """Left-padded `prompts` join the run, `state.group` rows each with the caller's `ids`, decoding from the
         next step on for up to `max_new` steps: their first logits (rows, V). The other rows are untouched.
         `copies` (one count per prompt): that many slots per prompt, its keys and values computed once and copied
         into each; `rows` (one count per slot, at most `state.group`): that many rows in each slot (a server's
-        requests: the samples of one prompt fill slots of up to `group` rows)."""
-        logits, keys, values, mask = self._slots(model, prompts, mask, copies)
+        requests: the samples of one prompt fill slots of up to `group` rows). `pasts` (one per prompt, as `park`
+        gives them; `mask` None): each prompt is a (T,) tensor of tokens appended to that parked sequence, and only
+        those are computed (a server's request continuing a conversation whose keys and values it kept)."""
+        logits, keys, values, mask = self._slots(model, prompts, mask, copies, pasts)
         state.add(keys, values, mask, ids, max_new, rows=rows)
         return logits.repeat_interleave(state.group if rows is None else rows.to(self.device), dim=0)
 
@@ -194,12 +203,8 @@ class DecodeEngine(RolloutEngine):
                     max_new: int) -> torch.Tensor:
         """`resume` for several parked sequences (seq_id, past, tokens) in one forward: they become the last rows,
         in order; their logits (k, V)."""
-        with self._prefilling(model):
-            logits, keys, values, mask = prefill_after(_forward(model), model.config, [p for _, p, _ in parked],
-                                                       [t.to(self.device) for _, _, t in parked])
-        state.add(keys, values, mask, torch.tensor([i for i, _, _ in parked]), max_new,
-                  rows=torch.ones(len(parked), dtype=torch.long))
-        return logits
+        return self.add(model, state, [t for _, _, t in parked], None, torch.tensor([i for i, _, _ in parked]),
+                        max_new, rows=torch.ones(len(parked), dtype=torch.long), pasts=[p for _, p, _ in parked])
 
     @contextlib.contextmanager
     def decoding(self, model):

@@ -263,7 +263,8 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
 
     @app.get("/health")
     async def health():
-        return {"status": "ok"}
+        stats = getattr(scheduler, "stats", None)  # requests and the prefix cache's hits (Scheduler.stats)
+        return {"status": "ok"} if stats is None else {"status": "ok", "stats": stats}
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -20,6 +20,13 @@ request with a seed draws from its own generator, so the same seed and prompt gi
 running (up to the rounding of the logits, which a batch's shape may change). Each sampled token's log-prob under
 the distribution it was drawn from is always computed (recorded calls become training episodes).
 
+Prefix cache (prefix_cache.py): when a sample ends ("stop" or "length"), its keys and values are kept under its
+token ids (prompt + sampled tokens but the last, whose key and value were never computed); a request whose prompt
+shares at least `MIN_REUSED_TOKENS` leading tokens with a kept sequence resumes from those keys and values and
+prefills only the rest (`engine.add(..., pasts=)`: the resumed prompts joining together in one forward, beside the
+new ones' prefill; its `n` samples share the resumed slot as they share a prefilled one). Agent programs' calls
+extend the previous call's prompt + completion, so each turn computes its new messages only. `stats` counts it.
+
 Failures: a prompt whose prefill raises ends its own request (finish "error"; prompts prefilled together are then
 retried one by one); a decoding step that raises ends the requests in the batch; the scheduler serves on.
 """
@@ -40,6 +47,7 @@ from ..models.load import attention_backends, autocast, eval_mode
 from ..rollout.base import SamplingParams
 from ..rollout.sampling import next_tokens, sampled_logprobs
 from ..rollout.weights import inference_weights
+from .prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -212,17 +220,20 @@ class _Request:
 
 
 class _Row:
-    __slots__ = ("request", "sample", "count")
+    __slots__ = ("request", "sample", "count", "tokens")
 
     def __init__(self, request: _Request, sample: int):
         self.request, self.sample, self.count = request, sample, 0
+        self.tokens: list[int] = []  # sampled so far
 
 
 class Scheduler:
     """Serves requests on `engine` (a `rollout.engine.DecodeEngine`) from one thread (`start`): at most
-    `max_running` rows (samples) decode at once; at most `max_waiting` requests wait for room (then `QueueFull`)."""
+    `max_running` rows (samples) decode at once; at most `max_waiting` requests wait for room (then `QueueFull`).
+    `prefix_cache_tokens`: the most tokens whose keys and values are kept for requests that continue a sequence
+    (0: none; the module docstring says how)."""
 
-    def __init__(self, engine, *, max_running: int = 64, max_waiting: int = 256):
+    def __init__(self, engine, *, max_running: int = 64, max_waiting: int = 256, prefix_cache_tokens: int = 32768):
         if not all(hasattr(engine, op) for op in ("start", "add", "step", "decoding")):
             raise TypeError(f"the server decodes with posttrain's engine (rollout.name=posttrain), not "
                             f"{type(engine).__name__}")
@@ -233,6 +244,8 @@ class Scheduler:
             raise ValueError(f"{type(engine.model).__name__} does not decode with posttrain's shared-prefix step "
                              f"(its self-check failed; the log says why), which continuous batching needs")
         self.engine, self.max_running, self.max_waiting = engine, max_running, max_waiting
+        self._cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
+        self._counts = dict(requests=0, prompt_tokens=0, prefix_cache_hits=0, prefix_cache_tokens_reused=0)
         config = engine.model.config.get_text_config()
         self._context = getattr(config, "max_position_embeddings", None)
         self._vocab = config.vocab_size
@@ -250,6 +263,21 @@ class Scheduler:
         self._plan: list[tuple[SamplingParams, torch.Tensor | None, torch.Generator | None]] | None = None
 
     @property
+    def stats(self) -> dict:
+        """Requests joined, their prompt tokens, the prefix cache's hits, the prompt tokens it spared computing,
+        the tokens and sequences it holds now, and the sequences it dropped for room."""
+        cache = self._cache
+        return dict(self._counts, prefix_cache_tokens=cache.tokens if cache else 0,
+                    prefix_cache_sequences=len(cache) if cache else 0,
+                    prefix_cache_evicted=cache.evicted if cache else 0)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every kept key and value (they are the weights' of the time: call it when the weights change;
+        `paused` does)."""
+        if self._cache is not None:
+            self._cache.clear()
+
+    @property
     def context_length(self) -> int:
         """Prompt + new tokens a request may reach (the model's `max_position_embeddings`; unknown: no limit)."""
         return self._context if self._context is not None else 2**63 - 1
@@ -262,7 +290,7 @@ class Scheduler:
             self._thread.start()
 
     def close(self) -> None:
-        """Stop the thread; every queued and running sample ends "cancelled"."""
+        """Stop the thread; every queued and running sample ends "cancelled"; the prefix cache is emptied."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
@@ -270,6 +298,7 @@ class Scheduler:
             self._thread.join()
         else:
             self._end_everything("cancelled")
+        self.clear_prefix_cache()  # its keys and values, on the device, go now
 
     def submit(self, prompt_ids: list[int], n: int, sampling: RequestSampling) -> Handle:
         """Queue a request of `n` samples of `prompt_ids`. Raises QueueFull, PromptTooLong, ValueError (bad input)."""
@@ -290,13 +319,15 @@ class Scheduler:
     @contextlib.contextmanager
     def paused(self):
         """No decoding step runs inside and the decoding weights are let go (the model's weights may change):
-        running samples resume after it on the weights then current; requests submitted meanwhile wait. Anything
-        else that uses the engine or its model (`generate`, training passes) runs inside it."""
+        running samples resume after it on the weights then current; requests submitted meanwhile wait; the prefix
+        cache is cleared. Anything else that uses the engine or its model (`generate`, training passes) runs
+        inside it."""
         with self._cond:
             self._pauses += 1
             self._cond.notify_all()
             while self._busy:
                 self._cond.wait()
+        self.clear_prefix_cache()  # nothing is kept meanwhile: the thread serves cancels only
         try:
             yield
         finally:
@@ -406,33 +437,58 @@ class Scheduler:
         return joining
 
     def _join(self, model, requests: list[_Request]) -> None:
+        """`requests` into the batch: those resuming a kept prefix together, the others together."""
+        if not requests:
+            return
+        self._counts["requests"] += len(requests)
+        self._counts["prompt_tokens"] += sum(len(r.prompt) for r in requests)
+        if self._cache is None:
+            self._join_together(model, requests, {})
+            return
+        matches = {}
+        for r in requests:
+            prompt = tuple(r.prompt)
+            if prompt not in matches:
+                matches[prompt] = self._cache.match(r.prompt)
+            if matches[prompt] is not None:
+                self._counts["prefix_cache_hits"] += 1
+                self._counts["prefix_cache_tokens_reused"] += matches[prompt][1]
+        self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is None], {})
+        self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is not None], matches)
+
+    def _join_together(self, model, requests: list[_Request], matches: dict) -> None:
         """Prefill `requests` into the batch together; if that fails, one by one, so that a failing prompt ends its
         own request only."""
         if not requests:
             return
         try:
-            self._prefill(model, requests)
+            self._prefill(model, requests, matches)
         except Exception:
             if len(requests) > 1:
                 for request in requests:
-                    self._join(model, [request])
+                    self._join_together(model, [request], matches)
                 return
             log.exception("a prompt's prefill failed; its request ends with finish=error")
             request = requests[0]
             request.handle._put([Event(s, None, None, "error") for s in sorted(request.live)])
             request.live.clear()
 
-    def _prefill(self, model, requests: list[_Request]) -> None:
-        """Each distinct prompt prefilled once; its samples (of one request or several) in slots of the state's
-        rows per slot: a new state's is the most samples of one prompt among the requests that open it, up to
-        `SLOT_ROWS` (the module docstring says why)."""
+    def _prefill(self, model, requests: list[_Request], matches: dict) -> None:
+        """Each distinct prompt prefilled once (with a match in `matches`: its tokens after the kept prefix only);
+        its samples (of one request or several) in slots of the state's rows per slot: a new state's is the most
+        samples of one prompt among the requests that open it, up to `SLOT_ROWS` (the module docstring says why)."""
         engine = self.engine
         by_prompt: dict[tuple[int, ...], list[_Row]] = {}
         for r in requests:
             by_prompt.setdefault(tuple(r.prompt), []).extend(_Row(r, s) for s in sorted(r.live))
-        width = max(len(p) for p in by_prompt)
-        ids = torch.tensor([[engine.pad_id] * (width - len(p)) + list(p) for p in by_prompt])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in by_prompt])
+        if matches:  # resumed: (T,) tokens after each kept prefix
+            pasts = [matches[p][0] for p in by_prompt]
+            ids, mask = [torch.tensor(p[matches[p][1]:]) for p in by_prompt], None
+        else:
+            width = max(len(p) for p in by_prompt)
+            ids = torch.tensor([[engine.pad_id] * (width - len(p)) + list(p) for p in by_prompt])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in by_prompt])
+            pasts = None
         group = self._state.group if self._state is not None else min(SLOT_ROWS, max(map(len, by_prompt.values())))
         slots = [rows[i:i + group] for rows in by_prompt.values() for i in range(0, len(rows), group)]
         copies = torch.tensor([-(-len(rows) // group) for rows in by_prompt.values()])
@@ -441,11 +497,11 @@ class Scheduler:
         max_new = max(r.sampling.max_tokens for r in requests)
         if self._state is None:
             self._logits, self._state = engine.start_slots(model, ids, mask, group, max_new, copies=copies,
-                                                           rows=counts)
+                                                           rows=counts, pasts=pasts)
             self._rows = rows
         else:
             logits = engine.add(model, self._state, ids, mask, torch.arange(len(rows)), max_new, copies=copies,
-                                rows=counts)
+                                rows=counts, pasts=pasts)
             self._logits = torch.cat([self._logits, logits.to(self._logits.dtype)])
             self._rows = self._rows + rows
         self._plan = None
@@ -474,13 +530,15 @@ class Scheduler:
         return token, logprob
 
     def _emit(self, tokens: list[int], logprobs: list[float]) -> torch.Tensor | None:
-        """Each row's token to its consumer, and the final event of each sample that ended on it; the rows that go
-        on (None: all of them). The consumers are woken once all events are out."""
+        """Each row's token to its consumer, and the final event of each sample that ended on it (its keys and
+        values into the prefix cache, under the prompt and every sampled token but the last, never decoded); the
+        rows that go on (None: all of them). The consumers are woken once all events are out."""
         kept, ended, wakes = [], False, _Wakes()
         try:
             for j, (row, t, lp) in enumerate(zip(self._rows, tokens, logprobs)):
                 request = row.request
                 row.count += 1
+                row.tokens.append(t)
                 if t in request.stops:
                     finish = "stop"
                 elif row.count >= request.sampling.max_tokens:
@@ -491,6 +549,8 @@ class Scheduler:
                     continue
                 ended = True
                 request.live.discard(row.sample)
+                if self._cache is not None:  # kept before its consumer learns of the end (and sends its next turn)
+                    self._cache.put(request.prompt + row.tokens[:-1], self._state.past(j))
                 request.handle._put([Event(row.sample, t, lp), Event(row.sample, None, None, finish)], wakes)
         finally:
             wakes.run()

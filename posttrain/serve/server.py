@@ -55,12 +55,13 @@ def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0) -> ServerThread
 
 def serve_engine(engine, tokenizer, name: str, *, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, max_running: int = 64, max_waiting: int = 256,
-                 request_timeout_s: float = 600, on_ready=print) -> None:
+                 prefix_cache_tokens: int = 32768, request_timeout_s: float = 600, on_ready=print) -> None:
     """`posttrain serve`: a scheduler over `engine` (a DecodeEngine) and the app over it, served until interrupted."""
     from .app import Served, build_app
     from .scheduler import Scheduler
 
-    scheduler = Scheduler(engine, max_running=max_running, max_waiting=max_waiting)
+    scheduler = Scheduler(engine, max_running=max_running, max_waiting=max_waiting,
+                          prefix_cache_tokens=prefix_cache_tokens)
     scheduler.start()
     try:
         run(build_app(Served(name, tokenizer, scheduler), api_key=api_key, request_timeout_s=request_timeout_s),
