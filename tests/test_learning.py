@@ -82,7 +82,7 @@ def test_grpo_through_the_server_teaches_an_openai_client_agent_program(tmp_path
 
     from posttrain.agents.episode_log import read_episodes
     from posttrain.config import load_config
-    from posttrain.trainer.tools_task import (TOOLS_RL_OVERRIDES, correct_call_share, prepare_tools_task,
+    from posttrain.tiny.tools_task import (TOOLS_RL_OVERRIDES, correct_call_share, prepare_tools_task,
                                               program_overrides, tools_sft)
 
     agent = Path(__file__).resolve().parents[1] / "examples" / "agent_programs" / "calculator_agent.py"
@@ -136,7 +136,7 @@ def test_grpo_through_the_server_teaches_a_verifiers_environment(tmp_path):
 
     from posttrain.agents.episode_log import read_episodes
     from posttrain.config import load_config
-    from posttrain.trainer.tools_task import (TOOLS_RL_OVERRIDES, correct_call_share, environment_overrides,
+    from posttrain.tiny.tools_task import (TOOLS_RL_OVERRIDES, correct_call_share, environment_overrides,
                                               prepare_tools_task, tools_sft)
 
     example = Path(__file__).resolve().parents[1] / "examples" / "verifiers_envs" / "calculator_taskset.py"

@@ -197,7 +197,7 @@ def test_right_first_calls_are_judged_against_the_prompts_product():
     """A first call is right when its expression's value is the product the prompt asks for, whatever the record's
     ground truth holds (a verifiers environment's is a task key); a later right call, a wrong operand, a bad
     expression or a record without a problem is not."""
-    from posttrain.trainer.tools_task import correct_call_share
+    from posttrain.tiny.tools_task import correct_call_share
 
     def record(first, *later, user="12*34=", truth="408"):
         said = [{"role": "assistant", "content": text} for text in (first, *later)]

@@ -243,7 +243,7 @@ def test_the_tool_task_as_a_taskset_offers_the_warm_started_tool(stub, tool_mode
     files = write_task(tmp_path, seed=0)
     rows = {k: [json.loads(line)["prompt"] for line in files[k].read_text().splitlines()] for k in ("rl_train", "test")}
     assert [r["prompt"] for r in train] == rows["rl_train"] and [r["prompt"] for r in val] == rows["test"]
-    from posttrain.trainer.tools_task import environment_overrides
+    from posttrain.tiny.tools_task import environment_overrides
 
     assert "data.val_max_samples=200" in environment_overrides(CALCULATOR_TASKSET, files["test"])
     with pytest.raises(ConfigError, match="not the tool task's held-out problems"):  # the demo's seed 1: other ones

@@ -20,7 +20,6 @@ from typing import Callable
 
 import torch
 
-from ..data.batch import Batch
 from ..models.load import attention_backends, autocast, eval_mode
 from ..parallel import tensor_parallel
 from ..rollout.base import SamplingParams
