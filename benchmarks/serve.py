@@ -15,7 +15,8 @@ temperature 1.
   `--requests` are answered (with 1 client, the first `--requests // 4` only: one request at a time is slow and its
   rate is already clear). The clients' connections are open before the clock starts (as a client's keep-alive
   connections are). Reported: completion tokens / wall time, the ratio to offline, and per-request latency p50 / p99
-  (send to full answer).
+  (send to full answer). The server's prefix cache is off here: every client count sends the same questions again,
+  which it would answer from kept keys and values, where the offline batch prefills every prompt.
 
 `--turns K`: conversations instead of single requests, against the server with its prefix cache on and off (no
 offline side): each of `--requests` conversations opens with a question and goes on for K turns, each turn's
@@ -233,7 +234,7 @@ async def client_runs(args, base: str) -> list[dict]:
 def serve_runs(args, model: str, env: dict) -> list[dict]:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = start_server(args, model, port, env)
+    server = start_server(args, model, port, env, cache_tokens=0)  # every run sends the same prompts again
     try:
         asyncio.run(wait_ready(base, server))
         return asyncio.run(client_runs(args, base))
