@@ -16,24 +16,12 @@ import torch
 
 import posttrain.rollout.decode_state as decode_state
 import posttrain.rollout.engine as engine_module
-from posttrain.models.load import load_causal_lm
 from posttrain.rollout.engine import DecodeEngine
 from posttrain.serve.prefix_cache import MIN_REUSED_TOKENS, PrefixCache
 from posttrain.serve.scheduler import SLOT_ROWS, PromptTooLong, QueueFull, RequestSampling, Scheduler
 
 GREEDY = RequestSampling(temperature=0.0, max_tokens=8)
 PROMPTS = [[5, 17, 33, 2, 9, 41], [71, 8, 12], [3, 99, 250, 4, 18, 7, 61, 120, 45], [200, 11]]
-
-
-@pytest.fixture(scope="module")
-def lm(tiny_model_dir):
-    model = load_causal_lm(str(tiny_model_dir)).eval()
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    return model
 
 
 @pytest.fixture(scope="module")
