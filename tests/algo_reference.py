@@ -629,7 +629,8 @@ def gdpo(COMPS, M, uids, weights=None, norm_by_std=True):
 # ----------------------------------------------------------------------------- rollout correction
 
 
-def rollout_is_weights(OLD, ROLL, M, level, threshold, normalize=False):
+def rollout_is_weights(OLD, ROLL, M, level, threshold, normalize=False, mode="truncate"):
+    """min(rho, threshold) (`truncate`), or rho where rho <= threshold and 0 above (`mask`)."""
     B_, L = len(M), len(M[0])
     rho = [[0.0] * L for _ in range(B_)]
     for i in range(B_):
@@ -640,7 +641,10 @@ def rollout_is_weights(OLD, ROLL, M, level, threshold, normalize=False):
             s = sum((OLD[i][t] - ROLL[i][t]) * M[i][t] for t in range(L))
             for t in range(L):
                 rho[i][t] = math.exp(clamp(s, -20.0, 20.0)) * M[i][t]
-    w = [[min(x, threshold) for x in row] for row in rho]
+    if mode == "truncate":
+        w = [[min(x, threshold) for x in row] for row in rho]
+    else:
+        w = [[x if x <= threshold else 0.0 for x in row] for row in rho]
     if normalize:
         if level == "token":
             mean = masked_mean(flat(w), flat(M))

@@ -158,7 +158,8 @@ def test_token_sum_has_no_normaliser_and_ignores_the_mini_batch_norm():
 @pytest.mark.parametrize("threshold", [2.0, 1.2])
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("layout", ref.LAYOUTS)
-def test_rollout_is_weights_random(seed, level, threshold, normalize, layout):
+@pytest.mark.parametrize("mode", ["truncate", "mask"])
+def test_rollout_is_weights_random(seed, level, threshold, normalize, layout, mode):
     rng = random.Random(800 + seed)
     B, L = rng.randint(3, 7), rng.randint(2, 8)
     M = ref.layout_mask(rng, B, L, layout)
@@ -166,8 +167,8 @@ def test_rollout_is_weights_random(seed, level, threshold, normalize, layout):
     ROLL = [[-rng.uniform(0.05, 3.0) for _ in range(L)] for _ in range(B)]
     OLD = [[r + rng.uniform(-0.4, 0.4) for r in row] for row in ROLL]
     w, metrics = rollout_is_weights(t(OLD), t(ROLL), t(M), level=level, threshold=threshold,
-                                    batch_normalize=normalize)
-    assert_close(w, ref.rollout_is_weights(OLD, ROLL, M, level, threshold, normalize))
+                                    batch_normalize=normalize, mode=mode)
+    assert_close(w, ref.rollout_is_weights(OLD, ROLL, M, level, threshold, normalize, mode))
     assert not w.requires_grad
     rho = ref.rollout_is_weights(OLD, ROLL, M, level, float("inf"))
     high = [1.0 if x > threshold else 0.0 for x in ref.flat(rho)]
@@ -182,6 +183,10 @@ def test_rollout_is_weights_hand():
     assert_close(w, [[1.5, 0.6065306597126334, 0.0]])  # e^0.5 = 1.65 truncated; e^-0.5; masked
     w, _ = rollout_is_weights(old, roll, m, level="sequence", threshold=2.0)
     assert_close(w, [[1.0, 1.0, 0.0]])  # the log-ratios cancel over the response
+    w, _ = rollout_is_weights(old, roll, m, level="token", threshold=1.5, mode="mask")
+    assert_close(w, [[0.0, 0.6065306597126334, 0.0]])  # e^0.5 = 1.65 > 1.5: masked, not truncated
+    with pytest.raises(ValueError, match="rollout_is_mode='clip'"):
+        rollout_is_weights(old, roll, m, level="token", threshold=2.0, mode="clip")
     with pytest.raises(ValueError, match="rollout_is='tokens'"):
         rollout_is_weights(old, roll, m, level="tokens", threshold=2.0)
 

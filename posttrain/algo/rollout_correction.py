@@ -2,8 +2,9 @@
 log-probs) and the trainer's old policy (`algorithm.rollout_correction.*`, verl's keys).
 
 The two differ when the engine's numerics differ from the trainer's (another dtype, kernels, top-k/top-p
-filtering). The weights are detached and multiply each token's policy loss; they change the measure, not the
-objective.
+filtering), and when the engine sampled with older weights (asynchronous RL: then the PPO clip against the old
+policy times these weights is the decoupled objective, docs/algorithms.md). The weights are detached and multiply
+each token's policy loss; they change the measure, not the objective.
 """
 
 from __future__ import annotations
@@ -15,15 +16,20 @@ from .stats import masked_mean
 
 SAFETY_BOUND = 20.0  # log-ratios are clamped to +-20 before exp, as everywhere else
 IS_LEVELS = ("token", "sequence")
+IS_MODES = ("truncate", "mask")  # min(rho, threshold) | rho, or 0 where rho > threshold
 
 
 def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *, level: str,
-                       threshold: float, batch_normalize: bool = False) -> tuple[Tensor, dict[str, float]]:
-    """(B, L) weights min(rho, threshold) * m, rho = pi_old / pi_rollout per token (`token`) or its product over
-    the response (`sequence`, broadcast to the tokens); `batch_normalize` rescales them to mean 1 over valid
-    tokens (token) or valid responses (sequence)."""
+                       threshold: float, batch_normalize: bool = False, mode: str = "truncate"
+                       ) -> tuple[Tensor, dict[str, float]]:
+    """(B, L) weights min(rho, threshold) * m (`truncate`) or rho * [rho <= threshold] * m (`mask`: a token, or with
+    `sequence` a whole response, beyond the threshold gets weight 0 but keeps its place in the loss's normaliser),
+    rho = pi_old / pi_rollout per token (`token`) or its product over the response (`sequence`, broadcast to the
+    tokens); `batch_normalize` rescales them to mean 1 over valid tokens (token) or valid responses (sequence)."""
     if level not in IS_LEVELS:
         raise ValueError(f"rollout_is={level!r} is not one of {list(IS_LEVELS)}")
+    if mode not in IS_MODES:
+        raise ValueError(f"rollout_is_mode={mode!r} is not one of {list(IS_MODES)}")
     m = response_mask.to(old_log_probs.dtype)
     log_ratio = (old_log_probs - rollout_log_probs.to(old_log_probs.dtype)) * m
     if level == "token":
@@ -35,7 +41,7 @@ def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, respons
                "rollout_corr/rollout_is_max": float((rho * m).max()) if m.any() else 0.0,
                "rollout_corr/rollout_is_ratio_fraction_high": float(masked_mean((rho > threshold).to(m.dtype), m)),
                "rollout_corr/kl": float(masked_mean(-log_ratio, m))}  # k1 estimate of KL(rollout || old)
-    w = torch.clamp(rho, max=threshold).detach()
+    w = (torch.clamp(rho, max=threshold) if mode == "truncate" else rho * (rho <= threshold)).detach()
     if batch_normalize:
         if level == "token":
             mean = masked_mean(w, m)

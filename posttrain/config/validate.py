@@ -325,6 +325,10 @@ def _check_rollout_correction(rc, check: Checks) -> None:
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
     check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
+    check(rc.rollout_is_mode in ("truncate", "mask"), f"{key}.rollout_is_mode={rc.rollout_is_mode!r} is not one of "
+                                                     "['truncate', 'mask']")
+    check(rc.rollout_is_mode != "mask" or rc.rollout_is_threshold >= 1,
+          f"{key}.rollout_is_mode=mask needs rollout_is_threshold >= 1, or on-policy tokens (weight 1) would be masked")
     check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
                                  "truncated importance sampling (rollout_is=token or sequence) and remove the key")
     check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "

@@ -250,7 +250,7 @@ class RLTrainer:
             return metrics
         batch["rollout_is_weights"], is_metrics = rollout_is_weights(
             batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"].float(), level=rc.rollout_is,
-            threshold=rc.rollout_is_threshold, batch_normalize=rc.rollout_is_batch_normalize)
+            threshold=rc.rollout_is_threshold, batch_normalize=rc.rollout_is_batch_normalize, mode=rc.rollout_is_mode)
         return metrics | is_metrics
 
     def _reward_components(self, batch: Batch) -> torch.Tensor | None:

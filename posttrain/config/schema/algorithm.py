@@ -33,9 +33,14 @@ class FilterGroupsConfig:
 @dataclass
 class RolloutCorrectionConfig:
     rollout_is: Optional[str] = None
-    """truncated importance sampling `pi_old / pi_rollout`: `token` or `sequence` (null = off)"""
+    """truncated importance sampling `pi_old / pi_rollout`: `token` or `sequence` (null = off); `token` is the
+    switch of the decoupled objective for asynchronous RL (docs/algorithms.md)"""
     rollout_is_threshold: float = 2.0
-    """upper truncation of the weights"""
+    """upper truncation of the weights (`.inf`: none)"""
+    rollout_is_mode: str = "truncate"
+    """what a weight above `rollout_is_threshold` becomes: `truncate` (the threshold) or `mask` (0: the token, or
+    with `sequence` the response, leaves the loss but stays in its normaliser, as AReaL's `behav_imp_weight_cap`;
+    threshold >= 1). Not verl's former `mask` mode, which also masked below 1/threshold"""
     rollout_rs: Optional[str] = None
     """rejection sampling: not supported, any value but null is rejected"""
     rollout_rs_threshold: Any = None
