@@ -544,7 +544,7 @@ def geo_mean(LP, OLD, ADV, M, lo, hi, W=None):
             s_d += d
             s_a += A
             if W is not None:
-                s_w += math.log(W[i][t] + 1e-10)
+                s_w += math.log(max(W[i][t], 1e-10))
         k = n + 1e-8  # the means divide by len + 1e-8
         loss = -(s_a / k) * math.exp(s_d / k)
         if W is not None:

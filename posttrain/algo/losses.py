@@ -177,7 +177,7 @@ def geo_mean(log_prob, old_log_prob, advantages, response_mask, *, settings: Los
     adv = (advantages * m).sum(-1) / (n + 1e-8)
     seq_loss = -adv * ratio
     if rollout_is_weights is not None:
-        seq_loss = seq_loss * torch.exp((torch.log(rollout_is_weights + 1e-10) * m).sum(-1) / (n + 1e-8))
+        seq_loss = seq_loss * torch.exp((torch.log(rollout_is_weights.clamp(min=1e-10)) * m).sum(-1) / (n + 1e-8))
     # mean over sequences: the mini-batch's sequence count when split into micro-batches
     rows = norm.seqs if norm is not None else float((n > 0).sum())
     loss = (seq_loss * (n > 0)).sum() / max(rows, 1.0)
