@@ -653,3 +653,44 @@ def rollout_is_weights(OLD, ROLL, M, level, threshold, normalize=False, mode="tr
             mean = sum(seq) / len(seq)
         w = [[x / mean for x in row] for row in w]
     return w
+
+
+# ----------------------------------------------------------------------------- asynchronous RL
+
+
+def decoupled_ppo(LP, PROX, BEHAV, ADV, M, mode, level="token", cap=2.0, cap_mode="truncate", eps_low=0.2,
+                  eps_high=0.2, c=3.0, C=None):
+    """Decoupled PPO (Hilton et al. 2021; AReaL): per token, the behaviour weight w = pi_prox / pi_behav (capped:
+    truncated at `cap`, or 0 above it), times PPO's dual-clipped surrogate of r = pi / pi_prox; then agg.
+    Returns (loss, d loss / d LP) with the gradient written out: w * (-A r) where the unclipped term is the
+    active one, 0 where a clip binds."""
+    W = rollout_is_weights(PROX, BEHAV, M, level, cap, mode=cap_mode)
+    B_, L = len(M), len(M[0])
+    Lm = [[0.0] * L for _ in range(B_)]
+    G = [[0.0] * L for _ in range(B_)]
+    for i in range(B_):
+        for t in range(L):
+            A = ADV[i][t]
+            loss, l1, l2, lc, delta = vanilla_token(LP[i][t], PROX[i][t], A, eps_low, eps_high, c)
+            Lm[i][t] = W[i][t] * loss
+            dual = A < 0 and lc > -A * c
+            G[i][t] = 0.0 if dual or l2 > l1 else W[i][t] * (-A * math.exp(delta))
+    # agg is linear in the token losses: its coefficient of token (i, t) is agg of the indicator of (i, t)
+    grad = [[0.0] * L for _ in range(B_)]
+    for i in range(B_):
+        for t in range(L):
+            if M[i][t]:
+                E = [[1.0 if (a, b) == (i, t) else 0.0 for b in range(L)] for a in range(B_)]
+                grad[i][t] = G[i][t] * agg(E, M, mode, C)
+    return agg(Lm, M, mode, C), grad
+
+
+def staleness(VERSIONS, M, trainer_version):
+    """Mean, max and the shares at most 0, 1, 2, 4, 8 versions old of the policy tokens' staleness."""
+    s = [trainer_version - v for v, m in zip(flat(VERSIONS), flat(M)) if m]
+    if not s:
+        return {}
+    out = {"async/staleness_mean": sum(s) / len(s), "async/staleness_max": float(max(s))}
+    for k in (0, 1, 2, 4, 8):
+        out[f"async/staleness_le_{k}"] = sum(1 for x in s if x <= k) / len(s)
+    return out

@@ -8,7 +8,7 @@ import torch
 
 import algo_reference as ref
 from algo_reference import single_torch_thread  # noqa: F401  (autouse fixture)
-from posttrain.algo import LOSS_AGG_MODES, POLICY_LOSSES, LossSettings, get_policy_loss, value_loss
+from posttrain.algo import LOSS_AGG_MODES, POLICY_LOSSES, LossSettings, get_policy_loss, rollout_is_weights, value_loss
 
 F64 = torch.float64
 C = 13.0  # seq-mean-token-sum-norm constant (loss_scale_factor / max_response_length), != padded length
@@ -323,3 +323,73 @@ def test_policy_loss_registry_names():
         assert name in POLICY_LOSSES
     with pytest.raises(KeyError, match="Did you mean 'vanilla'"):
         get_policy_loss("vanila")
+
+
+# ----------------------------------------------------------------------------- the decoupled objective (async RL)
+
+
+def stale_batch(seed, layout, drift=0.8):
+    """LP, proximal (the trainer's old) and behaviour (the sampler's) log-probs, advantages, mask: the behaviour
+    policy drifts from the proximal by up to `drift` in log space, so caps of 2 and 1.3 bind on some tokens."""
+    LP, PROX, ADV, M = batch(seed, spread=0.6, layout=layout)
+    rng = random.Random(9000 + seed)
+    BEHAV = [[p + rng.uniform(-drift, drift) for p in row] for row in PROX]
+    return LP, PROX, BEHAV, ADV, M
+
+
+def decoupled(lp, PROX, BEHAV, ADV, M, mode, level, cap, cap_mode, normalize=False, loss="vanilla"):
+    """What the trainer composes: behaviour weights (rollout correction) times the configured policy loss."""
+    w, _ = rollout_is_weights(t(PROX), t(BEHAV), t(M), level=level, threshold=cap, batch_normalize=normalize,
+                              mode=cap_mode)
+    return call(loss, lp, t(PROX), t(ADV), t(M), rollout_is_weights=w, loss_agg_mode=mode, const=C)[0]
+
+
+CAPS = [("token", 2.0, "truncate"), ("token", 1.3, "mask"), ("token", math.inf, "truncate"),
+        ("sequence", 2.0, "mask"), ("sequence", 1.5, "truncate")]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("cap", CAPS)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_decoupled_objective_value_and_gradient(seed, mode, cap, layout):
+    """PPO's clip against the proximal policy times the capped behaviour weight pi_prox / pi_behav is decoupled
+    PPO: its value and its gradient in the current log-probs, written out per token (float64, plain loops)."""
+    LP, PROX, BEHAV, ADV, M = stale_batch(seed, layout)
+    level, threshold, cap_mode = cap
+    e_loss, e_grad = ref.decoupled_ppo(LP, PROX, BEHAV, ADV, M, mode, level, threshold, cap_mode, C=C)
+    lp = t(LP).requires_grad_(True)
+    loss = decoupled(lp, PROX, BEHAV, ADV, M, mode, level, threshold, cap_mode)
+    (grad,) = torch.autograd.grad(loss, lp)
+    assert close(loss, e_loss)
+    assert torch.allclose(grad, t(e_grad), atol=1e-12, rtol=1e-10)
+
+
+def test_decoupled_objective_hand():
+    """Ratio 1 to the proximal policy, behaviour weights e^0, e^1, e^-0.5: a cap of 2 truncates the middle one to
+    2, or masks it (weight 0, still counted by token-mean's denominator, as AReaL's behav_imp_weight_cap)."""
+    prox, behav = [[0.0, 0.0, 0.0]], [[0.0, -1.0, 0.5]]
+    A, m = [[1.0, 2.0, 3.0]], [[1.0, 1.0, 1.0]]
+    lp = t(prox)
+    truncated = decoupled(lp, prox, behav, A, m, "token-mean", "token", 2.0, "truncate")
+    masked = decoupled(lp, prox, behav, A, m, "token-mean", "token", 2.0, "mask")
+    assert close(truncated, -(1 * 1 + 2 * 2 + 3 * math.exp(-0.5)) / 3, 1e-12)
+    assert close(masked, -(1 * 1 + 0 + 3 * math.exp(-0.5)) / 3, 1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES.names()))
+@pytest.mark.parametrize("cap", CAPS)
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_zero_staleness_is_the_synchronous_loss_exactly(name, cap, layout):
+    """Behaviour = proximal (no staleness, same numerics): every weight is exactly 1, so each policy loss and its
+    gradient equal the loss without rollout correction bit for bit (batch normalisation left out: at token level
+    it divides by masked_mean's sum / (T + 1e-8), 1 only to within 1e-8 / T)."""
+    LP, PROX, _, ADV, M = stale_batch(3, layout)
+    level, threshold, cap_mode = cap
+    lp_a, lp_b = t(LP).requires_grad_(True), t(LP).requires_grad_(True)
+    torch.manual_seed(0)  # clip_cov draws its dropped tokens
+    plain = call(name, lp_a, t(PROX), t(ADV), t(M), loss_agg_mode="token-mean", const=C)[0]
+    torch.manual_seed(0)
+    weighted = decoupled(lp_b, PROX, PROX, ADV, M, "token-mean", level, threshold, cap_mode, loss=name)
+    assert torch.equal(plain, weighted)
+    assert torch.equal(torch.autograd.grad(plain, lp_a)[0], torch.autograd.grad(weighted, lp_b)[0])

@@ -13,6 +13,7 @@ from posttrain.algo import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, POLICY_LOSSES, 
                             group_ids, is_kl_estimator, kl_penalty, masked_mean, masked_var, masked_whiten,
                             register_advantage, register_kl, register_policy_loss)
 from posttrain.algo import advantages as advantages_module
+from posttrain.algo.staleness import staleness_metrics
 
 F64 = torch.float64
 
@@ -163,3 +164,41 @@ def test_unknown_name_without_close_match_lists_known():
     with pytest.raises(KeyError) as err:
         get_policy_loss("zzzzzzzzzzzz")
     assert "Did you mean" not in str(err.value) and "vanilla" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- staleness (asynchronous RL)
+
+
+def test_staleness_metrics_hand():
+    """Trainer at version 5; policy tokens sampled at versions 5, 4, 4, 1 (staleness 0, 1, 1, 4); the tool tokens
+    (mask 0, version 0) and the padding count nowhere."""
+    versions = torch.tensor([[5, 0, 4, 4], [1, 0, 0, 0]])
+    mask = torch.tensor([[1, 0, 1, 1], [1, 0, 0, 0]])
+    out = staleness_metrics(versions, mask, 5)
+    assert out == {"async/staleness_mean": 1.5, "async/staleness_max": 4.0, "async/staleness_le_0": 0.25,
+                   "async/staleness_le_1": 0.75, "async/staleness_le_2": 0.75, "async/staleness_le_4": 1.0,
+                   "async/staleness_le_8": 1.0}
+    assert staleness_metrics(versions, torch.zeros_like(mask), 5) == {}  # no policy token: nothing to report
+    synchronous = staleness_metrics(torch.full((2, 4), 7) * mask, mask, 7)
+    assert synchronous["async/staleness_max"] == 0.0 and synchronous["async/staleness_le_0"] == 1.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_staleness_metrics_random(seed, layout):
+    rng = random.Random(300 + seed)
+    B, L = rng.randint(2, 6), rng.randint(3, 9)
+    M = ref.layout_mask(rng, B, L, layout)
+    V = [[rng.randint(0, 12) * int(m) for m in row] for row in M]
+    out = staleness_metrics(torch.tensor(V), torch.tensor(M), 12)
+    expect = ref.staleness(V, M, 12)
+    assert out.keys() == expect.keys()
+    assert all(abs(out[k] - expect[k]) < 1e-12 for k in expect)
+
+
+def test_staleness_metrics_reject_a_version_newer_than_the_trainer_and_a_shape_mismatch():
+    mask = torch.ones(1, 3)
+    with pytest.raises(ValueError, match="version 4, newer than the trainer's version 3"):
+        staleness_metrics(torch.tensor([[3, 4, 2]]), mask, 3)
+    with pytest.raises(ValueError, match="differ in shape"):
+        staleness_metrics(torch.tensor([[3, 3]]), mask, 3)

@@ -246,3 +246,29 @@ def test_dapo_filter_metrics_follow_verls_definitions(tmp_path, tiny_model_dir):
     cfg.algorithm.filter_groups.metric = "seq_final_reward"
     assert trainer._filter_metric(batch) == pytest.approx([s - 0.5 * k for s, k in zip(shaped, kl.tolist())], abs=1e-4)
     trainer.parts.reward.close()
+
+
+def test_decoupled_objective_masks_stale_tokens_and_logs_staleness(tmp_path, tiny_model_dir):
+    """rollout_is=token with rollout_is_mode=mask: tokens whose behaviour weight pi_old / pi_rollout exceeds the
+    threshold get weight 0 in the step's batch; a batch carrying rollout_versions logs its staleness against the
+    trainer's version, and learn() without that version is refused."""
+    cfg = three_prompt_config(tmp_path, tiny_model_dir, "return float(len(args[1]) % 2)", [
+        "algorithm.adv_estimator=grpo", "algorithm.rollout_correction.rollout_is=token",
+        "algorithm.rollout_correction.rollout_is_mode=mask", "algorithm.rollout_correction.rollout_is_threshold=1.5",
+        "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32"])
+    trainer = RLTrainer(cfg)
+    batch, _ = trainer._training_batch({})
+    m = batch["response_mask"]
+    stale = torch.zeros_like(m, dtype=torch.bool)
+    stale[:, 0] = True  # a stale sampler: these tokens were 1 nat less likely under it (weight e^1 > 1.5)
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] - stale.float()
+    batch["rollout_versions"] = torch.where(stale, 2, 4) * m
+    with pytest.raises(ValueError, match="trainer_version"):
+        trainer.learn(batch)
+    metrics = trainer.learn(batch, trainer_version=4)
+    w, keep = batch["rollout_is_weights"], m.bool()
+    assert (w[stale & keep] == 0).all() and torch.allclose(w[~stale & keep], torch.ones(()), atol=1e-3)
+    share = float((stale & keep).sum() / keep.sum())
+    assert metrics["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(share, abs=1e-6)
+    assert metrics["async/staleness_max"] == 2.0 and metrics["async/staleness_mean"] == pytest.approx(2 * share)
+    assert metrics["async/staleness_le_0"] == pytest.approx(1 - share) and metrics["async/staleness_le_2"] == 1.0

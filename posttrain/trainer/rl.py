@@ -16,6 +16,7 @@ from ..agents.rollout import run_episodes
 from ..algo import compute_advantage
 from ..algo.kl import apply_kl_in_reward, kl_penalty
 from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff
+from ..algo.staleness import staleness_metrics
 from ..config import ConfigError, to_dict
 from ..data.batch import Batch
 from ..data.dataset import collate_prompts, epoch_batches
@@ -190,10 +191,16 @@ class RLTrainer:
             self._dump(Path(self.cfg.trainer.rollout_data_dir) / f"{self.global_step}.jsonl", batch)
         return metrics
 
-    def learn(self, batch: Batch, timing: dict | None = None) -> dict[str, float]:
+    def learn(self, batch: Batch, timing: dict | None = None, *, trainer_version: int | None = None
+              ) -> dict[str, float]:
         """Everything after the scored rollouts: old / reference log-probs, values, advantages, the critic and
-        actor updates, and the batch's metrics. `batch` is the whole step's batch (the same on every rank)."""
+        actor updates, and the batch's metrics. `batch` is the whole step's batch (the same on every rank). A batch
+        with `rollout_versions` (asynchronous runs) adds staleness metrics against `trainer_version`."""
         cfg, parts, metrics = self.cfg, self.parts, {}
+        if "rollout_versions" in batch:
+            if trainer_version is None:
+                raise ValueError("a batch with rollout_versions needs learn(..., trainer_version=...) for staleness")
+            metrics |= staleness_metrics(batch["rollout_versions"], batch["response_mask"], trainer_version)
         timing = {} if timing is None else timing
         if parts.needs_old_log_prob:
             with timer(timing, "old_log_prob"):
