@@ -3,7 +3,8 @@ with per-phase costs measured on real posttrain steps.
 
     python benchmarks/async_sim.py [--workdir DIR] [--save-costs FILE | --costs FILE | --costs h20-7b]
                                    [--gpus 8,64,256] [--splits 0.25,...] [--median 3000 --sigma 0.9 --max-len 28672]
-                                   [--train-scaling 1] [--bypass] [--steps 8] [--seed 0]
+                                   [--train-scaling 1] [--bypass] [--staleness 0.5] [--no-partial] [--steps 8]
+                                   [--seed 0]
 
 1. Costs. Unless `--costs` is given, the script first runs GRPO steps of the random S model of
    benchmarks/grpo_step.py on this machine (GSM8K prompts, fp32, every response exactly L tokens, rollout
@@ -22,17 +23,18 @@ with per-phase costs measured on real posttrain steps.
    generating GPU (verl's `rollout.max_num_seqs` default).
 3. Scaling assumptions. One GPU = one measured worker. A generating GPU decodes with the measured costs (continuous
    batching; each new sequence goes to the GPU with the fewest unfinished ones; a prefill stalls its GPU's
-   decoding); training divides the measured per-token cost by GPUs ** `--train-scaling` (1: perfect data
-   parallelism); a weight sync costs the measured copy whatever the GPU count. Per-token costs do not grow with
-   the context.
+   decoding); training on all G GPUs costs the per-token costs / G, on a share f of them f ** -`--train-scaling`
+   times as long (1: perfect data parallelism); a weight sync costs the measured copy whatever the GPU count.
+   Per-token costs do not grow with the context.
 4. Modes, on G GPUs in all: `sync` (all G generate, the step waits for its longest response, then all G compute
    old log-probs and update); `one-step-off` (G_gen GPUs generate batch i+1 while the other G_train train on batch
-   i; one weight sync per step); `fully-async` (staleness_threshold 0.5 and partial rollouts: the generators stream
-   prompts, admitting at most (version + 1.5) x 512 prompts in all; the trainer takes the first 128 finished
-   prompts per update and after 4 updates pushes its weights, pausing generation for the sync without waiting for
-   the responses in flight). The split G_gen : G_train is the best of `--splits` (shares of G, default 1/4, 3/8,
-   1/2, 5/8, 3/4) for each async mode; verl's runs used 1/2. `--bypass`: the async modes skip the old log-prob pass
-   (verl's fully-async default, rollout log-probs as the old policy's).
+   i; one weight sync per step); `fully-async` (`--staleness` 0.5, partial rollouts unless `--no-partial`: the
+   generators stream prompts, admitting at most (version + 1.5) x 512 prompts in all; the trainer takes the first
+   128 finished prompts per update and after 4 updates pushes its weights, pausing generation for the sync without
+   waiting for the responses in flight; without partial rollouts admission stops and the sync waits for them).
+   The split G_gen : G_train is the best of `--splits` (shares of G, default 1/4, 3/8, 1/2, 5/8, 3/4) for each
+   async mode; verl's runs used 1/2. `--bypass`: the async modes skip the old log-prob pass (verl's fully-async
+   default, rollout log-probs as the old policy's).
 
 Output: per GPU count and mode, the step time (seconds of the measured worker), the speedup over `sync`, the
 split, the idle shares (generating GPUs with no live sequence; training GPUs not training: waiting for data or a
@@ -72,6 +74,8 @@ class Costs:
 
 @dataclass(frozen=True)
 class Workload:
+    """One step's work and the settings of the modes, as in verl's fully-async 7B runs."""
+
     prompts: int = 512  # per step (verl's train_batch_size)
     n: int = 16  # responses per prompt
     mini_prompts: int = 32  # ppo_mini_batch_size
@@ -84,6 +88,8 @@ class Workload:
     max_seqs: int = 256  # live sequences per generating GPU
     train_scaling: float = 1.0  # training on a share f of the GPUs takes f ** -train_scaling times as long as on all
     async_old_log_prob: bool = True  # the async modes run the old log-prob pass too (verl's bypass mode: False)
+    staleness: float = 0.5  # fully async: staleness_threshold
+    partial: bool = True  # fully async: partial rollouts
 
     def lengths(self, rng: random.Random, k: int) -> list[int]:
         mu = math.log(self.median)
@@ -211,7 +217,7 @@ class Result:
     step: float  # mean seconds per 512-prompt step (steady state)
     gen_idle: float  # share of the generating GPUs' time with no live sequence
     train_idle: float  # share of the training GPUs' time not training (waiting for data or for a sync)
-    staleness: float  # mean weight versions between a response's sampling and its training
+    staleness: float  # mean weight versions between a response's admission and its training
     gen_gpus: int = 0
 
 
@@ -259,13 +265,15 @@ def pipeline_mode(costs: Costs, w: Workload, gen_gpus: int, train_gpus: int, ste
 
 
 def fully_async_mode(costs: Costs, w: Workload, gen_gpus: int, train_gpus: int, steps: int, rng: random.Random,
-                     staleness: float = 0.5, partial: bool = True) -> Result:
+                     staleness: float | None = None, partial: bool | None = None) -> Result:
     """verl's fully async policy. The generators admit prompts while the admitted total stays within
     (version + 1 + staleness) x U, U the prompts per weight version; each admitted prompt's n responses are dealt
     to the GPUs. The trainer takes the R = require_batches x ppo_mini_batch_size prompts finished first, trains on
     them, and after `trigger` such updates pushes its weights (version + 1). With `partial`, the push pauses
     generation for the sync and the responses in flight continue afterwards with the new weights; without it,
     admission stops and the push waits until every admitted response is done."""
+    staleness = w.staleness if staleness is None else staleness
+    partial = w.partial if partial is None else partial
     R = w.require_batches * w.mini_prompts
     U = w.trigger * R
     r = Rollout(costs, gen_gpus, w.max_seqs, w.prompt_len)
@@ -470,10 +478,12 @@ def main() -> None:
                    help="training time ~ tokens / GPUs ** this (1: perfect data parallelism)")
     p.add_argument("--bypass", action="store_true",
                    help="the async modes skip the old log-prob pass (verl's fully async default)")
+    p.add_argument("--staleness", type=float, default=Workload.staleness, help="fully async: staleness_threshold")
+    p.add_argument("--no-partial", action="store_true", help="fully async without partial rollouts")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     w = Workload(median=args.median, sigma=args.sigma, max_len=args.max_len, train_scaling=args.train_scaling,
-                 async_old_log_prob=not args.bypass)
+                 async_old_log_prob=not args.bypass, staleness=args.staleness, partial=not args.no_partial)
     if args.costs == "h20-7b":
         costs = h20_7b(w, args.seed)
         print("# costs: Qwen2.5-7B on H20 from the data sheet, training calibrated to verl's colocated 128-GPU run")
