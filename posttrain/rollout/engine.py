@@ -36,6 +36,8 @@ from ..parallel import is_sharded
 from .base import RolloutEngine, SamplingParams
 from .cuda_graphs import DecodeStep
 from .decode_state import DecodeState
+from .kv_blocks import BlockPool, BlockSequence
+from .paged_state import PagedDecodeState
 from .prefill import prefill, prefill_after
 from .prefix_attention import ATTENTION_NAME
 from .sampling import next_tokens, sampled_logprobs
@@ -125,10 +127,17 @@ class DecodeEngine(RolloutEngine):
         return logits.repeat_interleave(n, dim=0), state
 
     def start_slots(self, model, prompts, mask: torch.Tensor | None, group: int, max_new: int, *,
-                    copies: torch.Tensor | int | None = None, rows: torch.Tensor | None = None, pasts=None):
+                    copies: torch.Tensor | int | None = None, rows: torch.Tensor | None = None, pasts=None,
+                    paged: bool = False, pool: BlockPool | None = None):
         """A new decoding state of `group` rows per slot, decoding eagerly, and its rows' first logits: `copies`,
         `rows` and `pasts` as `add` takes them (a run whose layout changes as rows come and go: a server's
-        requests)."""
+        requests). `paged`: a `PagedDecodeState` on `pool` (a new pool when None), whose `pasts` may be held
+        `BlockSequence`s (their whole blocks are referenced, not copied)."""
+        if paged:
+            logits, keys, values, mask = self._slots(model, prompts, mask, None, pasts)
+            state = PagedDecodeState(keys, values, mask, group, pool=pool, copies=copies, rows=rows,
+                                     reused=_held(pasts))
+            return self._paged_logits(logits, state, copies, rows), state
         logits, keys, values, mask = self._slots(model, prompts, mask, copies, pasts)
         state = DecodeState(keys, values, mask, group, max_new)
         if rows is None:
@@ -145,6 +154,8 @@ class DecodeEngine(RolloutEngine):
         """Left-padded `prompts` prefilled (each once) — or, with `pasts`, the token lists `prompts` appended to
         those parked sequences (`prefill_after`) — then `copies` slots of each (one count per prompt, or one for
         all): their last-position logits (slots, V), keys and values per layer, and mask (slots, P)."""
+        if pasts is not None:  # held block sequences: their positions as tensors
+            pasts = [p.gather() if isinstance(p, BlockSequence) else p for p in pasts]
         with self._prefilling(model):
             if pasts is None:
                 prompts, mask = prompts.to(self.device), mask.to(self.device)
@@ -173,8 +184,19 @@ class DecodeEngine(RolloutEngine):
         requests: the samples of one prompt fill slots of up to `group` rows). `pasts` (one per prompt, as `park`
         gives them; `mask` None): each prompt is a (T,) tensor of tokens appended to that parked sequence, and only
         those are computed (a server's request continuing a conversation whose keys and values it kept)."""
+        if isinstance(state, PagedDecodeState):  # each prompt's blocks are referenced by its slots, not copied
+            logits, keys, values, mask = self._slots(model, prompts, mask, None, pasts)
+            state.add(keys, values, mask, ids, max_new, copies=copies, rows=rows, reused=_held(pasts))
+            return self._paged_logits(logits, state, copies, rows)
         logits, keys, values, mask = self._slots(model, prompts, mask, copies, pasts)
         state.add(keys, values, mask, ids, max_new, rows=rows)
+        return logits.repeat_interleave(state.group if rows is None else rows.to(self.device), dim=0)
+
+    def _paged_logits(self, logits: torch.Tensor, state: PagedDecodeState, copies, rows) -> torch.Tensor:
+        """Each prompt's logits (prompts, V) repeated for its rows: `copies` slots per prompt, `rows` rows per slot."""
+        if copies is not None:
+            logits = logits.repeat_interleave(copies.to(self.device) if isinstance(copies, torch.Tensor)
+                                              else copies, dim=0)
         return logits.repeat_interleave(state.group if rows is None else rows.to(self.device), dim=0)
 
     def extend(self, model, state: DecodeState, seq_id: int, tokens: torch.Tensor, max_new: int) -> torch.Tensor:
@@ -292,3 +314,10 @@ class DecodeEngine(RolloutEngine):
 
     def _compare(self, model) -> str | None:
         return compare(self, model, _forward(model))
+
+
+def _held(pasts) -> list | None:
+    """The held block sequences among `pasts` (None where a past is tensors), for a paged state to reference."""
+    if pasts is None:
+        return None
+    return [p if isinstance(p, BlockSequence) else None for p in pasts]

@@ -57,6 +57,8 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
         raise RuntimeError("shared-prefix attention runs decoding steps of full attention only (one query token; "
                            "no sliding window, softcap or sinks)")
     state = shared_prefix
+    if getattr(state, "paged", False):
+        return paged_attention(module.layer_idx, query, state, scaling)
     rows, heads, _, dim = query.shape
     kv_heads, width = key.shape[1], key.shape[2]
     g = heads // kv_heads
@@ -78,6 +80,41 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
     own_out = torch.bmm(probs[..., plen:].reshape(rows * kv_heads, g, width), value.view(rows * kv_heads, width, -1))
     out = out + own_out.view(rows, kv_heads, g, -1)
     return out.reshape(rows, 1, heads, value.shape[-1]), None
+
+
+def _gathered(pool_tensor: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """The blocks `table` (n, blocks) names, in order: (n, kv_heads, blocks * BLOCK, head_dim)."""
+    n, blocks = table.shape
+    _, kv, block, dim = pool_tensor.shape
+    return pool_tensor[table].transpose(1, 2).reshape(n, kv, blocks * block, dim)
+
+
+def paged_attention(layer: int, query: torch.Tensor, state, scaling=None):
+    """The same step on a paged state (paged_state.py): each slot's blocks gathered once for all its rows, each
+    row's own blocks gathered for it, then the products above. query (rows, heads, 1, d); returns (rows, 1, heads,
+    d)."""
+    rows, heads, _, dim = query.shape
+    keys, values = state.pool.keys[layer], state.pool.values[layer]
+    kv_heads = keys.shape[1]
+    g = heads // kv_heads
+    scale = dim ** -0.5 if scaling is None else scaling
+    slots, group = state.slot_table.shape[0], state.group
+    q = query.view(rows, kv_heads, g, dim)
+    own_k, own_v = _gathered(keys, state.own_table), _gathered(values, state.own_table)
+    own = torch.matmul(q, own_k.transpose(-1, -2))  # (rows, kv, g, own columns)
+    plen = state.slot_table.shape[1] * keys.shape[2]
+    if plen:
+        prefix_k, prefix_v = _gathered(keys, state.slot_table), _gathered(values, state.slot_table)
+        q_grouped = _grouped(_scatter_rows(q, state.rows, slots * group), slots, group)
+        shared = _gather_rows(_ungrouped(torch.matmul(q_grouped, prefix_k.transpose(-1, -2)), group), state.rows)
+        own = torch.cat([shared, own], dim=-1)
+    scores = torch.add(state.bias, own, alpha=scale)
+    probs = torch.softmax(scores, dim=-1).to(own_v.dtype)
+    out = torch.matmul(probs[..., plen:], own_v)
+    if plen:
+        p_grouped = _grouped(_scatter_rows(probs[..., :plen], state.rows, slots * group), slots, group)
+        out = out + _gather_rows(_ungrouped(torch.matmul(p_grouped, prefix_v), group), state.rows)
+    return out.reshape(rows, 1, heads, dim), None
 
 
 AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)
