@@ -98,9 +98,11 @@ class Scheduler:
     """Serves requests on `engine` (a `rollout.engine.DecodeEngine`) from one thread (`start`): at most
     `max_running` rows (samples) decode at once; at most `max_waiting` requests wait for room (then `QueueFull`).
     `prefix_cache_tokens`: the most tokens whose keys and values are kept for requests that continue a sequence
-    (0: none; the module docstring says how)."""
+    (0: none; the module docstring says how). `paged`: keys and values in blocks (the module docstring says why;
+    False: the contiguous state rollout's `generate` runs on, kept for comparison)."""
 
-    def __init__(self, engine, *, max_running: int = 64, max_waiting: int = 256, prefix_cache_tokens: int = 32768):
+    def __init__(self, engine, *, max_running: int = 64, max_waiting: int = 256, prefix_cache_tokens: int = 32768,
+                 paged: bool = True):
         if not all(hasattr(engine, op) for op in ("start", "add", "step", "decoding")):
             raise TypeError(f"the server decodes with posttrain's engine (rollout.name=posttrain), not "
                             f"{type(engine).__name__}")
@@ -110,7 +112,8 @@ class Scheduler:
         if not engine.shared_prefix_ok:
             raise ValueError(f"{type(engine.model).__name__} does not decode with posttrain's shared-prefix step "
                              f"(its self-check failed; the log says why), which continuous batching needs")
-        self.engine, self.max_running, self.max_waiting = engine, max_running, max_waiting
+        self.engine, self.max_running, self.max_waiting, self.paged = engine, max_running, max_waiting, paged
+        self._pool = None  # paged: the block pool, made with the first state, kept while the scheduler lives
         self._cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._counts = dict(requests=0, prompt_tokens=0, prefix_cache_hits=0, prefix_cache_tokens_reused=0)
         config = engine.model.config.get_text_config()
@@ -132,11 +135,16 @@ class Scheduler:
     @property
     def stats(self) -> dict:
         """Requests joined, their prompt tokens, the prefix cache's hits, the prompt tokens it spared computing,
-        the tokens and sequences it holds now, and the sequences it dropped for room."""
+        the tokens and sequences it holds now, the sequences it dropped for room; paged: the key/value blocks used
+        (by running rows and the cache), free, and shared (held more than once: a prompt's samples, a kept sequence
+        and the requests continuing it), and the positions per block."""
         cache = self._cache
+        pool = self._pool
+        blocks = pool.stats() if pool is not None else dict(kv_blocks_used=0, kv_blocks_free=0, kv_blocks_shared=0,
+                                                             kv_block_size=0)
         return dict(self._counts, prefix_cache_tokens=cache.tokens if cache else 0,
                     prefix_cache_sequences=len(cache) if cache else 0,
-                    prefix_cache_evicted=cache.evicted if cache else 0)
+                    prefix_cache_evicted=cache.evicted if cache else 0, **blocks)
 
     def clear_prefix_cache(self) -> None:
         """Forget every kept key and value (they are the weights' of the time: call it when the weights change;
@@ -320,8 +328,13 @@ class Scheduler:
             if matches[prompt] is not None:
                 self._counts["prefix_cache_hits"] += 1
                 self._counts["prefix_cache_tokens_reused"] += matches[prompt][1]
-        self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is None], {})
-        self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is not None], matches)
+        try:
+            self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is None], {})
+            self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is not None], matches)
+        finally:  # the matched block sequences were held for the join: the joined rows hold their own references
+            for match in matches.values():
+                if match is not None and hasattr(match[0], "release"):
+                    match[0].release()
 
     def _join_together(self, model, requests: list[_Request], matches: dict) -> None:
         """Prefill `requests` into the batch together; if that fails, one by one, so that a failing prompt ends its
@@ -363,8 +376,10 @@ class Scheduler:
         rows = [row for slot in slots for row in slot]
         max_new = max(r.sampling.max_tokens for r in requests)
         if self._state is None:
+            paged = dict(paged=True, pool=self._pool) if self.paged else {}
             self._logits, self._state = engine.start_slots(model, ids, mask, group, max_new, copies=copies,
-                                                           rows=counts, pasts=pasts)
+                                                           rows=counts, pasts=pasts, **paged)
+            self._pool = getattr(self._state, "pool", None)
             self._rows = rows
         else:
             logits = engine.add(model, self._state, ids, mask, torch.arange(len(rows)), max_new, copies=copies,
@@ -417,7 +432,8 @@ class Scheduler:
                 ended = True
                 request.live.discard(row.sample)
                 if self._cache is not None:  # kept before its consumer learns of the end (and sends its next turn)
-                    self._cache.put(request.prompt + row.tokens[:-1], self._state.past(j))
+                    past = self._state.sequence(j) if self.paged else self._state.past(j)
+                    self._cache.put(request.prompt + row.tokens[:-1], past)
                 request.handle._put([Event(row.sample, t, lp), Event(row.sample, None, None, finish)], wakes)
         finally:
             wakes.run()
@@ -426,7 +442,7 @@ class Scheduler:
     def _keep(self, keep: torch.Tensor) -> None:
         """Continue with rows `keep` (indices into the current rows) only."""
         if not len(keep):
-            self._state, self._logits, self._rows, self._plan = None, None, [], None
+            self._drop_state()
             return
         on = keep.to(self._logits.device)
         self._state.keep(on)
@@ -456,6 +472,15 @@ class Scheduler:
         for row in self._rows:
             row.request.live.discard(row.sample)
             row.request.handle._put([Event(row.sample, None, None, finish)])
+        self._drop_state()
+
+    def _drop_state(self) -> None:
+        """No row decodes: the state goes (a paged one's blocks back to the pool)."""
+        if self._state is not None and hasattr(self._state, "release"):
+            try:
+                self._state.release()
+            except Exception:  # a state a failed step left inconsistent: its blocks stay used, serving goes on
+                log.exception("releasing the decoding state's key/value blocks failed")
         self._state, self._logits, self._rows, self._plan = None, None, [], None
 
     def _end_everything(self, finish: str) -> None:
