@@ -34,24 +34,24 @@ def test_blocks_are_reference_counted_and_return_to_the_free_list():
 def test_the_pool_grows_when_its_free_list_runs_out_and_keeps_what_it_held():
     pool = BlockPool(1, 1, 2, dtype=torch.float32, device="cpu", first_blocks=2)
     held = pool.allocate(2)
-    pool.keys[0][held] = torch.arange(2 * BLOCK * 2, dtype=torch.float32).view(2, 1, BLOCK, 2)
+    pool.keys[0][:, held] = torch.arange(2 * BLOCK * 2, dtype=torch.float32).view(1, 2, BLOCK, 2)
     more = pool.allocate(3)
     assert pool.total >= 5 and pool.grown >= 1 and not set(held) & set(more)
-    assert torch.equal(pool.keys[0][held].flatten(), torch.arange(2 * BLOCK * 2, dtype=torch.float32))
+    assert torch.equal(pool.keys[0][:, held].flatten(), torch.arange(2 * BLOCK * 2, dtype=torch.float32))
 
 
 def test_copy_on_write_leaves_the_other_holders_keys_untouched():
     pool = BlockPool(2, 1, 2, dtype=torch.float32, device="cpu", first_blocks=2)
     (b,) = pool.allocate(1)
     for layer in range(2):
-        pool.keys[layer][b] = 1.0 + layer
+        pool.keys[layer][:, b] = 1.0 + layer
     pool.ref([b])
     mine = pool.writable(b)
     assert mine != b and pool.refs[b] == 1 and pool.refs[mine] == 1
     for layer in range(2):
-        assert torch.equal(pool.keys[layer][mine], pool.keys[layer][b])
-        pool.keys[layer][mine, :, 3] = -5.0
-        assert bool((pool.keys[layer][b] == 1.0 + layer).all())
+        assert torch.equal(pool.keys[layer][:, mine], pool.keys[layer][:, b])
+        pool.keys[layer][:, mine, 3] = -5.0
+        assert bool((pool.keys[layer][:, b] == 1.0 + layer).all())
     assert pool.writable(mine) == mine  # held alone: written in place
 
 
@@ -59,7 +59,7 @@ def test_a_sequence_gathers_its_positions_in_order():
     pool = BlockPool(1, 1, 1, dtype=torch.float32, device="cpu", first_blocks=4)
     blocks = pool.allocate(3)[::-1]  # not in id order
     for i, b in enumerate(blocks):
-        pool.keys[0][b, 0, :, 0] = torch.arange(BLOCK) + i * BLOCK
+        pool.keys[0][0, b, :, 0] = torch.arange(BLOCK) + i * BLOCK
     seq = BlockSequence(pool, blocks, 2 * BLOCK + 5)
     keys, _ = seq.gather()
     assert keys[0].shape == (1, 1, 2 * BLOCK + 5, 1)
@@ -225,3 +225,18 @@ def test_parking_a_paged_row_gives_its_keys_and_values_in_order(engine, lm, lm64
         torch.testing.assert_close(k, out.past_key_values.layers[layer].keys, rtol=0, atol=1e-5)
         torch.testing.assert_close(v, out.past_key_values.layers[layer].values, rtol=0, atol=1e-5)
     run.state.release()
+
+
+def test_the_paged_self_check_passes_and_finds_a_write_into_a_shared_block(lm, tiny_tokenizer, monkeypatch):
+    """The engine's check of the paged state passes on the model; with copy-on-write broken (a row writes into the
+    partly filled prompt block its sibling reads) it fails, and a server then decodes on the contiguous state."""
+    from posttrain.serve.scheduler import Scheduler
+
+    engine = DecodeEngine(lm, tiny_tokenizer, device=torch.device("cpu"), dtype=torch.float32)
+    assert engine.check_paged()
+    broken = DecodeEngine(lm, tiny_tokenizer, device=torch.device("cpu"), dtype=torch.float32)
+    monkeypatch.setattr(BlockPool, "writable", lambda self, block: block)
+    assert not broken.check_paged()
+    scheduler = Scheduler(broken)
+    assert not scheduler.paged
+    scheduler.close()

@@ -28,7 +28,7 @@ import inspect
 
 import torch
 
-from ..models.load import autocast, eval_mode
+from ..models.load import attention_backends, autocast, eval_mode
 from ..models.logprobs import _unwrap
 from ..models.moe import router_off
 from ..models.shared_prompt import attention_implementation, leading_padding
@@ -41,8 +41,9 @@ from .paged_state import PagedDecodeState
 from .prefill import prefill, prefill_after
 from .prefix_attention import ATTENTION_NAME
 from .sampling import next_tokens, sampled_logprobs
-from .self_check import check, compare
+from .self_check import check, check_paged, compare, compare_paged
 from .transformers_generate import generate_with_transformers
+from .weights import inference_weights
 
 DROP_FINISHED_SHARE = 0.25  # drop finished rows once they are this share of the batch
 STATIC_DROP_FINISHED_SHARE = 0.5  # the same with CUDA graphs (a compacted batch is recorded anew)
@@ -73,6 +74,7 @@ class DecodeEngine(RolloutEngine):
                  cuda_graphs: bool = True):
         super().__init__(model, tokenizer, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
         self.shared_prefix_ok: bool | None = None  # decided by the first call's check
+        self.paged_ok: bool | None = None  # the paged state's check (a server's), made when first asked
         # CUDA graphs: on a GPU unless turned off; not for a sharded model (its forward gathers weights) nor a MoE
         # model (its expert loop asks the CPU which experts were hit: `nonzero`, which a graph cannot record).
         # `static` runs the same static-buffer loop without recording (how the tests drive that loop on a CPU).
@@ -309,11 +311,26 @@ class DecodeEngine(RolloutEngine):
             self.graphs_recorded = graph.recorded
         return tokens, logprobs
 
+    def check_paged(self) -> bool:
+        """Does the paged state (a server's) decode as the model does? Checked once, on the decoding weights."""
+        if self.paged_ok is None:
+            self.ready()
+            if not self.shared_prefix_ok:
+                self.paged_ok = False
+            else:
+                device = torch.device(self.device)
+                with inference_weights(self.model, self.dtype) as model, attention_backends(device):
+                    self.paged_ok = check_paged(self, model)
+        return self.paged_ok
+
     def _check(self, model) -> bool:
         return check(self, model)
 
     def _compare(self, model) -> str | None:
         return compare(self, model, _forward(model))
+
+    def _compare_paged(self, model) -> str | None:
+        return compare_paged(self, model, _forward(model))
 
 
 def _held(pasts) -> list | None:

@@ -8,7 +8,10 @@ for its `max_tokens`, nothing held for the columns of rows that came before it),
 and returns to the free list when its last holder lets it go. A block is written only by a holder that owns it
 alone: a shared, partly filled block is copied first (`writable`).
 
-One pool serves every layer: a block id names the same positions in each layer's tensor.
+One pool serves every layer: a block id names the same positions in each layer's tensor. A layer's tensor is
+(kv_heads, num_blocks, BLOCK, head_dim), kv-head-major: gathering a step's blocks along the block axis gives the
+(kv_heads, sequences, positions, head_dim) tensor the attention's products read, in one copy (block-major storage
+would need a second copy to bring the heads first).
 """
 
 from __future__ import annotations
@@ -22,14 +25,14 @@ FIRST_BLOCKS = 64  # blocks at first; the pool grows by half when the free list 
 
 
 class BlockPool:
-    """Per layer keys and values (num_blocks, kv_heads, BLOCK, head_dim), a free list and a reference count per
+    """Per layer keys and values (kv_heads, num_blocks, BLOCK, head_dim), a free list and a reference count per
     block. Thread-safe for taking and letting go of references (a prefix cache may be cleared from another
     thread); writing into blocks is the decoding thread's."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, *, dtype: torch.dtype, device,
                  first_blocks: int = FIRST_BLOCKS):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
-        self.keys = [torch.zeros(first_blocks, kv_heads, BLOCK, head_dim, dtype=dtype, device=device)
+        self.keys = [torch.zeros(kv_heads, first_blocks, BLOCK, head_dim, dtype=dtype, device=device)
                      for _ in range(layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
         self.refs = [0] * first_blocks
@@ -101,15 +104,15 @@ class BlockPool:
                 return block
         copy = self.allocate(1)[0]
         for k, v in zip(self.keys, self.values):
-            k[copy] = k[block]
-            v[copy] = v[block]
+            k[:, copy] = k[:, block]
+            v[:, copy] = v[:, block]
         self.release([block])
         return copy
 
     def _grow(self) -> None:
         old = len(self.refs)
         extra = max(1, old // 2)
-        pad = lambda t: torch.cat([t, t.new_zeros(extra, *t.shape[1:])])  # noqa: E731
+        pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], extra, *t.shape[2:])], dim=1)  # noqa: E731
         self.keys = [pad(k) for k in self.keys]
         self.values = [pad(v) for v in self.values]
         self.refs.extend([0] * extra)
@@ -124,7 +127,7 @@ class BlockPool:
         index = torch.tensor(blocks, dtype=torch.long, device=self.keys[0].device)
 
         def one(t: torch.Tensor) -> torch.Tensor:
-            part = t.index_select(0, index).transpose(0, 1).reshape(t.shape[1], -1, t.shape[3])
+            part = t.index_select(1, index).view(t.shape[0], -1, t.shape[3])
             return part[None, :, :length]
         return [one(k) for k in self.keys], [one(v) for v in self.values]
 

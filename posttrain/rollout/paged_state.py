@@ -108,8 +108,9 @@ class PagedDecodeState:
             dst_b = torch.tensor(dst_blocks, device=device)
             dst_o = torch.tensor(dst_offsets, device=device)
             for layer, (k, v) in enumerate(zip(keys, values)):
-                self.pool.keys[layer][dst_b, :, dst_o] = k[src_r, :, src_c].to(self.pool.keys[layer].dtype)
-                self.pool.values[layer][dst_b, :, dst_o] = v[src_r, :, src_c].to(self.pool.values[layer].dtype)
+                pool_k, pool_v = self.pool.keys[layer], self.pool.values[layer]
+                pool_k[:, dst_b, dst_o] = k[src_r, :, src_c].transpose(0, 1).to(pool_k.dtype)
+                pool_v[:, dst_b, dst_o] = v[src_r, :, src_c].transpose(0, 1).to(pool_v.dtype)
         self.ids = torch.cat([self.ids, ids.to(device)])
         self.layout += 1
         self._ready = False
@@ -189,8 +190,8 @@ class PagedDecodeState:
         if not self._ready:
             self._prepare()
         k, v = self.pool.keys[layer_idx], self.pool.values[layer_idx]
-        k[self.write_block, :, self.write_offset] = key_states[:, :, -1].to(k.dtype)
-        v[self.write_block, :, self.write_offset] = value_states[:, :, -1].to(v.dtype)
+        k[:, self.write_block, self.write_offset] = key_states[:, :, -1].transpose(0, 1).to(k.dtype)
+        v[:, self.write_block, self.write_offset] = value_states[:, :, -1].transpose(0, 1).to(v.dtype)
         return k, v
 
     def advance(self) -> None:

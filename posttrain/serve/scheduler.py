@@ -112,6 +112,8 @@ class Scheduler:
         if not engine.shared_prefix_ok:
             raise ValueError(f"{type(engine.model).__name__} does not decode with posttrain's shared-prefix step "
                              f"(its self-check failed; the log says why), which continuous batching needs")
+        if paged and not engine.check_paged():  # the log says why
+            paged = False
         self.engine, self.max_running, self.max_waiting, self.paged = engine, max_running, max_waiting, paged
         self._pool = None  # paged: the block pool, made with the first state, kept while the scheduler lives
         self._cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
