@@ -21,7 +21,7 @@ import threading
 import torch
 
 BLOCK = 16  # positions per block
-FIRST_BLOCKS = 64  # blocks at first; the pool grows by half when the free list runs out
+FIRST_BLOCKS = 64  # blocks at first; the pool doubles when the free list runs out (each growth copies it)
 
 
 class BlockPool:
@@ -111,7 +111,7 @@ class BlockPool:
 
     def _grow(self) -> None:
         old = len(self.refs)
-        extra = max(1, old // 2)
+        extra = max(1, old)
         pad = lambda t: torch.cat([t, t.new_zeros(t.shape[0], extra, *t.shape[2:])], dim=1)  # noqa: E731
         self.keys = [pad(k) for k in self.keys]
         self.values = [pad(v) for v in self.values]
@@ -138,12 +138,11 @@ class BlockSequence:
 
     __slots__ = ("pool", "blocks", "length")
 
-    def __init__(self, pool: BlockPool, blocks: list[int], length: int, *, take: bool = True):
+    def __init__(self, pool: BlockPool, blocks: list[int], length: int):
         if len(blocks) != -(-length // BLOCK):
             raise ValueError(f"{len(blocks)} blocks for {length} positions")
         self.pool, self.blocks, self.length = pool, list(blocks), length
-        if take:
-            pool.ref(self.blocks)
+        pool.ref(self.blocks)
 
     def prefix(self, length: int) -> "BlockSequence":
         """Its first `length` positions, held anew (the blocks they lie in)."""

@@ -11,7 +11,8 @@ float32).
 The function is registered under `ATTENTION_NAME` in transformers' attention registry, so the model's own
 modules (projections, rotary embeddings, norms, MLPs) run unchanged; it is switched on for decoding steps only.
 What it reads (the prefix and suffix buffers, the mask, which row reads which prefix) is the decoding run's state,
-`decode_state.DecodeState`.
+`decode_state.DecodeState`; on a `paged_state.PagedDecodeState` (a server's) the same products run on the blocks
+each step reads, gathered first (`paged_attention`).
 """
 
 from __future__ import annotations

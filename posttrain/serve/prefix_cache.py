@@ -3,9 +3,9 @@ next call: the last prompt + its completion + new messages) computes only the to
 
 An entry is a sequence's token ids and its keys and values: a held `BlockSequence` (its blocks in the server's block
 pool, rollout/kv_blocks.py: the cache holds one reference on each, and a prompt resuming it references them too), or
-per layer (1, kv_heads, L, head_dim) tensors as `DecodeState.past` gives them. A prompt reuses the longest common prefix it has with any entry (the keys and values
-of a position depend only on the tokens up to it, so a prefix of an entry's past is the past of that prefix),
-leaving at least its last token to compute (its logits are needed). Entries are indexed by blocks of `BLOCK` tokens:
+per layer (1, kv_heads, L, head_dim) tensors as `DecodeState.past` gives them. A prompt reuses the longest common
+prefix it has with any entry (the keys and values of a position depend only on the tokens up to it, so a prefix of an
+entry's past is the past of that prefix), leaving at least its last token to compute (its logits are needed). Entries are indexed by blocks of `BLOCK` tokens:
 a prompt's match is found among the (at most `CANDIDATES` most recently kept) entries that share its most whole
 blocks, to the token; a match shorter than a block is not used (a shared chat-template header is not worth a
 separate forward). An entry that is a prefix of another is dropped

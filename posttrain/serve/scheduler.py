@@ -1,13 +1,13 @@
 """Continuous batching over posttrain's decoding engine: the server's requests decode together in one batch.
 
-One thread owns the engine and its decoding state (rollout/decode_state.py). Between two decoding steps, the
+One thread owns the engine and its decoding state (rollout/paged_state.py). Between two decoding steps, the
 requests that arrived join the batch (their prompts prefilled in one forward, `engine.add`) and the samples that
 ended leave it (`state.keep`); every other row decodes on untouched. A consumer reads each sample's tokens as they
 come (`Handle.events`, or `Handle.aevents` on an event loop).
 
 Layout: the samples of a prompt joining together (a request's `n`, and requests with the same prompt, as the `n`
 episodes of one RL row open with) share it: the prompt is prefilled once and its keys and values fill slots of up to
-`SLOT_ROWS` rows, each slot's prompt read once per step for all its rows (decode_state.py). A slot with fewer rows (a
+`SLOT_ROWS` rows, each slot's prompt read once per step for all its rows (paged_state.py). A slot with fewer rows (a
 chat request's n is 1) computes the empty rows' part of the prefix product on zeros, so a decoding state takes as
 many rows per slot as the most samples of one prompt among the requests that open it (up to `SLOT_ROWS`), kept until
 the batch empties. Measured on benchmarks/grpo_step.py's M model on a CPU, 64 requests: same 300-token prompt, 4 rows
@@ -15,12 +15,19 @@ per slot give 0.9x the tokens/s of an offline batch sharing the prompt (1 row pe
 rows per slot cost ~5% against 1 (8 rows: ~9%), 0.98x an offline batch of the same prompts; on the S model, with
 shorter prompts, 4 rows per slot cost ~18% against 1 (a decoding step of 64 rows: 12.5 ms against 10). Decoding is eager (no CUDA graphs): the batch's layout changes whenever a request joins or leaves.
 
+Keys and values live in blocks of 16 positions (rollout/kv_blocks.py): a row holds the blocks its tokens fill and
+gives them back when it leaves (nothing reserved for `max_tokens`, no columns held for rows that came before it); a
+prompt's slots hold its blocks, not copies. For a fixed batch the contiguous state is faster (no gather per step:
+rollout's `generate` keeps it); for requests that come and go, the paged one held 0.33-0.68x the positions of the
+contiguous one at 0.95-1.4x its tokens/s (docs/performance.md, "Keys and values in blocks"). `paged=False` runs
+the contiguous state (for comparison; also what a model failing the engine's paged check is served on).
+
 Sampling: rows of requests asking the same temperature / top-p / top-k and no seed are sampled in one call; a
 request with a seed draws from its own generator, so the same seed and prompt give the same tokens whatever else is
 running (up to the rounding of the logits, which a batch's shape may change). Each sampled token's log-prob under
 the distribution it was drawn from is always computed (recorded calls become training episodes).
 
-Prefix cache (prefix_cache.py): when a sample ends ("stop" or "length"), its keys and values are kept under its
+Prefix cache (prefix_cache.py): when a sample ends ("stop" or "length"), its blocks are kept (a reference) under its
 token ids (prompt + sampled tokens but the last, whose key and value were never computed); a request whose prompt
 shares at least `MIN_REUSED_TOKENS` leading tokens with a kept sequence resumes from those keys and values and
 prefills only the rest (`engine.add(..., pasts=)`: the resumed prompts joining together in one forward, beside the
