@@ -70,7 +70,6 @@ class PagedDecodeState:
         lengths = mask.sum(-1).tolist()
         src_rows, src_cols, dst_blocks, dst_offsets = [], [], [], []
         first_slot = 0
-        new_positions = []
         for i in range(prompts):
             length = int(lengths[i])
             seq = None if reused is None else reused[i]
@@ -100,7 +99,6 @@ class PagedDecodeState:
                     self.slot_of.append(slot)
                     self.own.append(list(own))
                     self.own_length.append(tail)
-                    new_positions.append(length)
             first_slot += copies[i]
         if src_rows:
             src_r = torch.tensor(src_rows, device=device)
