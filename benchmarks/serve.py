@@ -3,6 +3,7 @@
     python benchmarks/serve.py [--models S,M] [--requests 64] [--clients 1,8,64] [--max-tokens 128]
                                [--dtype fp32] [--device cpu] [--threads 1] [--workdir DIR]
     python benchmarks/serve.py --turns 4 [--models S] [--requests 16] [--clients 8] [--max-tokens 32]
+    python benchmarks/serve.py --layouts [--models S,M] [--requests 64] [--clients 64] [--max-tokens 128]
 
 Workload: the random Qwen2 models S and M of grpo_step.py (vocabulary 2048, so an end-of-sequence token is rarely
 drawn), `--requests` GSM8K questions as one-message chats, each answered with up to `--max-tokens` tokens sampled at
@@ -23,6 +24,14 @@ offline side): each of `--requests` conversations opens with a question and goes
 messages the last turn's plus its answer plus a user message (the next question, as a tool's result would come);
 reported per side: wall time, completion tokens / s, conversation latency p50, and the cache's hits and the prompt
 tokens they spared (the server's /health).
+
+`--layouts`: the scheduler alone (no HTTP, one process), its keys and values in blocks (`paged`, what the server
+runs) against the contiguous state rollout's `generate` decodes on: the same requests, from `--clients` client
+threads (each sends its next request when its last is answered), each request asking `n=1` or, every fourth, `n=4`
+with the same question (samples sharing a prompt), with max_tokens drawn from 1/4 .. 1 x `--max-tokens` (requests
+leave at different steps, so rows join late beside older ones). Reported per layout: completion tokens / s and the
+paged state's peak key/value positions held (blocks x 16) against the contiguous one's peak (slots x prefix width +
+rows x suffix capacity), sampled before every decoding step.
 
 Beside them the fp32 / bf16 2048^2 matmul ceiling of this machine with the same torch threads, measured in the same
 run. Both sides run the same code (this checkout) with `--threads` torch threads each (the server's event loop and
@@ -246,6 +255,77 @@ def serve_runs(args, model: str, env: dict) -> list[dict]:
             server.kill()
 
 
+def layouts_main(args, models: list[str]) -> None:
+    """`--layouts`: paged against contiguous, in this process (the module docstring says how)."""
+    import threading
+
+    import torch
+
+    from posttrain.data.dataset import encode_prompt
+    from posttrain.models.load import load_causal_lm, load_tokenizer
+    from posttrain.rollout.registry import build_engine
+    from posttrain.serve.scheduler import RequestSampling, Scheduler
+
+    for name in models:
+        path = Path(args.workdir) / name
+        tokenizer = load_tokenizer(str(path))
+        model = load_causal_lm(str(path), device=args.device).eval()
+        dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+        engine = build_engine("posttrain", model, tokenizer, device=torch.device(args.device), dtype=dtype)
+        prompts = [encode_prompt(tokenizer, [{"role": "user", "content": q}], None, where="a benchmark prompt")
+                   for q in questions(Path(args.workdir), args.requests)]
+        gen = torch.Generator().manual_seed(0)
+        plan = [(p, 4 if i % 4 == 3 else 1, int(torch.randint(args.max_tokens // 4, args.max_tokens + 1, (1,),
+                                                                generator=gen))) for i, p in enumerate(prompts)]
+        print(f"\nmodel {name}: {len(plan)} requests, {args.clients_list[-1]} clients")
+        results = {}
+        for paged in (True, False, True, False):  # twice each, interleaved: the machine is shared
+            sched = Scheduler(engine, max_running=4 * args.clients_list[-1], max_waiting=4 * len(plan),
+                              prefix_cache_tokens=0, paged=paged)
+            peak = [0]
+            step = engine.step
+
+            def sampled(model, state, token, _step=step):
+                if paged:
+                    held = state.pool.used * 16
+                else:
+                    held = state.prefix_keys[0].shape[0] * state.prefix_keys[0].shape[2] + len(state.ids) * (
+                        state.capacity)
+                peak[0] = max(peak[0], held)
+                return _step(model, state, token)
+            engine.step = sampled
+            sched.start()
+            handle = sched.submit(prompts[0], 1, RequestSampling(max_tokens=4))  # warm-up
+            list(handle.events())
+            todo, tokens, lock = list(plan), [0], threading.Lock()
+
+            def client():
+                while True:
+                    with lock:
+                        if not todo:
+                            return
+                        prompt, n, max_tokens = todo.pop(0)
+                    events = sched.submit(prompt, n, RequestSampling(max_tokens=max_tokens)).events()
+                    count = sum(e.token is not None for e in events)
+                    with lock:
+                        tokens[0] += count
+            threads = [threading.Thread(target=client) for _ in range(args.clients_list[-1])]
+            start = time.perf_counter()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            seconds = time.perf_counter() - start
+            sched.close()
+            del engine.step
+            results.setdefault(paged, []).append((tokens[0] / seconds, peak[0]))
+        for paged in (True, False):
+            rate = max(r for r, _ in results[paged])
+            print(f"  {'paged     ' if paged else 'contiguous'} {rate:8.1f} tokens/s (best of 2)  "
+                  f"{rate / max(r for r, _ in results[True]):5.2f}x paged  peak positions held "
+                  f"{results[paged][0][1]:7d}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="S,M")
@@ -256,6 +336,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--threads", type=int, default=1, help="torch threads of each side (offline, server)")
     p.add_argument("--turns", type=int, default=1, help="> 1: conversations, prefix cache on against off")
+    p.add_argument("--layouts", action="store_true", help="the scheduler in blocks against contiguous, no HTTP")
     p.add_argument("--workdir")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -280,6 +361,9 @@ def main() -> None:
                MKL_NUM_THREADS=str(args.threads))
     if args.turns > 1:
         turns_main(args, models, env)
+        return
+    if args.layouts:
+        layouts_main(args, models)
         return
     for model in models:
         cmd = [sys.executable, __file__, "--worker", "--model", model, "--workdir", str(workdir), "--requests",

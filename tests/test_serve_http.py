@@ -213,6 +213,8 @@ def test_models_and_health(stack):
     assert [m.id for m in models.data] == [MODEL]
     health = httpx.get(url.removesuffix("/v1") + "/health").json()
     assert health["status"] == "ok" and health["stats"]["requests"] >= 0
+    blocks = health["stats"]
+    assert blocks["kv_block_size"] in (0, 16) and blocks["kv_blocks_used"] >= blocks["kv_blocks_shared"] >= 0
 
 
 # ---------------------------------------------------------------------------------------------- tool calls

@@ -17,6 +17,7 @@ import torch
 import posttrain.rollout.decode_state as decode_state
 import posttrain.rollout.engine as engine_module
 from posttrain.rollout.engine import DecodeEngine
+from posttrain.rollout.kv_blocks import BLOCK
 from posttrain.serve.prefix_cache import MIN_REUSED_TOKENS, PrefixCache
 from posttrain.serve.scheduler import SLOT_ROWS, PromptTooLong, QueueFull, RequestSampling, Scheduler
 
@@ -601,3 +602,72 @@ def test_the_prefix_cache_finds_the_longest_kept_prefix_and_keeps_no_prefix_of_a
     cache.put(longer, past(longer))
     cache.put(near[:25], past(near[:25]))
     assert len(cache) == 2 and cache.tokens == len(far) + len(longer)
+
+
+# ------------------------------------------------------------------ keys and values in blocks
+
+
+def blocks_for(length):
+    return -(-length // BLOCK)
+
+
+def settled(sched):
+    """Wait until the scheduler thread has let its decoding state go (it does so after the last final event)."""
+    deadline = time.monotonic() + 30
+    while sched._state is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return sched
+
+
+def test_rows_hold_the_blocks_their_tokens_fill_and_nothing_for_max_tokens(engine, scheduler, monkeypatch):
+    """A long request (max_tokens 40) decodes; a 3-token request joins at step 20 and leaves after 4 tokens: at every
+    step the pool's used blocks are each row's ceil(positions written / 16) — no block reserved for a row's
+    max_tokens, none held by the short row for the long one's columns — and all are free once both end."""
+    engine.eos_ids = {10**6}
+    sched = scheduler(prefix_cache_tokens=0)
+    steps, joined = [], []
+
+    def record(k):
+        want = sum(blocks_for(len(row.request.prompt) + row.count - 1) for row in sched._rows)
+        steps.append((sched.stats["kv_blocks_used"], want, len(sched._rows)))
+        if k == 20:
+            joined.append(sched.submit([7, 8, 9], 1, RequestSampling(temperature=0.0, max_tokens=4)))
+    on_step(engine, monkeypatch, {k: lambda k=k: record(k) for k in range(1, 41)})
+    long = sched.submit(PROMPTS[2], 1, RequestSampling(temperature=0.0, max_tokens=40))
+    sched.start()
+    collect(long)
+    collect(joined[0])
+    assert len(steps) == 39 and {rows for _, _, rows in steps} == {1, 2}
+    assert all(used == want for used, want, _ in steps), steps
+    assert settled(sched).stats["kv_blocks_used"] == 0 and sched.stats["kv_blocks_free"] > 0
+
+
+def test_a_continuing_turn_references_the_kept_blocks_and_no_block_leaks(engine, scheduler, lm64, monkeypatch):
+    """A 40-token conversation's first turn ends (its 47 positions kept: 3 blocks); its next turn (n=2) references
+    the kept sequence's 2 whole blocks in its slot (reference counts: the cache's and the slot's) and decodes what a
+    full prefill gives. After every request ends, each used block is held by
+    the cache alone, as many times as kept sequences contain it; clearing the cache frees them all."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    first = conversation(7, 40)
+    completion = run_turn(sched, first)[0][0]
+    assert settled(sched).stats["kv_blocks_used"] == blocks_for(len(first) + 7)
+    kept = next(iter(sched._cache._entries.values())).past.blocks
+    second = first + completion + [30, 31, 32]
+    during = []
+    on_step(engine, monkeypatch, {2: lambda: during.append((list(sched._state.slot_blocks),
+                                                            [sched._pool.refs[b] for b in kept[:2]],
+                                                            sched.stats["kv_blocks_shared"]))})
+    assert_full_forward(lm64, second, run_turn(sched, second, 2))
+    (slots, refs, shared), = during
+    assert slots == [kept[:2] + slots[0][2:]] and refs == [2, 2]
+    assert shared == 2  # the kept blocks (a slot holds its blocks once for all its rows)
+    holders = {}
+    for entry in settled(sched)._cache._entries.values():
+        assert len(entry.past.blocks) == blocks_for(len(entry.ids))
+        for b in entry.past.blocks:
+            holders[b] = holders.get(b, 0) + 1
+    assert sched.stats["kv_blocks_used"] == len(holders)
+    assert all(sched._pool.refs[b] == n for b, n in holders.items())
+    sched.clear_prefix_cache()
+    assert sched.stats["kv_blocks_used"] == 0

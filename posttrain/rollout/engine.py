@@ -28,7 +28,7 @@ import inspect
 
 import torch
 
-from ..models.load import autocast, eval_mode
+from ..models.load import attention_backends, autocast, eval_mode
 from ..models.logprobs import _unwrap
 from ..models.moe import router_off
 from ..models.shared_prompt import attention_implementation, leading_padding
@@ -36,11 +36,14 @@ from ..parallel import is_sharded
 from .base import RolloutEngine, SamplingParams
 from .cuda_graphs import DecodeStep
 from .decode_state import DecodeState
+from .kv_blocks import BlockPool, BlockSequence
+from .paged_state import PagedDecodeState
 from .prefill import prefill, prefill_after
 from .prefix_attention import ATTENTION_NAME
 from .sampling import next_tokens, sampled_logprobs
-from .self_check import check, compare
+from .self_check import check, check_paged, compare, compare_paged
 from .transformers_generate import generate_with_transformers
+from .weights import inference_weights
 
 DROP_FINISHED_SHARE = 0.25  # drop finished rows once they are this share of the batch
 STATIC_DROP_FINISHED_SHARE = 0.5  # the same with CUDA graphs (a compacted batch is recorded anew)
@@ -71,6 +74,7 @@ class DecodeEngine(RolloutEngine):
                  cuda_graphs: bool = True):
         super().__init__(model, tokenizer, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
         self.shared_prefix_ok: bool | None = None  # decided by the first call's check
+        self.paged_ok: bool | None = None  # the paged state's check (a server's), made when first asked
         # CUDA graphs: on a GPU unless turned off; not for a sharded model (its forward gathers weights) nor a MoE
         # model (its expert loop asks the CPU which experts were hit: `nonzero`, which a graph cannot record).
         # `static` runs the same static-buffer loop without recording (how the tests drive that loop on a CPU).
@@ -125,10 +129,17 @@ class DecodeEngine(RolloutEngine):
         return logits.repeat_interleave(n, dim=0), state
 
     def start_slots(self, model, prompts, mask: torch.Tensor | None, group: int, max_new: int, *,
-                    copies: torch.Tensor | int | None = None, rows: torch.Tensor | None = None, pasts=None):
+                    copies: torch.Tensor | int | None = None, rows: torch.Tensor | None = None, pasts=None,
+                    paged: bool = False, pool: BlockPool | None = None):
         """A new decoding state of `group` rows per slot, decoding eagerly, and its rows' first logits: `copies`,
         `rows` and `pasts` as `add` takes them (a run whose layout changes as rows come and go: a server's
-        requests)."""
+        requests). `paged`: a `PagedDecodeState` on `pool` (a new pool when None), whose `pasts` may be held
+        `BlockSequence`s (their whole blocks are referenced, not copied)."""
+        if paged:
+            logits, keys, values, mask = self._slots(model, prompts, mask, None, pasts)
+            state = PagedDecodeState(keys, values, mask, group, pool=pool, copies=copies, rows=rows,
+                                     reused=_held(pasts))
+            return self._paged_logits(logits, state, copies, rows), state
         logits, keys, values, mask = self._slots(model, prompts, mask, copies, pasts)
         state = DecodeState(keys, values, mask, group, max_new)
         if rows is None:
@@ -145,6 +156,8 @@ class DecodeEngine(RolloutEngine):
         """Left-padded `prompts` prefilled (each once) — or, with `pasts`, the token lists `prompts` appended to
         those parked sequences (`prefill_after`) — then `copies` slots of each (one count per prompt, or one for
         all): their last-position logits (slots, V), keys and values per layer, and mask (slots, P)."""
+        if pasts is not None:  # held block sequences: their positions as tensors
+            pasts = [p.gather() if isinstance(p, BlockSequence) else p for p in pasts]
         with self._prefilling(model):
             if pasts is None:
                 prompts, mask = prompts.to(self.device), mask.to(self.device)
@@ -173,8 +186,19 @@ class DecodeEngine(RolloutEngine):
         requests: the samples of one prompt fill slots of up to `group` rows). `pasts` (one per prompt, as `park`
         gives them; `mask` None): each prompt is a (T,) tensor of tokens appended to that parked sequence, and only
         those are computed (a server's request continuing a conversation whose keys and values it kept)."""
+        if isinstance(state, PagedDecodeState):  # each prompt's blocks are referenced by its slots, not copied
+            logits, keys, values, mask = self._slots(model, prompts, mask, None, pasts)
+            state.add(keys, values, mask, ids, max_new, copies=copies, rows=rows, reused=_held(pasts))
+            return self._paged_logits(logits, state, copies, rows)
         logits, keys, values, mask = self._slots(model, prompts, mask, copies, pasts)
         state.add(keys, values, mask, ids, max_new, rows=rows)
+        return logits.repeat_interleave(state.group if rows is None else rows.to(self.device), dim=0)
+
+    def _paged_logits(self, logits: torch.Tensor, state: PagedDecodeState, copies, rows) -> torch.Tensor:
+        """Each prompt's logits (prompts, V) repeated for its rows: `copies` slots per prompt, `rows` rows per slot."""
+        if copies is not None:
+            logits = logits.repeat_interleave(copies.to(self.device) if isinstance(copies, torch.Tensor)
+                                              else copies, dim=0)
         return logits.repeat_interleave(state.group if rows is None else rows.to(self.device), dim=0)
 
     def extend(self, model, state: DecodeState, seq_id: int, tokens: torch.Tensor, max_new: int) -> torch.Tensor:
@@ -287,8 +311,30 @@ class DecodeEngine(RolloutEngine):
             self.graphs_recorded = graph.recorded
         return tokens, logprobs
 
+    def check_paged(self) -> bool:
+        """Does the paged state (a server's) decode as the model does? Checked once, on the decoding weights."""
+        if self.paged_ok is None:
+            self.ready()
+            if not self.shared_prefix_ok:
+                self.paged_ok = False
+            else:
+                device = torch.device(self.device)
+                with inference_weights(self.model, self.dtype) as model, attention_backends(device):
+                    self.paged_ok = check_paged(self, model)
+        return self.paged_ok
+
     def _check(self, model) -> bool:
         return check(self, model)
 
     def _compare(self, model) -> str | None:
         return compare(self, model, _forward(model))
+
+    def _compare_paged(self, model) -> str | None:
+        return compare_paged(self, model, _forward(model))
+
+
+def _held(pasts) -> list | None:
+    """The held block sequences among `pasts` (None where a past is tensors), for a paged state to reference."""
+    if pasts is None:
+        return None
+    return [p if isinstance(p, BlockSequence) else None for p in pasts]

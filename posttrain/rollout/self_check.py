@@ -4,7 +4,9 @@ posttrain's loop drives the model's modules with its own cache and attention (en
 differs (a sliding window, softcapping, a vision model's 3-D positions) or whose modules the loop cannot drive
 would decode wrongly. So the loop first runs on a few tokens, through the paths a real call takes — prompts of
 different lengths prefilled in length buckets, rows dropped when they finish, suffix buffers grown when full —
-and its logits are compared with one ordinary forward over the whole sequences. A model that fails is decoded
+and its logits are compared with one ordinary forward over the whole sequences. The paged state a server decodes on
+(paged_state.py) is checked the same way (`check_paged`: prompt blocks shared by two rows, a shared partly filled
+block copied on write, rows leaving, a block boundary crossed). A model that fails is decoded
 with transformers' `generate`; with CUDA graphs on, the check is first retried without them.
 """
 
@@ -102,4 +104,66 @@ def compare(engine, model, forward) -> str | None:
             return None
         return f"its logits differ from the model's own forward by {error:.1e} (relative)"
     except Exception as exc:  # an architecture whose modules the loop cannot drive
+        return f"{type(exc).__name__}: {exc}"
+
+
+def check_paged(engine, model) -> bool:
+    """Does the paged state give the same logits (`compare_paged`)? Logs why not. A model that fails it is served
+    on the contiguous state."""
+    reason = engine._compare_paged(model)
+    if not agreed(reason is None, model) and reason is None:
+        reason = "the check failed in another process"
+    if reason is not None:
+        log.warning("posttrain decoding engine: %s does not decode on key/value blocks (%s); a server runs it on "
+                    "the contiguous state", type(model).__name__, reason)
+    return reason is None
+
+
+def compare_paged(engine, model, forward) -> str | None:
+    """`compare` for the paged state: the same prompts (the longest crossing a block boundary as it decodes, 2 rows
+    sharing each prompt's blocks), forced tokens, the rows of `ENDING_ROWS` leaving after the second step."""
+    from .kv_blocks import BLOCK
+
+    config = model.config.get_text_config()
+    device = engine.device
+    prompts, mask, forced = _case(engine, config.vocab_size)
+    extra = BLOCK - 3  # each prompt BLOCK - 3 tokens longer (its first token repeated): 20, 18 and 16 tokens,
+    rows = []  # whole blocks, partly filled ones, a block boundary at the first step
+    for ids, m in zip(prompts.tolist(), mask.tolist()):
+        real = ids[m.index(1):]
+        rows.append([real[0]] * extra + real)
+    width = max(map(len, rows))
+    prompts = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    forced = forced.to(device)
+    got, want = [], []
+    try:
+        with eval_mode(model), torch.no_grad(), autocast(device, engine.dtype), engine.decoding(model):
+            logits, state = engine.start_slots(model, prompts, mask, SAMPLES, STEPS, paged=True)
+            ids = torch.arange(len(forced), device=device)
+            for t in range(STEPS):
+                got.append(logits.float())
+                want.append((t, ids.clone()))
+                if t == STEPS - 1:
+                    break
+                if t == 2:
+                    keep = torch.tensor([j for j in range(len(ids)) if j not in ENDING_ROWS], device=device)
+                    state.keep(keep)
+                    ids, logits = ids[keep], logits[keep]
+                logits = engine.step(model, state, forced[ids, t])
+            state.release()
+            full_ids = torch.cat([prompts.to(device).repeat_interleave(SAMPLES, 0), forced], dim=1)
+            full_mask = torch.cat([mask.to(device).repeat_interleave(SAMPLES, 0), torch.ones_like(forced)], dim=1)
+            positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+            with engine._prefilling(model):
+                ref = forward(input_ids=full_ids, attention_mask=full_mask, position_ids=positions).logits
+        ref = ref[:, prompts.shape[1] - 1:-1].float()
+        got = torch.cat(got)
+        want = torch.cat([ref[ids, t] for t, ids in want])
+        error = float((got - want).abs().max() / want.abs().max().clamp(min=1e-6))
+        tolerance = 1e-4 if engine.dtype == torch.float32 else 3e-2
+        if error <= tolerance:
+            return None
+        return f"its logits differ from the model's own forward by {error:.1e} (relative)"
+    except Exception as exc:  # an architecture whose modules the paged step cannot drive
         return f"{type(exc).__name__}: {exc}"

@@ -1,10 +1,11 @@
 """The keys and values of sequences the server decoded, kept so that a request continuing one (an agent program's
 next call: the last prompt + its completion + new messages) computes only the tokens it adds.
 
-An entry is a sequence's token ids and its keys and values per layer (1, kv_heads, L, head_dim), as
-`DecodeState.past` gives them. A prompt reuses the longest common prefix it has with any entry (the keys and values
-of a position depend only on the tokens up to it, so a prefix of an entry's past is the past of that prefix),
-leaving at least its last token to compute (its logits are needed). Entries are indexed by blocks of `BLOCK` tokens:
+An entry is a sequence's token ids and its keys and values: a held `BlockSequence` (its blocks in the server's block
+pool, rollout/kv_blocks.py: the cache holds one reference on each, and a prompt resuming it references them too), or
+per layer (1, kv_heads, L, head_dim) tensors as `DecodeState.past` gives them. A prompt reuses the longest common
+prefix it has with any entry (the keys and values of a position depend only on the tokens up to it, so a prefix of an
+entry's past is the past of that prefix), leaving at least its last token to compute (its logits are needed). Entries are indexed by blocks of `BLOCK` tokens:
 a prompt's match is found among the (at most `CANDIDATES` most recently kept) entries that share its most whole
 blocks, to the token; a match shorter than a block is not used (a shared chat-template header is not worth a
 separate forward). An entry that is a prefix of another is dropped
@@ -23,9 +24,20 @@ import threading
 
 import torch
 
+from ..rollout.kv_blocks import BlockSequence
+
 BLOCK = 16  # tokens per step of the index: a match shares at least one block; the longest is found to the token
 MIN_REUSED_TOKENS = BLOCK  # a shorter match is prefilled as new
 CANDIDATES = 8  # entries compared token by token per lookup (a lookup's cost stays flat however many are kept)
+
+
+def _length(past) -> int:
+    return past.length if isinstance(past, BlockSequence) else past[0][0].shape[2]
+
+
+def _release(past) -> None:
+    if isinstance(past, BlockSequence):
+        past.release()
 
 
 def _block_hashes(ids: list[int]) -> list[int]:
@@ -66,7 +78,7 @@ class PrefixCache:
     def match(self, prompt: list[int]):
         """(past, m): the keys and values of `prompt`'s first m tokens, the longest kept ones (at least
         `MIN_REUSED_TOKENS`, at most all but its last token); None if there are none. The sequence they come from
-        becomes the most recently used."""
+        becomes the most recently used. A block sequence's prefix is held anew: the caller releases it."""
         with self._lock:
             deepest = None
             for h in _block_hashes(prompt[:-1]):
@@ -90,26 +102,33 @@ class PrefixCache:
             if best is None or longest < MIN_REUSED_TOKENS:
                 return None
             self._entries.move_to_end(best.ids)
+            if isinstance(best.past, BlockSequence):
+                return best.past.prefix(longest), longest
             keys, values = best.past
             return ([k[:, :, :longest] for k in keys], [v[:, :, :longest] for v in values]), longest
 
     def put(self, ids: list[int], past) -> None:
-        """Keep `past`, the keys and values of the sequence `ids`; kept sequences that are prefixes of it go, and
-        the least recently used ones while over the budget."""
+        """Keep `past`, the keys and values of the sequence `ids` (a block sequence is the cache's from now on:
+        released when not kept or when dropped); kept sequences that are prefixes of it go, and the least recently
+        used ones while over the budget."""
         key = tuple(ids)
-        if past[0][0].shape[2] != len(key):
-            raise ValueError(f"keys and values of {past[0][0].shape[2]} positions for a sequence of {len(key)} tokens")
+        if _length(past) != len(key):
+            _release(past)
+            raise ValueError(f"keys and values of {_length(past)} positions for a sequence of {len(key)} tokens")
         if len(key) <= MIN_REUSED_TOKENS or len(key) > self.budget:
+            _release(past)
             return
         hashes = _block_hashes(ids)
         tensor = torch.tensor(key)
         with self._lock:
             if key in self._entries:
                 self._entries.move_to_end(key)
+                _release(past)
                 return
             for other in self._through.get(hashes[-1], ()):  # is it a prefix of one kept?
                 if len(other) > len(key) and bool((self._entries[other].tensor[:len(key)] == tensor).all()):
                     self._entries.move_to_end(other)
+                    _release(past)
                     return
             prefixes = [other for h in hashes for other in self._ends.get(h, ()) if len(other) < len(key)
                         and bool((self._entries[other].tensor == tensor[:len(other)]).all())]
@@ -127,6 +146,8 @@ class PrefixCache:
 
     def clear(self) -> None:
         with self._lock:
+            for entry in self._entries.values():
+                _release(entry.past)
             self._entries.clear()
             self._through.clear()
             self._ends.clear()
@@ -134,6 +155,7 @@ class PrefixCache:
 
     def _drop(self, key: tuple[int, ...]) -> None:
         entry = self._entries.pop(key)
+        _release(entry.past)
         for h in entry.hashes:
             holders = self._through[h]
             del holders[key]

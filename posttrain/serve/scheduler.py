@@ -1,13 +1,13 @@
 """Continuous batching over posttrain's decoding engine: the server's requests decode together in one batch.
 
-One thread owns the engine and its decoding state (rollout/decode_state.py). Between two decoding steps, the
+One thread owns the engine and its decoding state (rollout/paged_state.py). Between two decoding steps, the
 requests that arrived join the batch (their prompts prefilled in one forward, `engine.add`) and the samples that
 ended leave it (`state.keep`); every other row decodes on untouched. A consumer reads each sample's tokens as they
 come (`Handle.events`, or `Handle.aevents` on an event loop).
 
 Layout: the samples of a prompt joining together (a request's `n`, and requests with the same prompt, as the `n`
 episodes of one RL row open with) share it: the prompt is prefilled once and its keys and values fill slots of up to
-`SLOT_ROWS` rows, each slot's prompt read once per step for all its rows (decode_state.py). A slot with fewer rows (a
+`SLOT_ROWS` rows, each slot's prompt read once per step for all its rows (paged_state.py). A slot with fewer rows (a
 chat request's n is 1) computes the empty rows' part of the prefix product on zeros, so a decoding state takes as
 many rows per slot as the most samples of one prompt among the requests that open it (up to `SLOT_ROWS`), kept until
 the batch empties. Measured on benchmarks/grpo_step.py's M model on a CPU, 64 requests: same 300-token prompt, 4 rows
@@ -15,12 +15,19 @@ per slot give 0.9x the tokens/s of an offline batch sharing the prompt (1 row pe
 rows per slot cost ~5% against 1 (8 rows: ~9%), 0.98x an offline batch of the same prompts; on the S model, with
 shorter prompts, 4 rows per slot cost ~18% against 1 (a decoding step of 64 rows: 12.5 ms against 10). Decoding is eager (no CUDA graphs): the batch's layout changes whenever a request joins or leaves.
 
+Keys and values live in blocks of 16 positions (rollout/kv_blocks.py): a row holds the blocks its tokens fill and
+gives them back when it leaves (nothing reserved for `max_tokens`, no columns held for rows that came before it); a
+prompt's slots hold its blocks, not copies. For a fixed batch the contiguous state is faster (no gather per step:
+rollout's `generate` keeps it); for requests that come and go, the paged one held 0.33-0.68x the positions of the
+contiguous one at 0.95-1.4x its tokens/s (docs/performance.md, "Keys and values in blocks"). `paged=False` runs
+the contiguous state (for comparison; also what a model failing the engine's paged check is served on).
+
 Sampling: rows of requests asking the same temperature / top-p / top-k and no seed are sampled in one call; a
 request with a seed draws from its own generator, so the same seed and prompt give the same tokens whatever else is
 running (up to the rounding of the logits, which a batch's shape may change). Each sampled token's log-prob under
 the distribution it was drawn from is always computed (recorded calls become training episodes).
 
-Prefix cache (prefix_cache.py): when a sample ends ("stop" or "length"), its keys and values are kept under its
+Prefix cache (prefix_cache.py): when a sample ends ("stop" or "length"), its blocks are kept (a reference) under its
 token ids (prompt + sampled tokens but the last, whose key and value were never computed); a request whose prompt
 shares at least `MIN_REUSED_TOKENS` leading tokens with a kept sequence resumes from those keys and values and
 prefills only the rest (`engine.add(..., pasts=)`: the resumed prompts joining together in one forward, beside the
@@ -98,9 +105,11 @@ class Scheduler:
     """Serves requests on `engine` (a `rollout.engine.DecodeEngine`) from one thread (`start`): at most
     `max_running` rows (samples) decode at once; at most `max_waiting` requests wait for room (then `QueueFull`).
     `prefix_cache_tokens`: the most tokens whose keys and values are kept for requests that continue a sequence
-    (0: none; the module docstring says how)."""
+    (0: none; the module docstring says how). `paged`: keys and values in blocks (the module docstring says why;
+    False: the contiguous state rollout's `generate` runs on, kept for comparison)."""
 
-    def __init__(self, engine, *, max_running: int = 64, max_waiting: int = 256, prefix_cache_tokens: int = 32768):
+    def __init__(self, engine, *, max_running: int = 64, max_waiting: int = 256, prefix_cache_tokens: int = 32768,
+                 paged: bool = True):
         if not all(hasattr(engine, op) for op in ("start", "add", "step", "decoding")):
             raise TypeError(f"the server decodes with posttrain's engine (rollout.name=posttrain), not "
                             f"{type(engine).__name__}")
@@ -110,7 +119,10 @@ class Scheduler:
         if not engine.shared_prefix_ok:
             raise ValueError(f"{type(engine.model).__name__} does not decode with posttrain's shared-prefix step "
                              f"(its self-check failed; the log says why), which continuous batching needs")
-        self.engine, self.max_running, self.max_waiting = engine, max_running, max_waiting
+        if paged and not engine.check_paged():  # the log says why
+            paged = False
+        self.engine, self.max_running, self.max_waiting, self.paged = engine, max_running, max_waiting, paged
+        self._pool = None  # paged: the block pool, made with the first state, kept while the scheduler lives
         self._cache = PrefixCache(prefix_cache_tokens) if prefix_cache_tokens else None
         self._counts = dict(requests=0, prompt_tokens=0, prefix_cache_hits=0, prefix_cache_tokens_reused=0)
         config = engine.model.config.get_text_config()
@@ -132,11 +144,16 @@ class Scheduler:
     @property
     def stats(self) -> dict:
         """Requests joined, their prompt tokens, the prefix cache's hits, the prompt tokens it spared computing,
-        the tokens and sequences it holds now, and the sequences it dropped for room."""
+        the tokens and sequences it holds now, the sequences it dropped for room; paged: the key/value blocks used
+        (by running rows and the cache), free, and shared (held more than once: a prompt's samples, a kept sequence
+        and the requests continuing it), and the positions per block."""
         cache = self._cache
+        pool = self._pool
+        blocks = pool.stats() if pool is not None else dict(kv_blocks_used=0, kv_blocks_free=0, kv_blocks_shared=0,
+                                                             kv_block_size=0)
         return dict(self._counts, prefix_cache_tokens=cache.tokens if cache else 0,
                     prefix_cache_sequences=len(cache) if cache else 0,
-                    prefix_cache_evicted=cache.evicted if cache else 0)
+                    prefix_cache_evicted=cache.evicted if cache else 0, **blocks)
 
     def clear_prefix_cache(self) -> None:
         """Forget every kept key and value (they are the weights' of the time: call it when the weights change;
@@ -320,8 +337,13 @@ class Scheduler:
             if matches[prompt] is not None:
                 self._counts["prefix_cache_hits"] += 1
                 self._counts["prefix_cache_tokens_reused"] += matches[prompt][1]
-        self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is None], {})
-        self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is not None], matches)
+        try:
+            self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is None], {})
+            self._join_together(model, [r for r in requests if matches[tuple(r.prompt)] is not None], matches)
+        finally:  # the matched block sequences were held for the join: the joined rows hold their own references
+            for match in matches.values():
+                if match is not None and hasattr(match[0], "release"):
+                    match[0].release()
 
     def _join_together(self, model, requests: list[_Request], matches: dict) -> None:
         """Prefill `requests` into the batch together; if that fails, one by one, so that a failing prompt ends its
@@ -363,8 +385,10 @@ class Scheduler:
         rows = [row for slot in slots for row in slot]
         max_new = max(r.sampling.max_tokens for r in requests)
         if self._state is None:
+            paged = dict(paged=True, pool=self._pool) if self.paged else {}
             self._logits, self._state = engine.start_slots(model, ids, mask, group, max_new, copies=copies,
-                                                           rows=counts, pasts=pasts)
+                                                           rows=counts, pasts=pasts, **paged)
+            self._pool = getattr(self._state, "pool", None)
             self._rows = rows
         else:
             logits = engine.add(model, self._state, ids, mask, torch.arange(len(rows)), max_new, copies=copies,
@@ -417,7 +441,8 @@ class Scheduler:
                 ended = True
                 request.live.discard(row.sample)
                 if self._cache is not None:  # kept before its consumer learns of the end (and sends its next turn)
-                    self._cache.put(request.prompt + row.tokens[:-1], self._state.past(j))
+                    past = self._state.sequence(j) if self.paged else self._state.past(j)
+                    self._cache.put(request.prompt + row.tokens[:-1], past)
                 request.handle._put([Event(row.sample, t, lp), Event(row.sample, None, None, finish)], wakes)
         finally:
             wakes.run()
@@ -426,7 +451,7 @@ class Scheduler:
     def _keep(self, keep: torch.Tensor) -> None:
         """Continue with rows `keep` (indices into the current rows) only."""
         if not len(keep):
-            self._state, self._logits, self._rows, self._plan = None, None, [], None
+            self._drop_state()
             return
         on = keep.to(self._logits.device)
         self._state.keep(on)
@@ -456,6 +481,15 @@ class Scheduler:
         for row in self._rows:
             row.request.live.discard(row.sample)
             row.request.handle._put([Event(row.sample, None, None, finish)])
+        self._drop_state()
+
+    def _drop_state(self) -> None:
+        """No row decodes: the state goes (a paged one's blocks back to the pool)."""
+        if self._state is not None and hasattr(self._state, "release"):
+            try:
+                self._state.release()
+            except Exception:  # a state a failed step left inconsistent: its blocks stay used, serving goes on
+                log.exception("releasing the decoding state's key/value blocks failed")
         self._state, self._logits, self._rows, self._plan = None, None, [], None
 
     def _end_everything(self, finish: str) -> None:
