@@ -159,6 +159,43 @@ def test_foreign_keys_map_note_or_reject():
     rejects(OK + ["actor_rollout_ref.model.lora_adapter_path=/x"], "is not supported", "saved adapter")
 
 
+def test_newest_tree_keys_act():
+    """The newest tree's engine families, engine sections, reward block and file logger set posttrain's own keys
+    (and say so); a value with no counterpart is rejected with the reason."""
+    cfg = load_config(None, OK + ["model_engine=megatron", "actor_rollout_ref.actor.veomni.param_offload=True",
+                                  "actor_rollout_ref.actor.veomni.optimizer_offload=True",
+                                  "actor_rollout_ref.ref.veomni.enable_full_shard=False",
+                                  "actor_rollout_ref.actor.veomni.fsdp_size=1",
+                                  "critic.fsdp.param_offload=True", "actor_rollout_ref.actor.policy_loss.tau_neg=2.5",
+                                  "reward.custom_reward_function.name=my_score",
+                                  "reward.reward_manager.name=dapo", "reward.reward_kwargs.overlong_buffer_cfg.len=64",
+                                  "reward.reward_model.enable=False", "reward.num_workers=3",
+                                  "trainer.logger=['console','file']"])
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.strategy == "megatron" and cfg.critic.strategy == "megatron"
+    assert arr.actor.fsdp_config.param_offload and arr.actor.fsdp_config.optimizer_offload
+    assert arr.ref.fsdp_config.reshard_after_forward is False and arr.actor.fsdp_config.fsdp_size == 1
+    assert cfg.critic.model.fsdp_config.param_offload and arr.actor.tau_neg == 2.5
+    assert cfg.custom_reward_function.name == "my_score" and cfg.reward_model.reward_manager == "dapo"
+    assert cfg.reward_model.overlong_buffer.len == 64 and cfg.reward_model.num_workers == 3
+    assert cfg.trainer.logger == ["console", "jsonl"]
+    notes = "\n".join(config_warnings(cfg))
+    assert "model_engine=megatron -> actor_rollout_ref.actor.strategy=megatron" in notes
+    assert "trainer.logger entry file -> jsonl" in notes
+    turbo = load_config(None, OK + ["actor_rollout_ref.actor.strategy=fsdp_turbo",
+                                    "+actor_rollout_ref.actor.fsdp_config.turbo_config.memory.recompute=False",
+                                    "actor_rollout_ref.actor.fsdp_config.turbo_config.distributed."
+                                    "ulysses_parallel_size=2"])
+    assert turbo.actor_rollout_ref.actor.strategy == "fsdp2"
+    assert turbo.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    assert "ulysses_parallel_size" in "\n".join(config_warnings(turbo))
+    mlite = load_config(None, OK + ["actor@actor_rollout_ref.actor=mlite_actor", "actor_rollout_ref.actor.engine.tp=2",
+                                    "trainer.n_gpus_per_node=4"])
+    assert mlite.actor_rollout_ref.actor.strategy == "megatron" and mlite.actor_rollout_ref.actor.fsdp_config.tp_size == 2
+    rejects(OK + ["model_engine=torchtitan", "distillation.enabled=True"], "model_engine='torchtitan' is not "
+            "supported", "on-policy distillation")
+
+
 # The familiar GSM8K multi-turn example: its config file (a Hydra defaults list on the stock tree), its tool file and
 # its command line, with only the paths changed (verl, Apache License 2.0: examples/sglang_multiturn/
 # run_qwen2.5-3b_gsm8k_multiturn.sh, config/gsm8k_multiturn_grpo.yaml, config/tool_config/gsm8k_tool_config.yaml).
