@@ -217,7 +217,8 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.model.lora.merge", "note", "posttrain merges LoRA into the decoding weights each step"),
     Rule("actor_rollout_ref.model.lora.target_modules", "note", "Megatron module names; posttrain adapts "
          "actor_rollout_ref.model.target_modules (default all-linear)"),
-    Rule("actor_rollout_ref.model.lora.exclude_modules", "only", "use actor_rollout_ref.model.target_modules", ((),)),
+    Rule("actor_rollout_ref.model.lora.exclude_modules", "map", "modules LoRA leaves out",
+         target="actor_rollout_ref.model.exclude_modules"),
     Rule("actor_rollout_ref.model.lora.**", "note", "Megatron LoRA details; posttrain's LoRA is peft's, applied "
          "to the language model"),
     Rule("critic.model.lora.rank", "only", "the critic trains all its weights (no LoRA critic)", (0,)),
@@ -227,8 +228,6 @@ RULES: list[Rule] = [
     Rule("critic.model.target_modules", "note", "the critic trains all its weights (no LoRA critic)"),
     Rule("actor_rollout_ref.model.lora_adapter_path", "only", "starting from a saved adapter is not supported",
          (None,)),
-    Rule("actor_rollout_ref.model.exclude_modules", "only", "list the adapted modules in "
-         "actor_rollout_ref.model.target_modules instead", (None,)),
     Rule("actor_rollout_ref.model.custom_chat_template", "only", "put the template in the tokenizer folder "
          "(chat_template.jinja) instead", (None,)),
     Rule("*.model.external_lib", "only", "posttrain imports no extra model library; register the architecture "

@@ -136,6 +136,10 @@ def _validate(cfg: Config, check: Checks) -> None:
         check(isinstance(model.target_modules, (str, list)) and bool(model.target_modules),
               "actor_rollout_ref.model.target_modules must be 'all-linear', a comma-separated string or a list "
               "of module names")
+        excluded = model.exclude_modules
+        check(excluded is None or isinstance(excluded, str) or
+              (isinstance(excluded, list) and all(isinstance(m, str) for m in excluded)),
+              "actor_rollout_ref.model.exclude_modules must be a regular expression or a list of module names")
     check.unsupported(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights "
                                          "between actor and rollout; remove the key")
 

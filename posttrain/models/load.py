@@ -167,11 +167,12 @@ def load_reward_model(path: str, *, dtype: torch.dtype = torch.float32, meta: bo
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """`actor_rollout_ref.model.lora_rank / lora_alpha / target_modules` for peft's LoRA."""
+    """`actor_rollout_ref.model.lora_rank / lora_alpha / target_modules / exclude_modules` for peft's LoRA."""
 
     rank: int
     alpha: float = 16
     target_modules: object = "all-linear"
+    exclude_modules: object = None
 
     def apply(self, model):
         from peft import LoraConfig, get_peft_model
@@ -179,8 +180,10 @@ class LoraSettings:
         targets = self.target_modules
         if isinstance(targets, str) and targets != "all-linear":
             targets = [t.strip() for t in targets.split(",") if t.strip()]
-        config = LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, lora_dropout=0.0,
-                            bias="none", task_type="CAUSAL_LM")
+        excluded = self.exclude_modules
+        excluded = (list(excluded) or None) if isinstance(excluded, (list, tuple)) else excluded or None
+        config = LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, exclude_modules=excluded,
+                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
         return get_peft_model(model, config)
 
 

@@ -100,7 +100,8 @@ class Roles:
         reject_tensor_parallel(model_config(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
                                             key="actor_rollout_ref.model.path"),
                                arr.actor.fsdp_config.tp_size, "actor_rollout_ref.actor.fsdp_config.tp_size")
-        lora = (LoraSettings(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
+        lora = (LoraSettings(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
+                             model_cfg.exclude_modules)
                 if model_cfg.lora_rank > 0 else None)
 
         def policy(fsdp_cfg, *, trainable: bool, with_lora):
