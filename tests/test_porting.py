@@ -38,7 +38,7 @@ NEWEST = ROOT / "tests" / "data" / "familiar_scripts_2026_08"
 DP = "must be divisible by the"  # whole prompt groups per data-parallel rank
 NPU = "trainer.device='npu'"
 REPLAY = "MoE router replay is not supported"
-DISTILL = "on-policy distillation"
+DISTILL = "on-policy distillation"  # with GRPO at rollout.n=1 as well
 NOT_LOADING_2026 = {
     "ascend_extras/grpo_trainer/run_qwen3_235b_256k_megatron.sh": [NPU, DP],
     "ascend_extras/grpo_trainer/run_qwen3_30b_a3b_megatron.sh": [NPU],
@@ -49,7 +49,7 @@ NOT_LOADING_2026 = {
     "grpo_trainer/run_deepseek_v3_671b_megatron.sh": [DP],
     "grpo_trainer/run_deepseek_v4_flash_megatron.sh": [REPLAY, DP],
     "grpo_trainer/run_deepseek_v4_veomni.sh": [REPLAY],
-    "grpo_trainer/run_hy_v3_megatron.sh": ["rollout_is_threshold", "0.5_4.0"],
+    "grpo_trainer/run_hy_v3_megatron.sh": ["rollout_is_threshold='0.5_4.0': a range"],
     "grpo_trainer/run_kimi_k2_6_glm5_1_megatron_lite.sh": [DP],
     "grpo_trainer/run_minicpm_o_2_6_fsdp.sh": ["data.custom_cls.path"],
     "grpo_trainer/run_moonlight_16b_a3b_megatron.sh": [DP],
@@ -192,6 +192,12 @@ def test_newest_tree_keys_act():
     assert mlite.actor_rollout_ref.actor.strategy == "megatron" and mlite.actor_rollout_ref.actor.fsdp_config.tp_size == 2
     rejects(OK + ["model_engine=torchtitan", "distillation.enabled=True"], "model_engine='torchtitan' is not "
             "supported", "on-policy distillation")
+    rejects(OK + ["algorithm.rollout_correction.rollout_is=token",
+                  "algorithm.rollout_correction.rollout_is_threshold=0.5_4.0", "algorithm.adv_estimator=grpo",
+                  "actor_rollout_ref.rollout.n=1"], "rollout_is_threshold='0.5_4.0': a range lower_upper",
+            "from above only", "rollout.n >= 2 (got 1; a group of one has no baseline")
+    assert load_config(None, OK + ["algorithm.rollout_correction.rollout_is_threshold=3"]).algorithm.rollout_correction \
+        .rollout_is_threshold == 3.0
 
 
 def test_lora_exclude_modules_leaves_modules_without_adapters(tiny_model_dir):

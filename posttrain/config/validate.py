@@ -64,7 +64,9 @@ def _validate(cfg: Config, check: Checks) -> None:
     if info and info.uses_groups:
         check(rollout.n >= max(2, info.min_group_size),
               f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
-              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
+              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n}"
+              + ("; a group of one has no baseline: verl then takes the raw score as the advantage, which is "
+                 "REINFORCE without a baseline, not GRPO)" if rollout.n == 1 and alg.adv_estimator == "grpo" else ")"))
     if info and info.needs_critic:
         check(cfg.critic.enable is not False,
               f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, but critic.enable=False; "
@@ -328,7 +330,11 @@ def _check_rollout_correction(rc, check: Checks) -> None:
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
-    check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
+    if isinstance(rc.rollout_is_threshold, str):
+        check(False, f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: a range lower_upper also truncates the "
+                     "weights from below, and posttrain truncates them from above only; give the upper bound alone")
+    else:
+        check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
     check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
                                  "truncated importance sampling (rollout_is=token or sequence) and remove the key")
     check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 @dataclass
@@ -34,8 +34,8 @@ class FilterGroupsConfig:
 class RolloutCorrectionConfig:
     rollout_is: Optional[str] = None
     """truncated importance sampling `pi_old / pi_rollout`: `token` or `sequence` (null = off)"""
-    rollout_is_threshold: float = 2.0
-    """upper truncation of the weights"""
+    rollout_is_threshold: Union[float, str] = 2.0
+    """upper truncation of the weights (a range `lower_upper` is rejected: there is no lower truncation)"""
     rollout_rs: Optional[str] = None
     """rejection sampling: not supported, any value but null is rejected"""
     rollout_rs_threshold: Any = None
