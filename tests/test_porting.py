@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.config import ConfigError, all_keys, config_warnings, hydra_config, load_config
 from posttrain.config import docpage, keytable
@@ -26,7 +27,6 @@ NOT_LOADING = {
     "grpo_trainer/run_minicpmo2_6.sh": "data.custom_cls.path",
     "grpo_trainer/run_moonlight16b_math_megatron.sh": "must be divisible by the 6 data-parallel ranks",
     "grpo_trainer/run_qwen2-32b_sglang_fsdp_npu.sh": "custom_reward_function.path",
-    "grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.sh": "lora_adapter_path",
     "grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh": "must be divisible by the 8 data-parallel ranks",
     "grpo_trainer/run_qwen2_5_7b_grpo_e2e_prof_npu.sh": "must be divisible by the 8 data-parallel ranks",
     "grpo_trainer/run_qwen3_vl-30b-megatron.sh": "tp_size=2 must divide the 1 processes",
@@ -72,7 +72,6 @@ NOT_LOADING_2026 = {
     "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": ["rejection sampling", "bypass_mode=True"],
     "router_replay/run_qwen3_30b_a3b_megatron.sh": [REPLAY, DP],
     "router_replay/run_qwen3_5_35b_a3b_veomni.sh": [REPLAY],
-    "tuning/lora/run_qwen3_8b_from_adapter_fsdp.sh": ["lora_adapter_path"],
 }
 
 
@@ -154,7 +153,7 @@ def test_foreign_keys_map_note_or_reject():
     assert "pipeline_model_parallel_size" in notes and "optim.clip_grad -> actor_rollout_ref.actor.grad_clip" in notes
     # harmless values of unsupported features pass; others are rejected with the reason
     load_config(None, OK + ["actor_rollout_ref.rollout.multi_turn.enable=False", "algorithm.use_pf_ppo=False"])
-    rejects(OK + ["actor_rollout_ref.model.lora_adapter_path=/x"], "is not supported", "saved adapter")
+    rejects(OK + ["actor_rollout_ref.model.lora.dropout=0.1"], "is not supported", "no dropout")
 
 
 def test_newest_tree_keys_act():
@@ -221,6 +220,31 @@ def test_lora_exclude_modules_leaves_modules_without_adapters(tiny_model_dir):
     assert adapted(["o_proj"]) == everything - {"o_proj"}
     rejects(OK + ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.exclude_modules=3"],
             "exclude_modules must be a regular expression or a list")
+
+
+def test_lora_adapter_path_continues_from_the_saved_adapter(tiny_model_dir, saved_adapter):
+    """`model.lora_adapter_path` starts LoRA from a saved adapter: its rank and modules (whatever lora_rank says) and
+    its weights, trainable; the meta-device build of the other ranks has the same adapter parameters. A folder without
+    adapter_config.json is refused at load."""
+    from safetensors.torch import load_file
+
+    from posttrain.models.load import LoraSettings, load_causal_lm
+
+    cfg = load_config(None, OK + [f"actor_rollout_ref.model.lora.adapter_path={saved_adapter}"])
+    assert cfg.actor_rollout_ref.model.lora_adapter_path == saved_adapter
+    settings = LoraSettings(0, adapter_path=saved_adapter)
+    model = settings.apply(load_causal_lm(str(tiny_model_dir)))
+    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    saved = load_file(str(Path(saved_adapter) / "adapter_model.safetensors"))
+    assert len(lora) == len(saved) and all(p.requires_grad for p in lora.values())
+    for name, tensor in saved.items():  # peft saves `...q_proj.lora_A.weight` for `...q_proj.lora_A.default.weight`
+        live = lora[name.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight",
+                                                                                     ".lora_B.default.weight")]
+        assert torch.equal(live.detach(), tensor) and live.shape[-1 if "lora_B" in name else 0] == 4
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in lora} == {"q_proj", "v_proj"}
+    meta = settings.apply(load_causal_lm(str(tiny_model_dir), meta=True))
+    assert {n: p.shape for n, p in meta.named_parameters() if "lora_" in n} == {n: p.shape for n, p in lora.items()}
+    rejects(OK + [f"actor_rollout_ref.model.lora_adapter_path={tiny_model_dir}"], "adapter_config.json")
 
 
 # The familiar GSM8K multi-turn example: its config file (a Hydra defaults list on the stock tree), its tool file and
@@ -469,12 +493,28 @@ def test_override_config_names_unknown_field(tiny_model_dir):
         model_config(str(tiny_model_dir), override_config={"atention_dropout": 0.1}, key="actor_rollout_ref.model.path")
 
 
-def _script_argv(name, model, data, reward_model=None, folder=SCRIPTS):
+def _script_argv(name, model, data, reward_model=None, folder=SCRIPTS, adapter="$LORA_ADAPTER_PATH"):
     record = json.loads((folder / name).read_text())
     argv = [a.replace("$REWARD_MODEL_PATH", reward_model or model).replace("$MODEL_PATH", model).replace("$TRAIN_FILES", data)
-            .replace("$VAL_FILES", data) for a in record["argv"]]
+            .replace("$VAL_FILES", data).replace("$LORA_ADAPTER_PATH", adapter) for a in record["argv"]]
     hydra = {a.split("=")[0]: a.split("=", 1)[1] for a in argv if a.startswith("--config-")}
     return record["script"], hydra, [a for a in argv if not a.startswith("--config-")]
+
+
+@pytest.fixture(scope="module")
+def saved_adapter(tiny_model_dir, tmp_path_factory) -> str:
+    """A LoRA adapter of the tiny model (rank 4, attention projections) saved by peft, its B matrices non-zero."""
+    from posttrain.models.load import LoraSettings, load_causal_lm
+
+    torch.manual_seed(3)
+    model = LoraSettings(4, 8, "q_proj,v_proj").apply(load_causal_lm(str(tiny_model_dir)))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_()
+    out = tmp_path_factory.mktemp("adapter")
+    model.save_pretrained(out)
+    return str(out)
 
 
 @pytest.fixture(scope="module")
@@ -485,11 +525,11 @@ def gsm8k_file(tmp_path_factory):
     return str(prepare("gsm8k", None, out)["train"][0])
 
 
-def _load_recorded(folder, model, data) -> tuple[list[str], dict[str, str]]:
+def _load_recorded(folder, model, data, adapter) -> tuple[list[str], dict[str, str]]:
     """Load every recording of a folder: the scripts that load, and the message of each that does not."""
     loaded, failed = [], {}
     for path in sorted(folder.glob("*.json")):
-        script, hydra, overrides = _script_argv(path.name, model, data, folder=folder)
+        script, hydra, overrides = _script_argv(path.name, model, data, folder=folder, adapter=adapter)
         config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
         try:
             load_config(config_file, base + overrides)
@@ -499,19 +539,19 @@ def _load_recorded(folder, model, data) -> tuple[list[str], dict[str, str]]:
     return loaded, failed
 
 
-def test_recorded_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, tracking_installed):
-    loaded, failed = _load_recorded(SCRIPTS, str(tiny_model_dir), gsm8k_file)
+def test_recorded_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, saved_adapter, tracking_installed):
+    loaded, failed = _load_recorded(SCRIPTS, str(tiny_model_dir), gsm8k_file, saved_adapter)
     assert len(loaded) + len(failed) == 76
     assert set(failed) == set(NOT_LOADING), sorted(set(failed) ^ set(NOT_LOADING))
     for script, fragment in NOT_LOADING.items():
         assert fragment in failed[script], (script, failed[script])
 
 
-def test_newest_tree_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, tracking_installed):
+def test_newest_tree_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, saved_adapter, tracking_installed):
     """The 90 main_ppo scripts of the newest tree: the count docs/porting.md reports load, and each of the others
     fails at load with one message naming its reasons."""
-    loaded, failed = _load_recorded(NEWEST, str(tiny_model_dir), gsm8k_file)
-    assert (len(loaded), len(loaded) + len(failed)) == (57, 90)
+    loaded, failed = _load_recorded(NEWEST, str(tiny_model_dir), gsm8k_file, saved_adapter)
+    assert (len(loaded), len(loaded) + len(failed)) == (58, 90)
     assert set(failed) == set(NOT_LOADING_2026), sorted(set(failed) ^ set(NOT_LOADING_2026))
     for script, fragments in NOT_LOADING_2026.items():
         for fragment in fragments:
@@ -530,17 +570,19 @@ def tiny_reward_model(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["grpo_trainer__run_qwen2-7b.json", "gpg_trainer__run_qwen2-7b_math_megatron.json",
                                   "ppo_trainer__run_deepseek7b_llm.json",
-                                  "ppo_trainer__run_qwen2-7b_rm_seq_balance.json"])
-def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_model, gsm8k_file, tmp_path,
+                                  "ppo_trainer__run_qwen2-7b_rm_seq_balance.json",
+                                  "grpo_trainer__run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.json"])
+def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_model, gsm8k_file, saved_adapter, tmp_path,
                                           tracking_installed):
-    """The script's own keys plus small batch sizes on the tiny models: two steps run and log metrics (the last one
-    scores with a reward model)."""
+    """The script's own keys plus small batch sizes on the tiny models: two steps run and log metrics (one scores with
+    a reward model, one continues from a saved LoRA adapter)."""
     sys.path.insert(0, str(ROOT / "tools"))
     from verl_examples import SMALL
 
     from posttrain.trainer.rl import run_rl
 
-    script, hydra, overrides = _script_argv(name, str(tiny_model_dir), gsm8k_file, tiny_reward_model)
+    script, hydra, overrides = _script_argv(name, str(tiny_model_dir), gsm8k_file, tiny_reward_model,
+                                            adapter=saved_adapter)
     config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
     small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL]
     cfg = load_config(config_file, base + overrides + small + ["data.train_max_samples=16"])

@@ -25,8 +25,10 @@ import time
 from pathlib import Path
 
 MODEL, TRAIN, VAL, REWARD = "$MODEL_PATH", "$TRAIN_FILES", "$VAL_FILES", "$REWARD_MODEL_PATH"
+ADAPTER = "$LORA_ADAPTER_PATH"
 PATH_KEYS = {"model.path": MODEL, "tokenizer_path": MODEL, "model.tokenizer_path": MODEL,
-             "model.input_tokenizer": MODEL, "model_path": MODEL, "data.train_files": TRAIN, "data.val_files": VAL}
+             "model.input_tokenizer": MODEL, "model_path": MODEL, "data.train_files": TRAIN, "data.val_files": VAL,
+             "lora_adapter_path": ADAPTER}
 SHIM = """#!/usr/bin/env bash
 for a in "$@"; do if [ "$a" = "verl.trainer.main_ppo" ]; then
   python_real=%(python)s; exec "$python_real" -c 'import json,sys; sys.argv.pop(0); i=sys.argv.index("verl.trainer.main_ppo"); open(__import__("os").environ["POSTTRAIN_CAPTURE"],"a").write(json.dumps(sys.argv[i+1:])+"\\n")' "$@"
@@ -109,11 +111,12 @@ SMALL = ["data.train_batch_size=4", "data.val_batch_size=4", "data.max_prompt_le
          "reward_model.overlong_buffer.len=4"]
 
 
-def substitute(argv: list[str], model: str, train: str, val: str, reward: str) -> list[str]:
-    return [a.replace(REWARD, reward).replace(MODEL, model).replace(TRAIN, train).replace(VAL, val) for a in argv]
+def substitute(argv: list[str], model: str, train: str, val: str, reward: str, adapter: str = ADAPTER) -> list[str]:
+    return [a.replace(REWARD, reward).replace(MODEL, model).replace(TRAIN, train).replace(VAL, val)
+            .replace(ADAPTER, adapter) for a in argv]
 
 
-def check(args_dir: Path, model: str, train: str, val: str, reward: str, steps: int) -> int:
+def check(args_dir: Path, model: str, train: str, val: str, reward: str, steps: int, adapter: str = ADAPTER) -> int:
     """Load every recorded command line; with steps > 0 also train that many steps. Prints one line per script
     and the reasons for those that do not load."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -121,7 +124,7 @@ def check(args_dir: Path, model: str, train: str, val: str, reward: str, steps: 
     files = sorted(args_dir.glob("*.json"))
     for f in files:
         record = json.loads(f.read_text())
-        argv = substitute(record["argv"], model, train, val, reward)
+        argv = substitute(record["argv"], model, train, val, reward, adapter)
         start = time.time()
         out = subprocess.run([sys.executable, "-m", "posttrain", "train", "--print-config", *argv], env=env,
                              capture_output=True, text=True)
@@ -158,12 +161,14 @@ def main() -> int:
     p.add_argument("--val", default=None, help="validation file (default: --train)")
     p.add_argument("--reward-model", default=None, help="reward model standing in for the scripts' (default: --model)")
     p.add_argument("--steps", type=int, default=0, help="also train this many steps with small batch sizes")
+    p.add_argument("--lora-adapter", default=ADAPTER, help="a saved LoRA adapter of --model standing in for the "
+                   "scripts' (lora_adapter_path)")
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.examples, args.out_dir)
         return 0
     return check(args.args_dir, args.model, args.train, args.val or args.train, args.reward_model or args.model,
-                 args.steps)
+                 args.steps, args.lora_adapter)
 
 
 if __name__ == "__main__":

@@ -211,8 +211,8 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.model.lora.rank", "map", "LoRA rank", target="actor_rollout_ref.model.lora_rank"),
     Rule("actor_rollout_ref.model.lora.alpha", "map", "LoRA scale", target="actor_rollout_ref.model.lora_alpha"),
     Rule("actor_rollout_ref.model.lora.type", "only", "posttrain trains plain LoRA (peft)", ("lora",)),
-    Rule("actor_rollout_ref.model.lora.adapter_path", "only", "starting from a saved adapter is not supported",
-         (None,)),
+    Rule("actor_rollout_ref.model.lora.adapter_path", "map", "a saved adapter to continue from",
+         target="actor_rollout_ref.model.lora_adapter_path"),
     Rule("actor_rollout_ref.model.lora.dropout", "only", "posttrain's LoRA has no dropout", (0, 0.0)),
     Rule("actor_rollout_ref.model.lora.merge", "note", "posttrain merges LoRA into the decoding weights each step"),
     Rule("actor_rollout_ref.model.lora.target_modules", "note", "Megatron module names; posttrain adapts "
@@ -226,8 +226,6 @@ RULES: list[Rule] = [
     Rule("critic.model.lora_rank", "only", "the critic trains all its weights (no LoRA critic)", (0,)),
     Rule("critic.model.lora_alpha", "note", "the critic trains all its weights (no LoRA critic)"),
     Rule("critic.model.target_modules", "note", "the critic trains all its weights (no LoRA critic)"),
-    Rule("actor_rollout_ref.model.lora_adapter_path", "only", "starting from a saved adapter is not supported",
-         (None,)),
     Rule("actor_rollout_ref.model.custom_chat_template", "only", "put the template in the tokenizer folder "
          "(chat_template.jinja) instead", (None,)),
     Rule("*.model.external_lib", "only", "posttrain imports no extra model library; register the architecture "

@@ -24,7 +24,8 @@ def normalise(cfg: Config) -> Config:
     arr = cfg.actor_rollout_ref
     world, tp = tr.nnodes * tr.n_gpus_per_node, arr.actor.fsdp_config.tp_size
     layout_fits = tr.nnodes >= 1 and tr.n_gpus_per_node >= 1 and tp >= 1 and world % tp == 0
-    if layout_fits and tp > 1 and arr.model.lora_rank > 0 and arr.actor.strategy == "megatron":
+    lora = arr.model.lora_rank > 0 or arr.model.lora_adapter_path
+    if layout_fits and tp > 1 and lora and arr.actor.strategy == "megatron":
         arr.actor.fsdp_config.tp_size = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
     if cfg.data.environment and arr.rollout.agent.program is None:
         arr.rollout.agent.program = ENVIRONMENT_PROGRAM  # the environment's rollouts are its episodes

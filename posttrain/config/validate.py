@@ -6,6 +6,8 @@ nothing. The loader adds them to the problems of loading and reports all of them
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .loader import Problems
 from .multi_turn import check_multi_turn
 from .normalise import normalise
@@ -142,6 +144,10 @@ def _validate(cfg: Config, check: Checks) -> None:
         check(excluded is None or isinstance(excluded, str) or
               (isinstance(excluded, list) and all(isinstance(m, str) for m in excluded)),
               "actor_rollout_ref.model.exclude_modules must be a regular expression or a list of module names")
+    if model.lora_adapter_path:
+        adapter = Path(str(model.lora_adapter_path)).expanduser() / "adapter_config.json"
+        check(adapter.is_file(), f"actor_rollout_ref.model.lora_adapter_path: '{adapter}' does not exist (a saved "
+                                 "LoRA adapter is a peft folder with adapter_config.json)", "files, models and packages")
     check.unsupported(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights "
                                          "between actor and rollout; remove the key")
 
@@ -357,7 +363,7 @@ def _check_layout(cfg: Config, check: Checks) -> None:
                  f"must divide the {world} processes (trainer.nnodes x trainer.n_gpus_per_node)"):
         return
     dp = world // tp
-    check(tp == 1 or arr.model.lora_rank == 0,
+    check(tp == 1 or (arr.model.lora_rank == 0 and not arr.model.lora_adapter_path),
           f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} with tp_size={tp}: LoRA runs with FSDP2 sharding "
           "alone; set actor_rollout_ref.actor.fsdp_config.tp_size=1 (the frozen base shards over every rank)")
     check(fsdp_size in (-1, 0) or (fsdp_size >= 1 and dp % fsdp_size == 0),
