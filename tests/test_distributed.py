@@ -144,6 +144,17 @@ def test_two_processes_equal_one(fixed_batch, tiny_model_dir, one_process):
     assert gathers["counts"][0] == gathers["counts"][1] <= gathers["units"], gathers
 
 
+def test_a_prompt_group_straddling_two_ranks_gives_the_update_of_one_process(fixed_batch, tiny_model_dir):
+    """ppo_mini_batch_size=1 on 2 ranks: each mini-batch is one group of 4 responses, 2 on each rank. The advantages
+    come from the gathered batch and the losses are normalised over the whole mini-batch, so the update equals one
+    process's, metric by metric and weight by weight (actor, and the critic of PPO)."""
+    cases = {k: CASES[k] for k in ("grpo_kl_token-mean", "grpo_kl_seq-mean-token-mean", "ppo_seq-mean-token-sum")}
+    mini = ["actor_rollout_ref.actor.ppo_mini_batch_size=1"]
+    one = run_layout(fixed_batch, tiny_model_dir, "straddle_one", 1, mini, cases=cases)
+    two = run_layout(fixed_batch, tiny_model_dir, "straddle_two", 2, mini, cases=cases)
+    assert_same_update(one, two, min_cases=3)
+
+
 def test_ranks_take_one_path_when_a_fast_path_check_fails_on_one_rank_only(fixed_batch, tiny_model_dir):
     """The one-time checks of the shared-prompt passes (actor, reference, critic) and of the decoding engine fail on
     rank 1 only: every rank keeps the plain path, and the step (generate, then learn) finishes instead of hanging in

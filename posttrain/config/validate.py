@@ -385,13 +385,15 @@ def _check_layout(cfg: Config, check: Checks) -> None:
     if dp > 1:
         check(d.train_batch_size % dp == 0, f"data.train_batch_size={d.train_batch_size} must be divisible by the "
                                             f"{dp} data-parallel ranks (each takes whole prompts)")
-        check(actor.ppo_mini_batch_size % dp == 0,
-              f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be divisible by the "
-              f"{dp} data-parallel ranks (a mini-batch's prompts are split over them)")
+        n = arr.rollout.n
+        check(actor.ppo_mini_batch_size * n % dp == 0,
+              f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} x rollout.n={n} responses "
+              f"must be divisible by the {dp} data-parallel ranks (a mini-batch's responses are split over them, "
+              "whole prompt groups where they fit)")
         critic_mini = cfg.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
         if estimator_info(cfg.algorithm.adv_estimator).needs_critic or cfg.critic.enable:
-            check(critic_mini % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} must be divisible by the {dp} "
-                                         "data-parallel ranks")
+            check(critic_mini * n % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} x rollout.n={n} responses "
+                                             f"must be divisible by the {dp} data-parallel ranks")
     for key in ("save_contents", "load_contents"):
         value = getattr(actor.checkpoint, key)
         for item in value or []:
