@@ -384,7 +384,8 @@ def tiny_knobs(run_dir) -> list[str]:
     from verl_examples import SMALL
 
     return [s.replace("STEPS", "2").replace("RUN_DIR", str(run_dir)) for s in SMALL
-            if not s.startswith("data.max_prompt_length=")] + ["data.max_prompt_length=1024"]
+            if not s.startswith(("data.max_prompt_length=", "actor_rollout_ref.rollout.prompt_length="))] + [
+        "data.max_prompt_length=1024", "actor_rollout_ref.rollout.prompt_length=1024"]
 
 
 def trained_steps(run_dir) -> list[dict]:
@@ -567,17 +568,21 @@ def tiny_reward_model(tmp_path_factory):
 @pytest.mark.parametrize("name", ["grpo_trainer__run_qwen2-7b.json", "gpg_trainer__run_qwen2-7b_math_megatron.json",
                                   "ppo_trainer__run_deepseek7b_llm.json",
                                   "ppo_trainer__run_qwen2-7b_rm_seq_balance.json",
-                                  "grpo_trainer__run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.json"])
+                                  "grpo_trainer__run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.json",
+                                  "2026_08/grpo_trainer__run_mistral_nemo_12b_skyworkrm_fsdp.json"])
 def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_model, gsm8k_file, saved_adapter, tmp_path,
                                           tracking_installed):
-    """The script's own keys plus small batch sizes on the tiny models: two steps run and log metrics (one scores with
-    a reward model, one continues from a saved LoRA adapter)."""
+    """The script's own keys plus small batch sizes on the tiny models: two steps run and log metrics (two score with
+    a reward model, the newest tree's through its top-level reward block; one continues from a saved LoRA
+    adapter)."""
     sys.path.insert(0, str(ROOT / "tools"))
     from verl_examples import SMALL
 
     from posttrain.trainer.rl import run_rl
 
-    script, hydra, overrides = _script_argv(name, str(tiny_model_dir), gsm8k_file, tiny_reward_model,
+    newest = name.startswith("2026_08/")
+    script, hydra, overrides = _script_argv(name.removeprefix("2026_08/"), str(tiny_model_dir), gsm8k_file,
+                                            tiny_reward_model, folder=NEWEST if newest else SCRIPTS,
                                             adapter=saved_adapter)
     config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
     small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL]
@@ -585,5 +590,5 @@ def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_mode
     run_rl(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
-    if "_rm_" in name:
+    if "_rm_" in name or "skyworkrm" in name:
         assert all("reward/rm_score/mean" in r for r in rows if "actor/pg_loss" in r)

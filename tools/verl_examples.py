@@ -105,7 +105,9 @@ SMALL = ["data.train_batch_size=4", "data.val_batch_size=4", "data.max_prompt_le
          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=4",
          "critic.ppo_micro_batch_size_per_gpu=4", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
-         "actor_rollout_ref.actor.fsdp_config.tp_size=1", "trainer.total_training_steps=STEPS",
+         "actor_rollout_ref.actor.fsdp_config.tp_size=1", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+         "actor_rollout_ref.ref.fsdp_config.fsdp_size=-1", "actor_rollout_ref.rollout.prompt_length=256",
+         "actor_rollout_ref.rollout.response_length=16", "trainer.total_training_steps=STEPS",
          "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
          "trainer.logger=['console']", "trainer.default_local_dir=RUN_DIR", "trainer.device=cpu",
          "reward_model.overlong_buffer.len=4"]

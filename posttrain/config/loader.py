@@ -215,7 +215,7 @@ class _Loading:
                 self.problems.add("not supported by posttrain", f"{full}={value!r} is not supported: {rule.why}")
             else:
                 self.notes.setdefault(f"read as posttrain's keys ({rule.why})", []).append(
-                    f"{full}={value} -> {', '.join(sets) or 'the defaults'}")
+                    f"{full}={value} -> {', '.join(sets) or 'no key changes'}")
                 for key, v in (parse_override(o) for o in sets):
                     self.set(key, v)
         elif rule.kind == "only" and not allowed(rule, value):
