@@ -89,8 +89,11 @@ def test_process_layout_is_checked():
     assert cfg.trainer.nnodes == 2 and cfg.actor_rollout_ref.actor.fsdp_config.tp_size == 2
     assert load_config(None, ok + ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.lora_rank=8"])
     rejects(ok + ["trainer.n_gpus_per_node=3"], "data.train_batch_size=16 must be divisible by the 3 data-parallel")
-    rejects(["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=4"],
-            "ppo_mini_batch_size=2 must be divisible by the 4")
+    rejects(["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=4",
+             "actor_rollout_ref.rollout.n=1"], "ppo_mini_batch_size=2 x rollout.n=1 responses must be divisible by the 4")
+    # fewer prompts per mini-batch than ranks: a group straddles two ranks (its responses split evenly)
+    assert load_config(None, ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+                              "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=2"])
     rejects(ok + ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.tp_size=3"],
             "tp_size=3 must divide the 4 processes")
     rejects(ok + ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.fsdp_config.fsdp_size=3"],

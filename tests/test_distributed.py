@@ -144,6 +144,40 @@ def test_two_processes_equal_one(fixed_batch, tiny_model_dir, one_process):
     assert gathers["counts"][0] == gathers["counts"][1] <= gathers["units"], gathers
 
 
+def test_a_prompt_group_straddling_two_ranks_gives_the_update_of_one_process(fixed_batch, tiny_model_dir):
+    """ppo_mini_batch_size=1 on 2 ranks: each mini-batch is one group of 4 responses, 2 on each rank. The advantages
+    come from the gathered batch and the losses are normalised over the whole mini-batch, so the update equals one
+    process's, metric by metric and weight by weight (actor, and the critic of PPO)."""
+    cases = {k: CASES[k] for k in ("grpo_kl_token-mean", "grpo_kl_seq-mean-token-mean", "ppo_seq-mean-token-sum")}
+    mini = ["actor_rollout_ref.actor.ppo_mini_batch_size=1"]
+    one = run_layout(fixed_batch, tiny_model_dir, "straddle_one", 1, mini, cases=cases)
+    two = run_layout(fixed_batch, tiny_model_dir, "straddle_two", 2, mini, cases=cases)
+    assert_same_update(one, two, min_cases=3)
+
+
+def test_lora_from_a_saved_adapter_on_two_ranks_equals_one_process(fixed_batch, tiny_model_dir, tmp_path):
+    """`model.lora_adapter_path`: rank 0 loads the saved adapter's weights, the other rank builds its structure and
+    receives them; the update equals one process's, and starts from the saved weights (not a fresh adapter)."""
+    from posttrain.models.load import LoraSettings, load_causal_lm
+
+    torch.manual_seed(5)
+    model = LoraSettings(4, 8, "q_proj,v_proj").apply(load_causal_lm(str(tiny_model_dir)))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=0.02)
+    model.save_pretrained(tmp_path / "adapter")
+    cases = {"grpo_lora_adapter": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
+                                   f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}",
+                                   "actor_rollout_ref.actor.optim.lr=1e-3"]}
+    one = run_layout(fixed_batch, tiny_model_dir, "adapter_one", 1, [], cases=cases)
+    two = run_layout(fixed_batch, tiny_model_dir, "adapter_two", 2, [], cases=cases)
+    assert_same_update(one, two, min_cases=1)
+    for run in (one, two):  # before any update, the saved B matrices already move the policy off the reference
+        got = torch.load(run / "grpo_lora_adapter.pt")  # (a fresh adapter starts at B = 0: the two would be equal)
+        assert (got["old_log_probs"] - got["ref_log_probs"]).abs().max() > 1e-4
+
+
 def test_ranks_take_one_path_when_a_fast_path_check_fails_on_one_rank_only(fixed_batch, tiny_model_dir):
     """The one-time checks of the shared-prompt passes (actor, reference, critic) and of the decoding engine fail on
     rank 1 only: every rank keeps the plain path, and the step (generate, then learn) finishes instead of hanging in

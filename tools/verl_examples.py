@@ -5,6 +5,9 @@
 
 `capture` runs every `*.sh` under EXAMPLES_DIR with `python`/`python3` replaced by a shim that records the arguments
 of `-m verl.trainer.main_ppo` and runs nothing; model and data paths are replaced by placeholders, nothing else.
+The recording machine stands for one with NVIDIA GPUs: `uv run ... python3` runs the shim, a `python3 -c` probe
+(`import torch_npu`) fails, and the paths some scripts require from the environment are set (SCRIPT_ENV). Each
+recording is named after the script's path under EXAMPLES_DIR, `/` written `__`.
 `check` substitutes the placeholders (a tiny model and the demo task's files) and loads each command line with
 `posttrain train --print-config`; with `--steps N` the ones that load also train N steps with small batch sizes.
 """
@@ -22,14 +25,22 @@ import time
 from pathlib import Path
 
 MODEL, TRAIN, VAL, REWARD = "$MODEL_PATH", "$TRAIN_FILES", "$VAL_FILES", "$REWARD_MODEL_PATH"
+ADAPTER = "$LORA_ADAPTER_PATH"
 PATH_KEYS = {"model.path": MODEL, "tokenizer_path": MODEL, "model.tokenizer_path": MODEL,
-             "model.input_tokenizer": MODEL, "data.train_files": TRAIN, "data.val_files": VAL}
+             "model.input_tokenizer": MODEL, "model_path": MODEL, "data.train_files": TRAIN, "data.val_files": VAL,
+             "lora_adapter_path": ADAPTER}
 SHIM = """#!/usr/bin/env bash
 for a in "$@"; do if [ "$a" = "verl.trainer.main_ppo" ]; then
   python_real=%(python)s; exec "$python_real" -c 'import json,sys; sys.argv.pop(0); i=sys.argv.index("verl.trainer.main_ppo"); open(__import__("os").environ["POSTTRAIN_CAPTURE"],"a").write(json.dumps(sys.argv[i+1:])+"\\n")' "$@"
 fi; done
+[ "$1" = -c ] && exit 1  # a probe (`python3 -c 'import torch_npu'`) fails: the recording machine has NVIDIA GPUs
 exit 0
 """
+# Paths some scripts require from the environment (they stop with "unbound variable" or "must set" without them),
+# and INFER_BACKEND, which one script reads before it sets its own default (vllm).
+SCRIPT_ENV = {"RAY_DATA_HOME": "HOME/verl", "HDFS_ROOT": "HOME/hdfs", "LORA_ADAPTER_PATH": "HOME/lora_adapter",
+              "KIMI_K2_6_MODEL_PATH": "HOME/models/Kimi-K2.6", "DATA_ROOT": "HOME/data",
+              "INFER_BACKEND": "vllm"}
 
 
 def _placeholder(arg: str) -> str:
@@ -39,7 +50,7 @@ def _placeholder(arg: str) -> str:
     bare = key.lstrip("+")
     for suffix, placeholder in PATH_KEYS.items():
         if bare == suffix or bare.endswith("." + suffix):
-            if bare == "reward_model.model.path":
+            if bare in ("reward_model.model.path", "reward.reward_model.model_path"):
                 return f"{key}={REWARD}"  # a reward model is a model of its own
             return f"{key}={placeholder}"
     return arg
@@ -58,18 +69,27 @@ def capture(examples: Path, out_dir: Path) -> None:
                 shim = bindir / name
                 shim.write_text(SHIM % {"python": sys.executable})
                 shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+            # `uv run [options] python3 ...` runs the python that follows
+            (bindir / "uv").write_text('#!/usr/bin/env bash\nwhile [ $# -gt 0 ] && [ "$1" != python ] && '
+                                       '[ "$1" != python3 ]; do shift; done\n[ $# -gt 0 ] && exec "$@"\nexit 0\n')
+            (bindir / "uv").chmod(0o755)
             for name in ("nvidia-smi", "ray", "huggingface-cli", "hf", "pip", "nsys", "wandb"):
                 (bindir / name).write_text("#!/bin/sh\nexit 0\n")
                 (bindir / name).chmod(0o755)
             env = {"PATH": f"{bindir}:/usr/bin:/bin", "HOME": str(tmp / "home"), "TMPDIR": str(tmp),
-                   "POSTTRAIN_CAPTURE": str(record)}
-            # `source` of a file this machine lacks (a vendor toolkit's env script) must not stop the script
-            tolerant = 'source() { [ -f "$1" ] && builtin source "$@"; return 0; }; export -f source; bash "$0"'
+                   "POSTTRAIN_CAPTURE": str(record),
+                   **{k: v.replace("HOME", str(tmp / "home")) for k, v in SCRIPT_ENV.items()}}
+            # `source` of a file this machine lacks (a vendor toolkit's env script) and a `ulimit` this machine does
+            # not allow must not stop the script
+            tolerant = ('source() { [ -f "$1" ] && builtin source "$@"; return 0; }; export -f source; '
+                        'ulimit() { builtin ulimit "$@" 2>/dev/null || true; }; export -f ulimit; bash "$0"')
             subprocess.run(["bash", "-c", tolerant, str(script)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
             lines = record.read_text().splitlines() if record.exists() else []
-            lines = [line.replace(str(tmp / "home"), "/home/user") for line in lines]  # stable across runs
-        name = f"{script.parent.name}__{script.stem}.json"
+            # stable across runs: the recording machine's home folder and the checkout the scripts lie in
+            lines = [line.replace(str(tmp / "home"), "/home/user").replace(str(examples.resolve().parent),
+                                                                            "/path/to/verl") for line in lines]
+        name = str(script.relative_to(examples).with_suffix(".json")).replace("/", "__")
         if not lines:
             print(f"{script.relative_to(examples)}: no main_ppo call recorded", file=sys.stderr)
             continue
@@ -85,17 +105,20 @@ SMALL = ["data.train_batch_size=4", "data.val_batch_size=4", "data.max_prompt_le
          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=4",
          "critic.ppo_micro_batch_size_per_gpu=4", "trainer.n_gpus_per_node=1", "trainer.nnodes=1",
-         "actor_rollout_ref.actor.fsdp_config.tp_size=1", "trainer.total_training_steps=STEPS",
+         "actor_rollout_ref.actor.fsdp_config.tp_size=1", "actor_rollout_ref.actor.fsdp_config.fsdp_size=-1",
+         "actor_rollout_ref.ref.fsdp_config.fsdp_size=-1", "actor_rollout_ref.rollout.prompt_length=256",
+         "actor_rollout_ref.rollout.response_length=16", "trainer.total_training_steps=STEPS",
          "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
          "trainer.logger=['console']", "trainer.default_local_dir=RUN_DIR", "trainer.device=cpu",
          "reward_model.overlong_buffer.len=4"]
 
 
-def substitute(argv: list[str], model: str, train: str, val: str, reward: str) -> list[str]:
-    return [a.replace(REWARD, reward).replace(MODEL, model).replace(TRAIN, train).replace(VAL, val) for a in argv]
+def substitute(argv: list[str], model: str, train: str, val: str, reward: str, adapter: str = ADAPTER) -> list[str]:
+    return [a.replace(REWARD, reward).replace(MODEL, model).replace(TRAIN, train).replace(VAL, val)
+            .replace(ADAPTER, adapter) for a in argv]
 
 
-def check(args_dir: Path, model: str, train: str, val: str, reward: str, steps: int) -> int:
+def check(args_dir: Path, model: str, train: str, val: str, reward: str, steps: int, adapter: str = ADAPTER) -> int:
     """Load every recorded command line; with steps > 0 also train that many steps. Prints one line per script
     and the reasons for those that do not load."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -103,7 +126,7 @@ def check(args_dir: Path, model: str, train: str, val: str, reward: str, steps: 
     files = sorted(args_dir.glob("*.json"))
     for f in files:
         record = json.loads(f.read_text())
-        argv = substitute(record["argv"], model, train, val, reward)
+        argv = substitute(record["argv"], model, train, val, reward, adapter)
         start = time.time()
         out = subprocess.run([sys.executable, "-m", "posttrain", "train", "--print-config", *argv], env=env,
                              capture_output=True, text=True)
@@ -140,12 +163,14 @@ def main() -> int:
     p.add_argument("--val", default=None, help="validation file (default: --train)")
     p.add_argument("--reward-model", default=None, help="reward model standing in for the scripts' (default: --model)")
     p.add_argument("--steps", type=int, default=0, help="also train this many steps with small batch sizes")
+    p.add_argument("--lora-adapter", default=ADAPTER, help="a saved LoRA adapter of --model standing in for the "
+                   "scripts' (lora_adapter_path)")
     args = parser.parse_args()
     if args.command == "capture":
         capture(args.examples, args.out_dir)
         return 0
     return check(args.args_dir, args.model, args.train, args.val or args.train, args.reward_model or args.model,
-                 args.steps)
+                 args.steps, args.lora_adapter)
 
 
 if __name__ == "__main__":

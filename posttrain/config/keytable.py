@@ -6,7 +6,9 @@ match wins:
   note   accepted; the value has no effect here, and the note says what posttrain does instead (printed once);
   only   accepted when the value is one of `allowed` (what posttrain does anyway); any other value is rejected
          with the reason;
-  map    the value is set on posttrain's key `target` (`{0}`, `{1}` = the segments matched by `*`).
+  map    the value is set on posttrain's key `target` (`{0}`, `{1}` = the segments matched by `*`);
+  choose each allowed value stands for settings of posttrain's keys (`sets`: value -> `key=value` overrides, applied
+         in its place); any other value is rejected with the reason.
 The loader applies the rules; docs/config.md lists every familiar key with its decision (docpage.py); a test fails
 when a key of the familiar schema matches no rule.
 """
@@ -24,6 +26,7 @@ class Rule:
     why: str = ""
     allowed: tuple = ()
     target: str | None = None
+    sets: tuple = ()  # choose: ((value, ("key=value", ...)), ...)
 
 
 ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_model")
@@ -208,13 +211,14 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.model.lora.rank", "map", "LoRA rank", target="actor_rollout_ref.model.lora_rank"),
     Rule("actor_rollout_ref.model.lora.alpha", "map", "LoRA scale", target="actor_rollout_ref.model.lora_alpha"),
     Rule("actor_rollout_ref.model.lora.type", "only", "posttrain trains plain LoRA (peft)", ("lora",)),
-    Rule("actor_rollout_ref.model.lora.adapter_path", "only", "starting from a saved adapter is not supported",
-         (None,)),
+    Rule("actor_rollout_ref.model.lora.adapter_path", "map", "a saved adapter to continue from",
+         target="actor_rollout_ref.model.lora_adapter_path"),
     Rule("actor_rollout_ref.model.lora.dropout", "only", "posttrain's LoRA has no dropout", (0, 0.0)),
     Rule("actor_rollout_ref.model.lora.merge", "note", "posttrain merges LoRA into the decoding weights each step"),
     Rule("actor_rollout_ref.model.lora.target_modules", "note", "Megatron module names; posttrain adapts "
          "actor_rollout_ref.model.target_modules (default all-linear)"),
-    Rule("actor_rollout_ref.model.lora.exclude_modules", "only", "use actor_rollout_ref.model.target_modules", ((),)),
+    Rule("actor_rollout_ref.model.lora.exclude_modules", "map", "modules LoRA leaves out",
+         target="actor_rollout_ref.model.exclude_modules"),
     Rule("actor_rollout_ref.model.lora.**", "note", "Megatron LoRA details; posttrain's LoRA is peft's, applied "
          "to the language model"),
     Rule("critic.model.lora.rank", "only", "the critic trains all its weights (no LoRA critic)", (0,)),
@@ -222,10 +226,6 @@ RULES: list[Rule] = [
     Rule("critic.model.lora_rank", "only", "the critic trains all its weights (no LoRA critic)", (0,)),
     Rule("critic.model.lora_alpha", "note", "the critic trains all its weights (no LoRA critic)"),
     Rule("critic.model.target_modules", "note", "the critic trains all its weights (no LoRA critic)"),
-    Rule("actor_rollout_ref.model.lora_adapter_path", "only", "starting from a saved adapter is not supported",
-         (None,)),
-    Rule("actor_rollout_ref.model.exclude_modules", "only", "list the adapted modules in "
-         "actor_rollout_ref.model.target_modules instead", (None,)),
     Rule("actor_rollout_ref.model.custom_chat_template", "only", "put the template in the tokenizer folder "
          "(chat_template.jinja) instead", (None,)),
     Rule("*.model.external_lib", "only", "posttrain imports no extra model library; register the architecture "
@@ -363,6 +363,100 @@ RULES: list[Rule] = [
 ]
 
 
+# ---- the newest tree (verl's August 2026 snapshot): engine families, the top-level reward block, new engine keys
+ENGINE_FAMILY = ("the training engine family: `dp` and `veomni` are FSDP2-sharded engines (posttrain's FSDP2); "
+                 "`megatron` is read as strategy=megatron, whose layout maps onto FSDP2 x tensor parallel")
+MEGATRON_ENGINE = ("actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron")
+NO_EP = ("expert parallel has no equivalent here: expert weights are sharded with FSDP2 like the others (tensor "
+         "parallel maps onto actor.fsdp_config.tp_size)")
+KERNEL = "a kernel choice of that engine; posttrain runs the transformers model's own implementation"
+WRAP_PLAN = "which modules the engine wraps; posttrain's FSDP2 shards each decoder layer, then the root"
+OWN_REWARD = "the top-level reward block of the newest tree, read as posttrain's reward keys"
+DISTILLATION = "on-policy distillation (a teacher model's log-probs in the loss) is not supported"
+NEWEST_TREE: list[Rule] = [
+    Rule("model_engine", "choose", ENGINE_FAMILY,
+         sets=(("dp", ()), ("veomni", ()), ("megatron", MEGATRON_ENGINE))),
+    Rule("actor_rollout_ref.actor.model_engine", "choose", ENGINE_FAMILY,
+         sets=(("dp", ()), ("veomni", ()), ("megatron", MEGATRON_ENGINE))),
+    # veomni (an FSDP2 engine with expert and sequence parallel)
+    Rule("actor_rollout_ref.*.veomni.param_offload", "map", "keep weights in CPU memory",
+         target="actor_rollout_ref.{0}.fsdp_config.param_offload"),
+    Rule("actor_rollout_ref.actor.veomni.enable_fsdp_offload", "map", "keep weights in CPU memory",
+         target="actor_rollout_ref.actor.fsdp_config.param_offload"),
+    Rule("actor_rollout_ref.actor.veomni.optimizer_offload", "map", "keep Adam state in CPU memory",
+         target="actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
+    Rule("actor_rollout_ref.*.veomni.fsdp_size", "map", "the FSDP2 shard group size",
+         target="actor_rollout_ref.{0}.fsdp_config.fsdp_size"),
+    Rule("actor_rollout_ref.*.veomni.enable_full_shard", "map", "full sharding = FSDP2 freeing the gathered "
+         "weights after the forward (False: kept until the backward)",
+         target="actor_rollout_ref.{0}.fsdp_config.reshard_after_forward"),
+    Rule("actor_rollout_ref.*.veomni.expert_parallel_size", "note", NO_EP),
+    Rule("actor_rollout_ref.*.veomni.ulysses_parallel_size", "note", NO_SP),
+    *[Rule(f"actor_rollout_ref.*.veomni.{k}_implementation", "note", KERNEL)
+      for k in ("attn", "moe", "cross_entropy_loss", "dsa_attention", "dsa_indexer", "mhc")],
+    *[Rule(f"actor_rollout_ref.*.{engine}.router_replay.mode", "only", "MoE router replay is not supported",
+           ("disabled",)) for engine in ("veomni", "megatron")],
+    Rule("actor_rollout_ref.actor.pad_to_length", "note", "posttrain cuts each micro-batch to its longest row"),
+    # fsdp_turbo (FSDP2 with its own wrap and recompute plans)
+    Rule("actor_rollout_ref.*.fsdp_config.turbo_config.distributed.fully_shard_parallel_size", "map",
+         "the FSDP2 shard group size", target="actor_rollout_ref.{0}.fsdp_config.fsdp_size"),
+    Rule("actor_rollout_ref.*.fsdp_config.turbo_config.distributed.ulysses_parallel_size", "note", NO_SP),
+    Rule("actor_rollout_ref.*.fsdp_config.turbo_config.distributed.expert_parallel_size", "note", NO_EP),
+    Rule("actor_rollout_ref.*.fsdp_config.turbo_config.distributed.fsdp_plan.*", "note", WRAP_PLAN),
+    Rule("actor_rollout_ref.*.fsdp_config.turbo_config.distributed.ep_plan.*", "note", NO_EP),
+    Rule("actor_rollout_ref.actor.fsdp_config.turbo_config.memory.recompute", "map", "activation recomputation",
+         target="actor_rollout_ref.model.enable_gradient_checkpointing"),
+    Rule("actor_rollout_ref.ref.fsdp_config.turbo_config.memory.recompute", "note", "the reference computes "
+         "log-probs without gradients, so it keeps no activations to recompute"),
+    Rule("actor_rollout_ref.*.fsdp_config.turbo_config.memory.recompute_plan", "note", "which layers recompute; "
+         "posttrain checkpoints every decoder layer (model.enable_gradient_checkpointing)"),
+    # Megatron additions
+    *_roles("megatron.use_megatron_fsdp", "note", "Megatron's own FSDP: posttrain shards with FSDP2 always",
+            roles=ACTOR_REF),
+    Rule("actor_rollout_ref.rollout.moe_tensor_parallel_size", "note", ENGINE),
+    Rule("actor_rollout_ref.actor.checkpoint.strict", "note", "a resumed checkpoint must match the model; posttrain "
+         "loads it strictly always"),
+    # the critic's engine section
+    Rule("critic.fsdp.*", "map", "the critic's FSDP settings", target="critic.model.fsdp_config.{0}"),
+    # SAPO's temperatures under policy_loss
+    *[Rule(f"actor_rollout_ref.actor.policy_loss.{k}", "map", "SAPO's gate temperatures",
+           target=f"actor_rollout_ref.actor.{k}") for k in ("tau_pos", "tau_neg")],
+    # the top-level reward block
+    Rule("reward.custom_reward_function.*", "map", OWN_REWARD, target="custom_reward_function.{0}"),
+    Rule("reward.reward_manager.name", "map", OWN_REWARD, target="reward_model.reward_manager"),
+    Rule("reward.reward_manager.source", "map", OWN_REWARD, target="reward_manager.source"),
+    Rule("reward.reward_manager.module.*", "map", OWN_REWARD, target="reward_manager.module.{0}"),
+    Rule("reward.reward_kwargs.overlong_buffer_cfg.*", "map", OWN_REWARD, target="reward_model.overlong_buffer.{0}"),
+    Rule("reward.reward_kwargs.max_resp_len", "note", "the overlong shaping uses data.max_response_length"),
+    Rule("reward.num_workers", "map", OWN_REWARD, target="reward_model.num_workers"),
+    Rule("reward.sandbox_fusion.*", "map", OWN_REWARD, target="reward_model.sandbox_fusion.{0}"),
+    Rule("reward.reward_model.model_path", "map", OWN_REWARD, target="reward_model.model.path"),
+    Rule("reward.reward_model.rollout.**", "note", "the reward model runs in the training processes"),
+    Rule("reward.reward_model.*", "map", OWN_REWARD, target="reward_model.{0}"),
+    # on-policy distillation
+    Rule("distillation.enabled", "only", DISTILLATION, (False,)),
+    Rule("distillation.**", "note", DISTILLATION),
+    # the Megatron-lite engine: a Hydra config group of another package
+    Rule("actor@actor_rollout_ref.actor", "choose", "a Hydra config-group choice of the actor's engine: "
+         "`dp_actor` is FSDP2; `megatron_actor` and `mlite_actor` (Megatron-lite: tensor/pipeline/context/expert "
+         "parallel, its engine.* keys) are read as strategy=megatron, whose layout maps onto FSDP2 x tensor parallel",
+         sets=(("dp_actor", ()), ("megatron_actor", MEGATRON_ENGINE[:1]), ("mlite_actor", MEGATRON_ENGINE[:1]))),
+    Rule("hydra.searchpath", "note", "Hydra's own settings; there is no Hydra here"),
+    Rule("actor_rollout_ref.actor.engine.tp", "map", "the engine's tensor parallel = posttrain's tensor parallel",
+         target="actor_rollout_ref.actor.fsdp_config.tp_size"),
+    *[Rule(f"actor_rollout_ref.actor.engine.{k}", "note", MEGATRON_LAYOUT) for k in ("pp", "vpp", "cp", "ep", "etp")],
+    Rule("actor_rollout_ref.actor.engine.param_offload", "map", "keep weights in CPU memory",
+         target="actor_rollout_ref.actor.fsdp_config.param_offload"),
+    Rule("actor_rollout_ref.actor.engine.optimizer_offload", "map", "keep Adam state in CPU memory",
+         target="actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
+    Rule("actor_rollout_ref.actor.engine.grad_offload", "note", "gradients follow fsdp_config.param_offload"),
+    Rule("actor_rollout_ref.actor.engine.attention_backend_override", "note", KERNEL),
+    Rule("actor_rollout_ref.actor.engine.impl_cfg.**", "note", "the engine's own kernel, optimizer and recompute "
+         "settings; posttrain runs the transformers model with torch AdamW"),
+]
+RULES += NEWEST_TREE
+
+
 def _match(pattern: list[str], key: list[str]) -> list[str] | None:
     """Segments captured by `*` (in order), or None when the key does not match."""
     if not pattern:
@@ -407,7 +501,15 @@ def allowed(rule: Rule, value: Any) -> bool:
     return any(norm(value) == norm(a) for a in rule.allowed)
 
 
+def choice(rule: Rule, value: Any) -> tuple | None:
+    """The overrides a `choose` rule's value stands for; None when the value is not one of its choices."""
+    return next((sets for v, sets in rule.sets if allowed(Rule("", "only", allowed=(v,)), value)), None)
+
+
 def describe(rule: Rule, captured: list[str]) -> str:
+    if rule.kind == "choose":
+        values = "; ".join(f"{v}: {', '.join(f'`{x}`' for x in sets) or 'no key changes'}" for v, sets in rule.sets)
+        return f"{values}; otherwise rejected: {rule.why}"
     if rule.kind == "map":
         return f"-> `{rule.target.format(*captured)}`: {rule.why}"
     if rule.kind == "only":

@@ -199,7 +199,7 @@ class _Loading:
 
     def _foreign(self, full: str, value: Any) -> bool:
         """Apply the key table to a key posttrain's schema does not have; False if no rule covers it."""
-        from .keytable import allowed, find_rule
+        from .keytable import allowed, choice, find_rule
 
         found = find_rule(full)
         if found is None:
@@ -209,6 +209,15 @@ class _Loading:
             self.notes.setdefault(f"read as posttrain's keys ({rule.why})", []).append(
                 f"{full} -> {rule.target.format(*captured)}")
             self.set(rule.target.format(*captured), value)
+        elif rule.kind == "choose":
+            sets = choice(rule, value)
+            if sets is None:
+                self.problems.add("not supported by posttrain", f"{full}={value!r} is not supported: {rule.why}")
+            else:
+                self.notes.setdefault(f"read as posttrain's keys ({rule.why})", []).append(
+                    f"{full}={value} -> {', '.join(sets) or 'no key changes'}")
+                for key, v in (parse_override(o) for o in sets):
+                    self.set(key, v)
         elif rule.kind == "only" and not allowed(rule, value):
             self.problems.add("not supported by posttrain", f"{full}={value!r} is not supported: {rule.why}")
         elif rule.kind == "note":

@@ -13,11 +13,26 @@ def normalise(cfg: Config) -> Config:
     """Settle `cfg` in place (and return it)."""
     tr = cfg.trainer
     tr.logger = [tr.logger] if isinstance(tr.logger, str) else list(tr.logger)
+    if "file" in tr.logger:  # the newest tree's JSON-lines file logger = posttrain's jsonl (metrics.jsonl)
+        tr.logger = list(dict.fromkeys("jsonl" if name == "file" else name for name in tr.logger))
+        _note(cfg, "trainer.logger entry file -> jsonl", "JSON lines of each step's metrics, metrics.jsonl in the run "
+              "directory")
+    if cfg.actor_rollout_ref.actor.strategy == "fsdp_turbo":  # FSDP2 with the engine's own wrap and recompute plans
+        cfg.actor_rollout_ref.actor.strategy = "fsdp2"
+        _note(cfg, "actor_rollout_ref.actor.strategy=fsdp_turbo -> fsdp2", "FSDP2 with its own wrap and recompute "
+              "plans; posttrain's FSDP2 shards each decoder layer (turbo_config.* keys: their notes say how)")
     arr = cfg.actor_rollout_ref
     world, tp = tr.nnodes * tr.n_gpus_per_node, arr.actor.fsdp_config.tp_size
     layout_fits = tr.nnodes >= 1 and tr.n_gpus_per_node >= 1 and tp >= 1 and world % tp == 0
-    if layout_fits and tp > 1 and arr.model.lora_rank > 0 and arr.actor.strategy == "megatron":
+    lora = arr.model.lora_rank > 0 or arr.model.lora_adapter_path
+    if layout_fits and tp > 1 and lora and arr.actor.strategy == "megatron":
         arr.actor.fsdp_config.tp_size = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
     if cfg.data.environment and arr.rollout.agent.program is None:
         arr.rollout.agent.program = ENVIRONMENT_PROGRAM  # the environment's rollouts are its episodes
     return cfg
+
+
+def _note(cfg: Config, what: str, why: str) -> None:
+    """Say that a value was read as one of posttrain's (printed once when the config loads)."""
+    notes = cfg.__dict__.setdefault("port_notes", {})
+    notes.setdefault(f"read as posttrain's keys ({why})", []).append(what)

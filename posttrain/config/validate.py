@@ -6,6 +6,8 @@ nothing. The loader adds them to the problems of loading and reports all of them
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .loader import Problems
 from .multi_turn import check_multi_turn
 from .normalise import normalise
@@ -64,7 +66,9 @@ def _validate(cfg: Config, check: Checks) -> None:
     if info and info.uses_groups:
         check(rollout.n >= max(2, info.min_group_size),
               f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
-              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
+              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n}"
+              + ("; a group of one has no baseline: verl then takes the raw score as the advantage, which is "
+                 "REINFORCE without a baseline, not GRPO)" if rollout.n == 1 and alg.adv_estimator == "grpo" else ")"))
     if info and info.needs_critic:
         check(cfg.critic.enable is not False,
               f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, but critic.enable=False; "
@@ -136,6 +140,14 @@ def _validate(cfg: Config, check: Checks) -> None:
         check(isinstance(model.target_modules, (str, list)) and bool(model.target_modules),
               "actor_rollout_ref.model.target_modules must be 'all-linear', a comma-separated string or a list "
               "of module names")
+        excluded = model.exclude_modules
+        check(excluded is None or isinstance(excluded, str) or
+              (isinstance(excluded, list) and all(isinstance(m, str) for m in excluded)),
+              "actor_rollout_ref.model.exclude_modules must be a regular expression or a list of module names")
+    if model.lora_adapter_path:
+        adapter = Path(str(model.lora_adapter_path)).expanduser() / "adapter_config.json"
+        check(adapter.is_file(), f"actor_rollout_ref.model.lora_adapter_path: '{adapter}' does not exist (a saved "
+                                 "LoRA adapter is a peft folder with adapter_config.json)", "files, models and packages")
     check.unsupported(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights "
                                          "between actor and rollout; remove the key")
 
@@ -324,11 +336,16 @@ def _check_rollout_correction(rc, check: Checks) -> None:
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
-    check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
+    if isinstance(rc.rollout_is_threshold, str):
+        check(False, f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: a range lower_upper also truncates the "
+                     "weights from below, and posttrain truncates them from above only; give the upper bound alone")
+    else:
+        check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
+        check(rc.rollout_is_mode != "mask" or rc.rollout_is_threshold >= 1,
+              f"{key}.rollout_is_mode=mask needs rollout_is_threshold >= 1, or on-policy tokens (weight 1) would be "
+              "masked")
     check(rc.rollout_is_mode in ("truncate", "mask"), f"{key}.rollout_is_mode={rc.rollout_is_mode!r} is not one of "
                                                      "['truncate', 'mask']")
-    check(rc.rollout_is_mode != "mask" or rc.rollout_is_threshold >= 1,
-          f"{key}.rollout_is_mode=mask needs rollout_is_threshold >= 1, or on-policy tokens (weight 1) would be masked")
     check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
                                  "truncated importance sampling (rollout_is=token or sequence) and remove the key")
     check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
@@ -351,7 +368,7 @@ def _check_layout(cfg: Config, check: Checks) -> None:
                  f"must divide the {world} processes (trainer.nnodes x trainer.n_gpus_per_node)"):
         return
     dp = world // tp
-    check(tp == 1 or arr.model.lora_rank == 0,
+    check(tp == 1 or (arr.model.lora_rank == 0 and not arr.model.lora_adapter_path),
           f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} with tp_size={tp}: LoRA runs with FSDP2 sharding "
           "alone; set actor_rollout_ref.actor.fsdp_config.tp_size=1 (the frozen base shards over every rank)")
     check(fsdp_size in (-1, 0) or (fsdp_size >= 1 and dp % fsdp_size == 0),
@@ -373,13 +390,15 @@ def _check_layout(cfg: Config, check: Checks) -> None:
     if dp > 1:
         check(d.train_batch_size % dp == 0, f"data.train_batch_size={d.train_batch_size} must be divisible by the "
                                             f"{dp} data-parallel ranks (each takes whole prompts)")
-        check(actor.ppo_mini_batch_size % dp == 0,
-              f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} must be divisible by the "
-              f"{dp} data-parallel ranks (a mini-batch's prompts are split over them)")
+        n = arr.rollout.n
+        check(actor.ppo_mini_batch_size * n % dp == 0,
+              f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} x rollout.n={n} responses "
+              f"must be divisible by the {dp} data-parallel ranks (a mini-batch's responses are split over them, "
+              "whole prompt groups where they fit)")
         critic_mini = cfg.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
         if estimator_info(cfg.algorithm.adv_estimator).needs_critic or cfg.critic.enable:
-            check(critic_mini % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} must be divisible by the {dp} "
-                                         "data-parallel ranks")
+            check(critic_mini * n % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} x rollout.n={n} responses "
+                                             f"must be divisible by the {dp} data-parallel ranks")
     for key in ("save_contents", "load_contents"):
         value = getattr(actor.checkpoint, key)
         for item in value or []:

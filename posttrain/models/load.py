@@ -167,20 +167,32 @@ def load_reward_model(path: str, *, dtype: torch.dtype = torch.float32, meta: bo
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """`actor_rollout_ref.model.lora_rank / lora_alpha / target_modules` for peft's LoRA."""
+    """`actor_rollout_ref.model.lora_rank / lora_alpha / target_modules / exclude_modules / lora_adapter_path` for
+    peft's LoRA."""
 
     rank: int
     alpha: float = 16
     target_modules: object = "all-linear"
+    exclude_modules: object = None
+    adapter_path: str | None = None  # a saved adapter to continue from: its own config, and its weights
 
     def apply(self, model):
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if self.adapter_path:
+            if next(model.parameters()).is_meta:  # the structure only: the weights arrive from rank 0
+                config = LoraConfig.from_pretrained(self.adapter_path)
+                config.inference_mode = False
+                return get_peft_model(model, config)
+            return PeftModel.from_pretrained(model, self.adapter_path, is_trainable=True)
 
         targets = self.target_modules
         if isinstance(targets, str) and targets != "all-linear":
             targets = [t.strip() for t in targets.split(",") if t.strip()]
-        config = LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, lora_dropout=0.0,
-                            bias="none", task_type="CAUSAL_LM")
+        excluded = self.exclude_modules
+        excluded = (list(excluded) or None) if isinstance(excluded, (list, tuple)) else excluded or None
+        config = LoraConfig(r=self.rank, lora_alpha=self.alpha, target_modules=targets, exclude_modules=excluded,
+                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
         return get_peft_model(model, config)
 
 

@@ -104,13 +104,19 @@ class ModelRunner:
 
     def my_rows(self, batch: Batch) -> list[int]:
         """This rank's rows: an equal number of whole prompt groups per data-parallel rank, balanced by tokens
-        (`trainer.balance_batch`) or in batch order."""
+        (`trainer.balance_batch`) or in batch order. When the groups do not split evenly (a mini-batch of fewer
+        prompts than ranks, say), an equal number of rows per rank in group order: whole groups where they fit,
+        and a group straddles two ranks where it must. Either way the losses are normalised over the whole
+        mini-batch and the advantages come from the gathered batch, so the split does not change the update."""
         if self.par.dp == 1:
             return list(range(len(batch)))
         groups = group_rows(batch.meta["uid"])
         if len(groups) % self.par.dp:
-            raise ValueError(f"{len(groups)} prompt groups cannot be split evenly over {self.par.dp} data-parallel "
-                             "ranks")
+            if len(batch) % self.par.dp:
+                raise ValueError(f"{len(batch)} responses cannot be split evenly over {self.par.dp} data-parallel "
+                                 "ranks")
+            rows = [r for g in groups for r in g]
+            return sorted(rows[i] for i in balance.contiguous_parts(len(rows), self.par.dp)[self.par.dp_rank])
         if self.balance_batch:
             tokens = batch["attention_mask"].sum(-1).tolist()
             parts = balance.balanced_parts([sum(tokens[r] for r in g) for g in groups], self.par.dp, equal_count=True)

@@ -100,8 +100,9 @@ class Roles:
         reject_tensor_parallel(model_config(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code,
                                             key="actor_rollout_ref.model.path"),
                                arr.actor.fsdp_config.tp_size, "actor_rollout_ref.actor.fsdp_config.tp_size")
-        lora = (LoraSettings(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules)
-                if model_cfg.lora_rank > 0 else None)
+        lora = (LoraSettings(model_cfg.lora_rank, model_cfg.lora_alpha, model_cfg.target_modules,
+                             model_cfg.exclude_modules, model_cfg.lora_adapter_path)
+                if model_cfg.lora_rank > 0 or model_cfg.lora_adapter_path else None)
 
         def policy(fsdp_cfg, *, trainable: bool, with_lora):
             def build(meta: bool):

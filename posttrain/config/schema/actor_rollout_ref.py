@@ -27,6 +27,12 @@ class ModelConfig:
     """LoRA scale and the modules it adapts (`all-linear`, a comma-separated string or a list of names)"""
     target_modules: Any = "all-linear"
     """LoRA scale and the modules it adapts (`all-linear`, a comma-separated string or a list of names)"""
+    lora_adapter_path: Optional[str] = None
+    """a saved LoRA adapter (a peft folder: adapter_config.json and its weights) to continue training from; its rank,
+    scale and modules replace `lora_rank` / `lora_alpha` / `target_modules` (as `PeftModel.from_pretrained` reads it)"""
+    exclude_modules: Any = None
+    """modules LoRA leaves out of `target_modules` (peft's `exclude_modules`): a regular expression the whole module
+    name must match (`.*visual.*`), or a list of names (a name matches a module whose name ends with it)"""
     override_config: dict = field(default_factory=dict)
     """entries set on the model config before loading (e.g. `attention_dropout`)"""
     dtype: str = "auto"

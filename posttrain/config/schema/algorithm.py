@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 @dataclass
@@ -35,8 +35,9 @@ class RolloutCorrectionConfig:
     rollout_is: Optional[str] = None
     """truncated importance sampling `pi_old / pi_rollout`: `token` or `sequence` (null = off); `token` is the
     switch of the decoupled objective for asynchronous RL (docs/algorithms.md)"""
-    rollout_is_threshold: float = 2.0
-    """upper truncation of the weights (`.inf`: none)"""
+    rollout_is_threshold: Union[float, str] = 2.0
+    """upper truncation of the weights (`.inf`: none; a range `lower_upper` is rejected: there is no lower
+    truncation)"""
     rollout_is_mode: str = "truncate"
     """what a weight above `rollout_is_threshold` becomes: `truncate` (the threshold) or `mask` (0: the token, or
     with `sequence` the response, leaves the loss but stays in its normaliser, as AReaL's `behav_imp_weight_cap`;
