@@ -331,8 +331,8 @@ def _model_log_softmax(model, ids, mask):
 
 def test_topk_and_given_ids_match_the_full_log_softmax(model):
     """`extra_tokens=k`: the k most likely tokens' log-probs and ids at each response position (a teacher's top-k);
-    `extra_tokens=ids`: the log-probs of those ids (the student's on the teacher's top-k), with a gradient; both equal the
-    float64 full log-softmax on real positions, 0 on padding, for any chunk size."""
+    `extra_tokens=ids`: the log-probs of those ids (the student's on the teacher's top-k), with a gradient; both equal
+    the float64 full log-softmax on real positions, 0 on padding, for any chunk size."""
     ids, mask = _batch(model.config.vocab_size)
     valid = mask[:, P:].bool()
     full = _model_log_softmax(model, ids, mask)

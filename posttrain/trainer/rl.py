@@ -191,8 +191,8 @@ class RLTrainer:
         return metrics
 
     def learn(self, batch: Batch, timing: dict | None = None) -> dict[str, float]:
-        """Everything after the scored rollouts: old / reference log-probs, values, advantages, the critic and
-        actor updates, and the batch's metrics. `batch` is the whole step's batch (the same on every rank)."""
+        """Everything after the scored rollouts: old / reference / teacher log-probs, values, advantages, the critic
+        and actor updates, and the batch's metrics. `batch` is the whole step's batch (the same on every rank)."""
         cfg, parts, metrics = self.cfg, self.parts, {}
         timing = {} if timing is None else timing
         if parts.needs_old_log_prob:
@@ -208,6 +208,10 @@ class RLTrainer:
         if parts.reference is not None:
             with timer(timing, "ref"):
                 batch["ref_log_probs"] = parts.reference.compute_log_prob(batch)
+        if parts.teachers is not None:
+            with timer(timing, "teacher"):
+                for key, value in parts.teachers.score(batch).items():
+                    batch[key] = value
         if parts.critic is not None:
             with timer(timing, "values"):
                 batch["values"] = parts.critic.compute_values(batch)
