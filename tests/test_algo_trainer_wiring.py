@@ -246,3 +246,18 @@ def test_dapo_filter_metrics_follow_verls_definitions(tmp_path, tiny_model_dir):
     cfg.algorithm.filter_groups.metric = "seq_final_reward"
     assert trainer._filter_metric(batch) == pytest.approx([s - 0.5 * k for s, k in zip(shaped, kl.tolist())], abs=1e-4)
     trainer.parts.reward.close()
+
+
+def test_teachers_route_rows_by_their_key_and_refuse_a_row_without_one():
+    """Several teachers: a row goes to the teacher whose key equals its `teacher_key` field; a row naming no
+    teacher, or rows without that field, stop the step with the values and keys in the message."""
+    from posttrain.roles.teacher import Teachers
+
+    teachers = Teachers.__new__(Teachers)  # routing only: no models
+    teachers.teachers, teachers.keys = {"a": None, "b": None}, {"a": "x", "b": "y"}
+    teachers.teacher_key, teachers.topk = "data_source", 0
+    assert teachers.rows_of(Batch(meta={"data_source": ["y", "x", "y"]})) == {"a": [1], "b": [0, 2]}
+    with pytest.raises(KeyError, match=r"data_source=\['z'\] have no teacher"):
+        teachers.rows_of(Batch(meta={"data_source": ["x", "z"]}))
+    with pytest.raises(KeyError, match="carry no such field"):
+        teachers.rows_of(Batch(meta={"uid": ["u"]}))

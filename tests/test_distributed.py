@@ -306,13 +306,13 @@ def lively_model_dir(tmp_path_factory, tiny_model_dir):
     return out
 
 
-def distillation_cases(teacher: Path) -> dict:
+def distillation_cases(teacher: Path, student: Path) -> dict:
     """On-policy distillation against a different (randomly re-initialised) teacher: a reverse-KL estimator as a
     loss and as a reward through the PPO loss beside the task's, the top-k forward KL, and two teachers routed by
-    data source (every row of the fixed batch goes to the second one)."""
+    data source (every row of the fixed batch goes to the second one, a copy of the student)."""
     one = [f"distillation.teacher_models.teacher_model.model_path={teacher}"]
     two = [f"distillation.teacher_models.t1.model_path={teacher}", "distillation.teacher_models.t1.key=other",
-           f"distillation.teacher_models.t2.model_path={teacher}",
+           f"distillation.teacher_models.t2.model_path={student}",
            "distillation.teacher_models.t2.key=synthetic/arithmetic"]
     on = ["algorithm.adv_estimator=grpo", "distillation.enabled=True", "actor_rollout_ref.actor.ppo_epochs=2"]
     loss = "distillation.distillation_loss."
@@ -333,8 +333,9 @@ DISTILL_METRICS = ("actor/distillation/loss", "actor/distillation/abs_loss", "ac
 
 def test_distillation_two_processes_equal_one(fixed_batch, tiny_model_dir, lively_model_dir):
     """The teacher's scores (sampled-token and top-k log-probs and ids), the distillation metrics, gradients and
-    weights of a 2-process run (teacher and student sharded over both) equal those of one process."""
-    cases = distillation_cases(lively_model_dir)
+    weights of a 2-process run (teacher and student sharded over both) equal those of one process. Rows go to the
+    teacher their data source names: the student's copy scores them as the student does."""
+    cases = distillation_cases(lively_model_dir, tiny_model_dir)
     one = run_layout(fixed_batch, tiny_model_dir, "opd_one", 1, [], cases=cases)
     two = run_layout(fixed_batch, tiny_model_dir, "opd_two", 2, [], cases=cases)
     for case in cases:
@@ -349,6 +350,8 @@ def test_distillation_two_processes_equal_one(fixed_batch, tiny_model_dir, livel
         if want["teacher_topk_ids"] is not None:
             assert torch.equal(got["teacher_topk_ids"], want["teacher_topk_ids"]), case
         assert_same_training(want, got, case)
+    routed = torch.load(one / "opd_two_teachers.pt")
+    assert torch.allclose(routed["teacher_log_probs"], routed["old_log_probs"], atol=1e-5)
 
 
 def run_multi_turn_steps(tmp_path, model_dir, name: str, nproc: int, cases: dict, extra: tuple = (),
