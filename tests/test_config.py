@@ -373,6 +373,12 @@ def test_distillation_keys_are_checked_when_the_config_loads():
     on, t = "distillation.enabled=True", "distillation.teacher_models"
     cfg = load_config(None, [on, f"{t}.teacher_model.model_path=/m", "distillation.distillation_loss.topk=8"])
     assert cfg.distillation.teacher_models == {"teacher_model": {"model_path": "/m"}}
+    # the key tree's empty `teacher_model` default beside named teachers (a dumped config) is left out
+    from posttrain.config.distillation import teachers
+
+    cfg = load_config(None, [on, f"{t}.teacher_model.model_path=null", f"{t}.t1.model_path=/m", f"{t}.t1.key=a",
+                             f"{t}.t2.model_path=/n", f"{t}.t2.key=b", f"{t}.t2.inference.dtype=bfloat16"])
+    assert [(x.name, x.key, x.model_path) for x in teachers(cfg)] == [("t1", "a", "/m"), ("t2", "b", "/n")]
     refused = {
         (on,): "needs a teacher",
         (on, f"{t}.teacher_model.key=x"): "model_path is required",

@@ -19,13 +19,22 @@ class Teacher:
     model_path: str
 
 
+def _entries(cfg: Config) -> dict:
+    """The teacher entries; beside others, a `teacher_model` entry without a model_path is the key tree's empty
+    default (a dumped config holds it) and is left out."""
+    entries = {name: entry or {} for name, entry in cfg.distillation.teacher_models.items()}
+    if len(entries) > 1 and isinstance(entries.get(SINGLE), dict) and not entries[SINGLE].get("model_path"):
+        del entries[SINGLE]
+    return entries
+
+
 def teachers(cfg: Config) -> list[Teacher]:
     """The configured teachers (none when distillation is off). One entry scores every row; several each score
     the rows whose `teacher_key` field equals their `key`. Assumes `check_distillation` passed."""
     d = cfg.distillation
     if not d.enabled:
         return []
-    entries = {name: entry or {} for name, entry in d.teacher_models.items()}
+    entries = _entries(cfg)
     if len(entries) == 1:
         (name, entry), = entries.items()
         return [Teacher(name, None, str(entry["model_path"]))]
@@ -45,7 +54,7 @@ def check_distillation(cfg: Config, check) -> None:
     check(loss.policy_loss_mode == "vanilla", f"distillation.distillation_loss.policy_loss_mode="
           f"{loss.policy_loss_mode!r}: only `vanilla` (the PPO clipped loss) applies the distillation reward",
           "not supported by posttrain")
-    entries = d.teacher_models
+    entries = _entries(cfg)
     if not check(bool(entries), f"distillation.enabled=True needs a teacher: set {KEY}.{SINGLE}.model_path"):
         return
     for name, entry in entries.items():

@@ -36,6 +36,8 @@ class DistillationLossConfig:
     """the PPO clip of `use_policy_gradient`: upper side"""
     use_chunked_topk: bool = False
     """accepted for portability: the student's log-probs on the teacher's top-k are always computed in chunks"""
+    chunked_topk_chunk_size: int = 4096
+    """accepted for portability: top-k log-probs are computed 1024 positions at a time, like every log-prob"""
 
 
 @dataclass
