@@ -694,3 +694,41 @@ def staleness(VERSIONS, M, trainer_version):
     for k in (0, 1, 2, 4, 8):
         out[f"async/staleness_le_{k}"] = sum(1 for x in s if x <= k) / len(s)
     return out
+
+
+# ----------------------------------------------------------------------------- on-policy distillation
+
+
+def log_softmax(z):
+    top = max(z)
+    lse = top + math.log(sum(math.exp(v - top) for v in z))
+    return [v - lse for v in z]
+
+
+def teacher_topk(teacher_logits, k):
+    """The teacher's k most likely token ids (ties: the lower id first) and their log-probs."""
+    lp = log_softmax(teacher_logits)
+    ids = sorted(range(len(lp)), key=lambda v: (-lp[v], v))[:k]
+    return ids, [lp[v] for v in ids]
+
+
+def forward_kl_topk(student_logits, ids, teacher_lp, min_clamp=None):
+    """sum over the teacher's top-k of p_T (log p_T - log p_S), the student's log-probs from its softmax over the
+    whole vocabulary (no renormalisation over the k tokens), clamped at 0; with the masses of both on the k tokens."""
+    s_all = log_softmax(student_logits)
+    s = [s_all[v] for v in ids]
+    s_mass, t_mass = sum(math.exp(v) for v in s), sum(math.exp(v) for v in teacher_lp)
+    if min_clamp is not None:
+        s, t = [max(v, min_clamp) for v in s], [max(v, min_clamp) for v in teacher_lp]
+    else:
+        t = list(teacher_lp)
+    kl = sum(math.exp(tv) * (tv - sv) for tv, sv in zip(t, s))
+    return max(kl, 0.0), s_mass, t_mass
+
+
+def forward_kl_topk_grad(student_logits, ids, teacher_lp):
+    """d/dz_j of sum_v p_T(v) (log p_T(v) - log p_S(v)) (no clamp active): p_S(j) * M_T - p_T(j) [j in top-k]."""
+    p = [math.exp(v) for v in log_softmax(student_logits)]
+    m_t = sum(math.exp(v) for v in teacher_lp)
+    pt = dict(zip(ids, (math.exp(v) for v in teacher_lp)))
+    return [p[j] * m_t - pt.get(j, 0.0) for j in range(len(p))]

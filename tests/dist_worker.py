@@ -221,7 +221,9 @@ def main(spec_path: str) -> None:
             torch.save({"metrics": metrics, "states": states, "steps": steps, "shared": shared,
                         "local_shapes": shards,
                         "old_log_probs": batch.get("old_log_probs"),
-                        "ref_log_probs": batch.get("ref_log_probs"), "values": batch.get("values")},
+                        "ref_log_probs": batch.get("ref_log_probs"), "values": batch.get("values"),
+                        **{k: batch.get(k) for k in ("teacher_log_probs", "teacher_topk_log_probs",
+                                                     "teacher_topk_ids")}},
                        out / f"{name}.pt")
         if spec.get("count_gathers") and name == next(iter(spec["cases"])):
             counts = []

@@ -208,3 +208,128 @@ def test_apply_kl_in_reward_fixed_bool_mask():
     assert torch.allclose(rewards, torch.tensor([[-0.05, 1.05, 0.0]], dtype=F64), atol=1e-12)
     assert abs(metrics["actor/reward_kl_penalty"]) < 1e-12 and metrics["actor/reward_kl_penalty_coeff"] == 0.1
     assert ctrl.value == 0.1
+
+
+# ----------------------------------------------------------------------------- on-policy distillation
+
+from posttrain.algo import LossSettings  # noqa: E402
+from posttrain.algo.distill import (DistillSettings, combine, distillation_term, forward_kl_topk,  # noqa: E402
+                                    reverse_kl_estimate)
+
+
+def _distill_batch(seed, B=3, L=5):
+    rng = random.Random(seed)
+    M = ref.random_mask(rng, B, L)
+    S = [[-rng.uniform(0.05, 4.0) for _ in range(L)] for _ in range(B)]
+    T = [[-rng.uniform(0.05, 4.0) for _ in range(L)] for _ in range(B)]
+    return M, S, T
+
+
+@pytest.mark.parametrize("mode", ["k3", "low_var_kl", "k2", "abs"])
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_reverse_kl_as_a_loss_value_and_gradient(mode, agg_mode):
+    """GKD: agg(D(d)) with d = logp_student - logp_teacher; its gradient in logp is agg's weight times dD/dd."""
+    M, S, T = _distill_batch(3)
+    lp = torch.tensor(S, dtype=F64, requires_grad=True)
+    per_token = reverse_kl_estimate(lp, torch.tensor(T, dtype=F64), mode)
+    s = DistillSettings(loss_mode=mode).check()
+    loss, metrics = distillation_term(per_token, lp, lp.detach(), torch.tensor(M, dtype=F64), settings=s,
+                                      loss_settings=LossSettings(loss_agg_mode=agg_mode))
+    loss.backward()
+    D = [[ref.kl_value(S[i][t] - T[i][t], mode) for t in range(5)] for i in range(3)]
+    assert abs(loss.item() - ref.agg(D, M, agg_mode)) < 1e-12
+    for i in range(3):
+        for t in range(5):
+            e = [[1.0 if (a, b) == (i, t) else 0.0 for b in range(5)] for a in range(3)]
+            weight = ref.agg(e, M, agg_mode)  # d agg / d D[i][t]
+            assert abs(lp.grad[i, t].item() - weight * own_base_grad(S[i][t] - T[i][t], mode)) < 1e-12
+    assert abs(metrics["actor/distillation/abs_loss"].item()
+               - ref.masked_mean([abs(v) for v in ref.flat(D)], ref.flat(M))) < 1e-12
+
+
+@pytest.mark.parametrize("mode", ["k1", "k3"])
+def test_reverse_kl_as_a_reward_through_the_policy_gradient(mode):
+    """PG OPD: the vanilla PPO loss with per-token advantages -D_t (no gradient through D), the distillation clip
+    range; at ratio 1 the gradient in logp_t is -A_t / tokens, and off ratio 1 the clip and dual clip apply."""
+    M, S, T = _distill_batch(4)
+    rng = random.Random(5)
+    OLD = [[v + rng.uniform(-0.4, 0.4) for v in row] for row in S]
+    s = DistillSettings(loss_mode=mode, use_policy_gradient=True, clip_ratio_low=0.1, clip_ratio_high=0.3).check()
+    D = [[ref.kl_value(S[i][t] - T[i][t], mode) for t in range(5)] for i in range(3)]
+    A = [[-v for v in row] for row in D]
+    for old in (None, OLD):
+        lp = torch.tensor(S, dtype=F64, requires_grad=True)
+        per_token = reverse_kl_estimate(lp, torch.tensor(T, dtype=F64), mode)
+        old_t = lp.detach() if old is None else torch.tensor(old, dtype=F64)
+        loss, metrics = distillation_term(per_token, lp, old_t, torch.tensor(M, dtype=F64), settings=s,
+                                          loss_settings=LossSettings())
+        want, want_metrics = ref.vanilla(S, S if old is None else old, A, M, "token-mean", 0.1, 0.3, 3.0)
+        assert abs(loss.item() - want) < 1e-12
+        assert abs(metrics["actor/distillation/pg_clipfrac"].item() - want_metrics["actor/pg_clipfrac"]) < 1e-12
+        loss.backward()
+        if old is None:
+            n = sum(ref.flat(M))
+            for i in range(3):
+                for t in range(5):
+                    assert abs(lp.grad[i, t].item() - (-A[i][t] * M[i][t] / n)) < 1e-12
+
+
+@pytest.mark.parametrize("min_clamp", [None, -3.0])
+def test_forward_kl_topk_value_masses_and_gradient(min_clamp):
+    """Top-k forward KL from full logits: the teacher's k ids and log-probs, the student's log-probs at those ids
+    from its whole-vocabulary softmax; value, both masses, and the gradient in the student's logits."""
+    rng = random.Random(6)
+    V, K, N = 11, 4, 6
+    for _ in range(N):
+        zs = [rng.gauss(0, 2) for _ in range(V)]
+        zt = [rng.gauss(0, 2) for _ in range(V)]
+        ids, t_lp = ref.teacher_topk(zt, K)
+        z = torch.tensor(zs, dtype=F64, requires_grad=True)
+        s_lp = torch.log_softmax(z, -1)[torch.tensor(ids)]
+        kl, s_mass, t_mass = forward_kl_topk(s_lp, torch.tensor(t_lp, dtype=F64), min_clamp)
+        want, want_s, want_t = ref.forward_kl_topk(zs, ids, t_lp, min_clamp)
+        assert abs(kl.item() - want) < 1e-12 and abs(s_mass.item() - want_s) < 1e-12
+        assert abs(t_mass.item() - want_t) < 1e-12
+        if min_clamp is None and want > 0:
+            kl.backward()
+            for j, g in enumerate(ref.forward_kl_topk_grad(zs, ids, t_lp)):
+                assert abs(z.grad[j].item() - g) < 1e-12
+
+
+def test_forward_kl_topk_is_zero_when_student_is_teacher_and_clamped_at_zero():
+    """Equal models: 0. The k-token sum can be negative (student mass above the teacher's on the k tokens): 0."""
+    t = torch.log_softmax(torch.tensor([[2.0, 1.0, 0.5, -1.0]], dtype=F64), -1)[:, :2]
+    assert forward_kl_topk(t, t)[0].item() == 0.0
+    s = torch.log(torch.tensor([[0.6, 0.39]], dtype=F64))  # log(0.6/p) with p < 0.6 on the top token
+    raw = sum(math.exp(a) * (a - b) for a, b in zip(t[0].tolist(), s[0].tolist()))
+    assert raw < 0 and forward_kl_topk(s, t)[0].item() == 0.0
+
+
+def test_distillation_combines_with_the_task_loss_and_clamps():
+    """use_task_rewards: task + coef * distill; without it the distillation loss alone (coefficient 1).
+    loss_max_clamp bounds each token's divergence to [-c, c] before aggregation."""
+    task, distill = torch.tensor(0.7, dtype=F64), torch.tensor(0.2, dtype=F64)
+    assert combine(task, distill, DistillSettings(distillation_loss_coef=3.0)).item() == pytest.approx(1.3, abs=1e-15)
+    assert combine(task, distill, DistillSettings(distillation_loss_coef=3.0, use_task_rewards=False)).item() == 0.2
+    M = [[1.0, 1.0, 1.0]]
+    per_token = torch.tensor([[5.0, -7.0, 0.5]], dtype=F64)
+    s = DistillSettings(loss_mode="k2", loss_max_clamp=2.0)
+    lp = torch.zeros(1, 3, dtype=F64)
+    loss, _ = distillation_term(per_token, lp, lp, torch.tensor(M, dtype=F64), settings=s,
+                                loss_settings=LossSettings())
+    assert loss.item() == pytest.approx((2.0 - 2.0 + 0.5) / 3, abs=1e-15)
+
+
+def test_distillation_settings_refuse_what_has_no_meaning():
+    """k1 backpropagated directly has a teacher-free gradient; unknown modes and topk < 1 are refused;
+    top-k through the policy gradient warns (the distribution over k tokens is mostly unused)."""
+    for mode in ("k1", "kl"):
+        with pytest.raises(ValueError, match="use_policy_gradient"):
+            DistillSettings(loss_mode=mode).check()
+        DistillSettings(loss_mode=mode, use_policy_gradient=True).check()
+    with pytest.raises(ValueError, match="loss_mode 'k4'"):
+        DistillSettings(loss_mode="k4").check()
+    with pytest.raises(ValueError, match="topk"):
+        DistillSettings(loss_mode="forward_kl_topk", topk=0).check()
+    with pytest.warns(UserWarning, match="GKD"):
+        DistillSettings(loss_mode="forward_kl_topk", use_policy_gradient=True).check()

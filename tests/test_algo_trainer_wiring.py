@@ -272,3 +272,43 @@ def test_decoupled_objective_masks_stale_tokens_and_logs_staleness(tmp_path, tin
     assert metrics["rollout_corr/rollout_is_ratio_fraction_high"] == pytest.approx(share, abs=1e-6)
     assert metrics["async/staleness_max"] == 2.0 and metrics["async/staleness_mean"] == pytest.approx(2 * share)
     assert metrics["async/staleness_le_0"] == pytest.approx(1 - share) and metrics["async/staleness_le_2"] == 1.0
+
+
+def test_teachers_route_rows_by_their_key_and_refuse_a_row_without_one():
+    """Several teachers: a row goes to the teacher whose key equals its `teacher_key` field; a row naming no
+    teacher, or rows without that field, stop the step with the values and keys in the message."""
+    from posttrain.roles.teacher import Teachers
+
+    teachers = Teachers.__new__(Teachers)  # routing only: no models
+    teachers.teachers, teachers.keys = {"a": None, "b": None}, {"a": "x", "b": "y"}
+    teachers.teacher_key, teachers.topk = "data_source", 0
+    assert teachers.rows_of(Batch(meta={"data_source": ["y", "x", "y"]})) == {"a": [1], "b": [0, 2]}
+    with pytest.raises(KeyError, match=r"data_source=\['z'\] have no teacher"):
+        teachers.rows_of(Batch(meta={"data_source": ["x", "z"]}))
+    with pytest.raises(KeyError, match="carry no such field"):
+        teachers.rows_of(Batch(meta={"uid": ["u"]}))
+
+
+def test_distillation_teacher_scores_in_learn_and_trains_a_step(small_task):
+    """A teacher that is the student's own checkpoint (fp32) gives the student's log-probs: its scores in `learn`
+    equal the old log-probs, and the first mini-batch's k3 divergence is 0. A top-k run trains a step through
+    fit() and logs the masses, the teacher's time and a finite loss."""
+    out, files = small_task
+    teacher = f"distillation.teacher_models.teacher_model.model_path={out / 'sft'}"
+    fp32 = ["actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32"]
+    trainer = RLTrainer(run_config(out, files, "opd_self", "algorithm.adv_estimator=grpo", "distillation.enabled=True",
+                                   teacher, "distillation.distillation_loss.use_task_rewards=False", *fp32))
+    batch, _ = trainer._training_batch({})
+    trainer.global_step = 1  # past critic_warmup: the actor updates
+    metrics = trainer.learn(batch)
+    m = batch["response_mask"].double()
+    assert torch.allclose(batch["teacher_log_probs"].double() * m, batch["old_log_probs"].double() * m, atol=1e-5)
+    assert 0 <= metrics["actor/distillation/abs_loss"] < 1e-3
+    run = "opd_topk"
+    RLTrainer(run_config(out, files, run, "algorithm.adv_estimator=grpo", "distillation.enabled=True", teacher,
+                         "distillation.distillation_loss.loss_mode=forward_kl_topk",
+                         "distillation.distillation_loss.topk=4", "trainer.total_training_steps=1")).fit()
+    metrics = json.loads((out / run / "metrics.jsonl").read_text().splitlines()[0])
+    assert 0 < metrics["actor/distillation/student_mass"] <= 1 + 1e-4
+    assert 0 < metrics["actor/distillation/teacher_mass"] <= 1 + 1e-4 and metrics["timing_s/teacher"] > 0
+    assert math.isfinite(metrics["actor/distillation/loss"]) and math.isfinite(metrics["actor/grad_norm"])

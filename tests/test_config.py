@@ -372,3 +372,32 @@ def test_cli_print_config_and_typo():
     assert tree["algorithm"]["adv_estimator"] == "grpo" and tree["actor_rollout_ref"]["rollout"]["n"] == 5
     bad = subprocess.run(cmd + ["actor_rollout_ref.actor.use_kl_los=True"], capture_output=True, text=True)
     assert bad.returncode == 2 and "use_kl_loss" in bad.stderr
+
+
+def test_distillation_keys_are_checked_when_the_config_loads():
+    """One teacher needs a model_path; k1 backpropagated directly, a second policy loss, unknown teacher keys, a
+    `teacher_model` entry beside other teachers and teachers without or with the same routing key are refused."""
+    on, t = "distillation.enabled=True", "distillation.teacher_models"
+    cfg = load_config(None, [on, f"{t}.teacher_model.model_path=/m", "distillation.distillation_loss.topk=8"])
+    assert cfg.distillation.teacher_models == {"teacher_model": {"model_path": "/m"}}
+    # the key tree's empty `teacher_model` default beside named teachers (a dumped config) is left out
+    from posttrain.config.distillation import teachers
+
+    cfg = load_config(None, [on, f"{t}.teacher_model.model_path=null", f"{t}.t1.model_path=/m", f"{t}.t1.key=a",
+                             f"{t}.t2.model_path=/n", f"{t}.t2.key=b", f"{t}.t2.inference.dtype=bfloat16"])
+    assert [(x.name, x.key, x.model_path) for x in teachers(cfg)] == [("t1", "a", "/m"), ("t2", "b", "/n")]
+    refused = {
+        (on,): "needs a teacher",
+        (on, f"{t}.teacher_model.key=x"): "model_path is required",
+        (on, f"{t}.teacher_model.model_path=/m", "distillation.distillation_loss.loss_mode=k1"):
+            "needs use_policy_gradient=True",
+        (on, f"{t}.teacher_model.model_path=/m", "distillation.distillation_loss.policy_loss_mode=gspo"):
+            "only `vanilla`",
+        (on, f"{t}.teacher_model.model_path=/m", f"{t}.teacher_model.modle_path=/m"): "unknown keys",
+        (on, f"{t}.teacher_model.model_path=/m", f"+{t}.t2.model_path=/n", f"{t}.t2.key=b"): "rename it",
+        (on, f"{t}.t1.model_path=/m", f"{t}.t2.model_path=/n", f"{t}.t2.key=b"): "must name the value",
+        (on, f"{t}.t1.model_path=/m", f"{t}.t1.key=b", f"{t}.t2.model_path=/n", f"{t}.t2.key=b"): "the same key",
+    }
+    for overrides, fragment in refused.items():
+        with pytest.raises(ConfigError, match=fragment):
+            load_config(None, list(overrides))

@@ -340,6 +340,54 @@ def lively_model_dir(tmp_path_factory, tiny_model_dir):
     return out
 
 
+def distillation_cases(teacher: Path, student: Path) -> dict:
+    """On-policy distillation against a different (randomly re-initialised) teacher: a reverse-KL estimator as a
+    loss and as a reward through the PPO loss beside the task's, the top-k forward KL, and two teachers routed by
+    data source (every row of the fixed batch goes to the second one, a copy of the student)."""
+    one = [f"distillation.teacher_models.teacher_model.model_path={teacher}"]
+    two = [f"distillation.teacher_models.t1.model_path={teacher}", "distillation.teacher_models.t1.key=other",
+           f"distillation.teacher_models.t2.model_path={student}",
+           "distillation.teacher_models.t2.key=synthetic/arithmetic"]
+    on = ["algorithm.adv_estimator=grpo", "distillation.enabled=True", "actor_rollout_ref.actor.ppo_epochs=2"]
+    loss = "distillation.distillation_loss."
+    return {
+        "opd_k3_loss": on + one + [f"{loss}use_task_rewards=False"],
+        "opd_k1_reward_with_task": on + one + [f"{loss}loss_mode=k1", f"{loss}use_policy_gradient=True",
+                                               f"{loss}distillation_loss_coef=0.5"],
+        "opd_topk": on + one + [f"{loss}loss_mode=forward_kl_topk", f"{loss}topk=4",
+                                f"{loss}log_prob_min_clamp=-30"],
+        "opd_two_teachers": on + two + [f"{loss}loss_mode=k3"],
+    }
+
+
+DISTILL_METRICS = ("actor/distillation/loss", "actor/distillation/abs_loss", "actor/distillation/student_mass",
+                   "actor/distillation/teacher_mass", "actor/distillation/pg_clipfrac", "actor/pg_loss",
+                   "actor/grad_norm")
+
+
+def test_distillation_two_processes_equal_one(fixed_batch, tiny_model_dir, lively_model_dir):
+    """The teacher's scores (sampled-token and top-k log-probs and ids), the distillation metrics, gradients and
+    weights of a 2-process run (teacher and student sharded over both) equal those of one process. Rows go to the
+    teacher their data source names: the student's copy scores them as the student does."""
+    cases = distillation_cases(lively_model_dir, tiny_model_dir)
+    one = run_layout(fixed_batch, tiny_model_dir, "opd_one", 1, [], cases=cases)
+    two = run_layout(fixed_batch, tiny_model_dir, "opd_two", 2, [], cases=cases)
+    for case in cases:
+        want, got = torch.load(one / f"{case}.pt"), torch.load(two / f"{case}.pt")
+        assert want["metrics"]["actor/distillation/loss"] != 0, case
+        for key in DISTILL_METRICS:
+            if key in want["metrics"]:
+                assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (case, key)
+        for key in ("teacher_log_probs", "teacher_topk_log_probs"):
+            if want[key] is not None:
+                assert torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-6), (case, key)
+        if want["teacher_topk_ids"] is not None:
+            assert torch.equal(got["teacher_topk_ids"], want["teacher_topk_ids"]), case
+        assert_same_training(want, got, case)
+    routed = torch.load(one / "opd_two_teachers.pt")
+    assert torch.allclose(routed["teacher_log_probs"], routed["old_log_probs"], atol=1e-5)
+
+
 def run_multi_turn_steps(tmp_path, model_dir, name: str, nproc: int, cases: dict, extra: tuple = (),
                          **spec_extra) -> Path:
     out = tmp_path / name

@@ -316,3 +316,38 @@ def test_bad_arguments(model):
     with pytest.raises(ValueError):
         token_logprobs_and_entropy(torch.zeros(3, 4), torch.zeros(5, 4), torch.zeros(3, dtype=torch.long),
                                    temperature=0.0)
+
+
+# --------------------------------------------------------------------------------------------- distillation extras
+
+
+def _model_log_softmax(model, ids, mask):
+    m64 = copy.deepcopy(model).double()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = m64(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    return torch.log_softmax(logits[:, P - 1 : -1], -1)
+
+
+def test_topk_and_given_ids_match_the_full_log_softmax(model):
+    """`extra_tokens=k`: the k most likely tokens' log-probs and ids at each response position (a teacher's top-k);
+    `extra_tokens=ids`: the log-probs of those ids (the student's on the teacher's top-k), with a gradient; both equal
+    the float64 full log-softmax on real positions, 0 on padding, for any chunk size."""
+    ids, mask = _batch(model.config.vocab_size)
+    valid = mask[:, P:].bool()
+    full = _model_log_softmax(model, ids, mask)
+    k = 5
+    for chunk_size in (1, 7, 1024):
+        with torch.no_grad():
+            logp, _, (top_lp, top_ids) = response_logprobs(model, ids, mask, L, chunk_size=chunk_size,
+                                                           with_entropy=False, extra_tokens=k)
+        assert top_lp.shape == top_ids.shape == (B, L, k) and top_ids.dtype == torch.long
+        want_lp = full.topk(k, -1).values
+        assert (top_lp.double() - want_lp)[valid].abs().max() < 1e-4
+        assert (full.gather(-1, top_ids).double() - top_lp.double())[valid].abs().max() < 1e-4
+        assert (top_lp[~valid] == 0).all() and (top_ids[~valid] == 0).all()
+    given = torch.randint(0, model.config.vocab_size, (B, L, 3), generator=torch.Generator().manual_seed(1))
+    logp, ent, at = response_logprobs(model, ids, mask, L, chunk_size=4, extra_tokens=given)
+    assert ent is not None and (at.double() - full.gather(-1, given))[valid].abs().max() < 1e-4
+    (at * valid.unsqueeze(-1)).sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())

@@ -35,7 +35,7 @@ NEWEST = ROOT / "tests" / "data" / "familiar_scripts_2026_08"
 DP = "must be divisible by the"  # whole prompt groups per data-parallel rank
 NPU = "trainer.device='npu'"
 REPLAY = "MoE router replay is not supported"
-DISTILL = "on-policy distillation"  # with GRPO at rollout.n=1 as well
+DISTILL = "rollout.n >= 2"  # on-policy distillation loads; these run GRPO at rollout.n=1
 NOT_LOADING_2026 = {
     "ascend_extras/grpo_trainer/run_qwen3_235b_256k_megatron.sh": [NPU, DP],
     "ascend_extras/grpo_trainer/run_qwen3_30b_a3b_megatron.sh": [NPU],
@@ -186,7 +186,7 @@ def test_newest_tree_keys_act():
                                     "trainer.n_gpus_per_node=4"])
     assert mlite.actor_rollout_ref.actor.strategy == "megatron" and mlite.actor_rollout_ref.actor.fsdp_config.tp_size == 2
     rejects(OK + ["model_engine=torchtitan", "distillation.enabled=True"], "model_engine='torchtitan' is not "
-            "supported", "on-policy distillation")
+            "supported", "distillation.enabled=True needs a teacher")
     rejects(OK + ["algorithm.rollout_correction.rollout_is=token",
                   "algorithm.rollout_correction.rollout_is_threshold=0.5_4.0", "algorithm.adv_estimator=grpo",
                   "actor_rollout_ref.rollout.n=1"], "rollout_is_threshold='0.5_4.0': a range lower_upper",

@@ -372,7 +372,6 @@ NO_EP = ("expert parallel has no equivalent here: expert weights are sharded wit
 KERNEL = "a kernel choice of that engine; posttrain runs the transformers model's own implementation"
 WRAP_PLAN = "which modules the engine wraps; posttrain's FSDP2 shards each decoder layer, then the root"
 OWN_REWARD = "the top-level reward block of the newest tree, read as posttrain's reward keys"
-DISTILLATION = "on-policy distillation (a teacher model's log-probs in the loss) is not supported"
 NEWEST_TREE: list[Rule] = [
     Rule("model_engine", "choose", ENGINE_FAMILY,
          sets=(("dp", ()), ("veomni", ()), ("megatron", MEGATRON_ENGINE))),
@@ -433,9 +432,6 @@ NEWEST_TREE: list[Rule] = [
     Rule("reward.reward_model.model_path", "map", OWN_REWARD, target="reward_model.model.path"),
     Rule("reward.reward_model.rollout.**", "note", "the reward model runs in the training processes"),
     Rule("reward.reward_model.*", "map", OWN_REWARD, target="reward_model.{0}"),
-    # on-policy distillation
-    Rule("distillation.enabled", "only", DISTILLATION, (False,)),
-    Rule("distillation.**", "note", DISTILLATION),
     # the Megatron-lite engine: a Hydra config group of another package
     Rule("actor@actor_rollout_ref.actor", "choose", "a Hydra config-group choice of the actor's engine: "
          "`dp_actor` is FSDP2; `megatron_actor` and `mlite_actor` (Megatron-lite: tensor/pipeline/context/expert "

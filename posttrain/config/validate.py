@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .loader import Problems
+from .distillation import check_distillation
 from .multi_turn import check_multi_turn
 from .normalise import normalise
 from .notes import OTHER_ENGINES
@@ -125,6 +126,7 @@ def _validate(cfg: Config, check: Checks) -> None:
     for key, strategy in (("actor_rollout_ref.actor.strategy", actor.strategy), ("critic.strategy", cfg.critic.strategy)):
         check.choice(strategy, STRATEGIES, key)
     _check_layout(cfg, check)
+    check_distillation(cfg, check)
     for optim_key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
         check.choice(optim.warmup_style or optim.lr_scheduler_type, ("constant", "cosine"),
                      f"{optim_key}.lr_scheduler_type")

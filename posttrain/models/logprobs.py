@@ -42,8 +42,10 @@ def _chunk_stats(
     softcap: float | None,
     with_entropy: bool | str,
     suppressed: Tensor | None = None,
+    extra: Tensor | int | None = None,
 ) -> tuple[Tensor, ...]:
-    """Log-prob of ``labels`` and entropy for one chunk of rows; the logits live only inside this call."""
+    """Log-prob of ``labels`` and entropy for one chunk of rows; the logits live only inside this call. ``extra``:
+    also the log-probs of these (N, K) token ids, or (an int k) the k most likely tokens' log-probs and ids."""
     z = project(hidden).float()
     if softcap is not None:  # Gemma-2/3 style final logit soft-capping, applied by the model before sampling
         z = torch.tanh(z / softcap) * softcap
@@ -53,14 +55,19 @@ def _chunk_stats(
         z = z.index_fill(-1, suppressed, SUPPRESSED_LOGIT)
     lse = torch.logsumexp(z, dim=-1)
     logp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    if isinstance(extra, int):
+        top = torch.topk(z, extra, dim=-1)
+        extras = (top.values - lse.unsqueeze(-1), top.indices)
+    else:
+        extras = () if extra is None else (z.gather(-1, extra) - lse.unsqueeze(-1),)
     if not with_entropy:
-        return (logp,)
+        return (logp, *extras)
     p = torch.softmax(z, dim=-1)
     if with_entropy == SUM_PI_SQUARED:  # sum_v pi_v^2 instead of the entropy (optimal_token_baseline reads it)
-        return logp, torch.bmm(p.unsqueeze(1), p.unsqueeze(2)).view(-1)
+        return logp, torch.bmm(p.unsqueeze(1), p.unsqueeze(2)).view(-1), *extras
     # H = logsumexp(z) - E_p[z]; the row-wise dot product avoids materialising p * z as another chunk-sized tensor.
     entropy = lse - torch.bmm(p.unsqueeze(1), z.unsqueeze(2)).view(-1)
-    return logp, entropy
+    return logp, entropy, *extras
 
 
 def _chunked(
@@ -74,8 +81,11 @@ def _chunked(
     with_entropy: bool,
     softcap: float | None = None,
     suppressed: Tensor | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """Run ``_chunk_stats`` over row chunks, checkpointing each one when a gradient will flow through it."""
+    extra: Tensor | int | None = None,
+) -> tuple[Tensor, ...]:
+    """Run ``_chunk_stats`` over row chunks, checkpointing each one when a gradient will flow through it; with
+    ``extra`` a third output: the (N, K) log-probs of the ids ``extra``, or (int k) a pair of the top-k log-probs and
+    their ids."""
     if hidden.dim() != 2 or labels.dim() != 1 or hidden.shape[0] != labels.shape[0]:
         raise ValueError(f"expected hidden (N, H) and labels (N,), got {tuple(hidden.shape)} and {tuple(labels.shape)}")
     if chunk_size < 1:
@@ -85,20 +95,26 @@ def _chunked(
     n = hidden.shape[0]
     if n == 0:
         empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, (empty.clone() if with_entropy else None)
+        if extra is None:
+            return empty, (empty.clone() if with_entropy else None)
+        k = extra if isinstance(extra, int) else extra.shape[-1]
+        wide = hidden.new_zeros((0, k), dtype=torch.float32)
+        return empty, (empty.clone() if with_entropy else None), ((wide, wide.long()) if isinstance(extra, int)
+                                                                  else wide)
     labels = labels.long()
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in params))
-    logps, ents = [], []
+    outs = []
     for start in range(0, n, chunk_size):
         h, y = hidden[start : start + chunk_size], labels[start : start + chunk_size]
-        args = (h, y, project, temperature, softcap, with_entropy, suppressed)
-        out = checkpoint(_chunk_stats, *args, use_reentrant=False) if needs_grad else _chunk_stats(*args)
-        logps.append(out[0])
-        if with_entropy:
-            ents.append(out[1])
-    logp = logps[0] if len(logps) == 1 else torch.cat(logps)
-    entropy = (ents[0] if len(ents) == 1 else torch.cat(ents)) if with_entropy else None
-    return logp, entropy
+        x = extra[start : start + chunk_size].long() if isinstance(extra, Tensor) else extra
+        args = (h, y, project, temperature, softcap, with_entropy, suppressed, x)
+        outs.append(checkpoint(_chunk_stats, *args, use_reentrant=False) if needs_grad else _chunk_stats(*args))
+    cat = [o[0] if len(outs) == 1 else torch.cat(o) for o in zip(*outs)]
+    logp, rest = cat[0], cat[1:]
+    entropy = rest.pop(0) if with_entropy else None
+    if extra is None:
+        return logp, entropy
+    return logp, entropy, (tuple(rest) if isinstance(extra, int) else rest[0])
 
 
 def _linear_projection(weight: Tensor, bias: Tensor | None) -> Projection:
@@ -211,16 +227,27 @@ def _final_hidden(model, base, decoder, project, softcap, router=None, router_ma
 
 
 def _response_stats(rows: Tensor, labels: Tensor, valid: Tensor, project, params, softcap, *, temperature,
-                    chunk_size, with_entropy, suppressed=None) -> tuple[Tensor, Tensor | None]:
-    """(B, L) log-probs / entropies from the hidden states `rows` that predict `labels`; 0 where not `valid`."""
-    logp_v, ent_v = _chunked(
+                    chunk_size, with_entropy, suppressed=None, extra=None) -> tuple[Tensor, ...]:
+    """(B, L) log-probs / entropies from the hidden states `rows` that predict `labels`; 0 where not `valid`. With
+    `extra` (ids (B, L, K), or an int k) a third output of (B, L, K) tensors, as `_chunked`'s."""
+    out = _chunked(
         rows[valid], labels[valid], project, params,
         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, softcap=softcap,
-        suppressed=suppressed,
+        suppressed=suppressed, extra=extra[valid] if isinstance(extra, Tensor) else extra,
     )
+    logp_v, ent_v = out[0], out[1]
     logp = logp_v.new_zeros(labels.shape).masked_scatter(valid, logp_v)
     entropy = ent_v.new_zeros(labels.shape).masked_scatter(valid, ent_v) if with_entropy else None
-    return logp, entropy
+    if extra is None:
+        return logp, entropy
+
+    def spread(v: Tensor) -> Tensor:  # (N, K) on the valid positions -> (B, L, K), 0 elsewhere
+        full = v.new_zeros((*labels.shape, v.shape[-1]))
+        full[valid] = v
+        return full
+
+    wide = out[2]
+    return logp, entropy, (tuple(spread(v) for v in wide) if isinstance(wide, tuple) else spread(wide))
 
 
 def response_logprobs(
@@ -235,12 +262,16 @@ def response_logprobs(
     prompts: tuple[Tensor, Tensor] | None = None,
     images: list | None = None,
     router=None,
-) -> tuple[Tensor, Tensor | None]:
+    extra_tokens: Tensor | int | None = None,
+) -> tuple[Tensor, ...]:
     """Log-probs (B, L) and entropies (B, L) of the last ``response_length`` tokens of ``input_ids`` (B, P+L).
 
     A vision-language model (vision.py) takes each row's image inputs in ``images`` (None for a row without), runs
     on its own 3-D positions, and its vision tokens get probability 0 (they are never sampled); ``prompts`` must be
     None then.
+
+    ``extra_tokens``: a third output, for distillation: with ids (B, L, K) their (B, L, K) log-probs; with an int k the
+    pair ((B, L, k) log-probs, (B, L, k) ids) of the k most likely tokens at each position.
 
     ``router`` (a ``moe.RouterRecorder``): a MoE model's router logits of every model call are recorded into it,
     each with the real tokens of the call, for the router's auxiliary loss.
@@ -307,4 +338,4 @@ def response_logprobs(
         rows = hidden[:, -(L + 1) : -1]  # (B, L, H): position t predicts token t + 1
     return _response_stats(rows, input_ids[:, -L:], attention_mask[:, -L:].bool(), project, params, softcap,
                            temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
-                           suppressed=suppressed)
+                           suppressed=suppressed, extra=extra_tokens)

@@ -25,7 +25,8 @@ class PolicyModel(nn.Module):
 
     With `prompts=(prompt_rows, row_prompt)` (rows that share a prompt, see `response_logprobs`) each distinct
     prompt is computed once — after a one-time check that this model gives the plain path's log-probs that way.
-    A MoE model's router logits go to `router` (a moe.RouterRecorder) when one is given."""
+    A MoE model's router logits go to `router` (a moe.RouterRecorder) when one is given; `extra_tokens` adds a third
+    output (top-k log-probs and ids, or the log-probs of given ids: see `response_logprobs`)."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
@@ -33,8 +34,10 @@ class PolicyModel(nn.Module):
         self.shared_prompt_ok: bool | None = None
 
     def forward(self, input_ids, attention_mask, response_length: int, temperature: float = 1.0,
-                with_entropy: bool = True, chunk_size: int = 1024, prompts=None, images=None, router=None):
-        kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, router=router)
+                with_entropy: bool = True, chunk_size: int = 1024, prompts=None, images=None, router=None,
+                extra_tokens=None):
+        kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, router=router,
+                      extra_tokens=extra_tokens)
         # the one-time check first: every rank of a sharded model runs it in the same call, whatever its rows
         if prompts is None or not self._shares_prompts() or each_row_its_own_prompt(self, prompts, len(input_ids)):
             prompts = None  # a model that keeps the plain path, or no prompt shared

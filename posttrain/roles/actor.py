@@ -13,6 +13,8 @@ from collections import defaultdict
 import torch
 
 from ..algo import LossSettings, agg_loss, agg_norm, get_policy_loss, kl_penalty
+from ..algo.distill import DistillSettings, combine, distillation_term, forward_kl_topk, reverse_kl_estimate
+from ..algo.stats import masked_mean
 from ..data.batch import Batch
 from ..parallel import gathered_for_generation, set_gradient_sync
 from ..models.load import eval_mode
@@ -28,7 +30,8 @@ COUNTS = ("actor/empty_mini_batches",)  # summed over the step's updates; every 
 
 class Actor:
     def __init__(self, runner: ModelRunner, cfg, *, temperature: float, max_response_length: int, total_steps: int,
-                 seed: int = 0, offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5):
+                 seed: int = 0, offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5,
+                 distill: DistillSettings | None = None):
         self.runner, self.model, self.cfg = runner, runner.model, cfg
         self.temperature = temperature
         self.norm_const = cfg.loss_scale_factor or max_response_length
@@ -40,6 +43,7 @@ class Actor:
         self.offload_optimizer = offload_optimizer
         self.nonfinite = NonFiniteGuard("actor", max_nonfinite_in_a_row)
         self.moe = moe_spec(base_model(self.model))  # None for a dense model
+        self.distill = distill  # on-policy distillation's loss settings, or None
 
     def generation(self):
         """Around a generate call: the sharded policy gathered once (see parallel.gathered_for_generation)."""
@@ -105,17 +109,27 @@ class Actor:
             set_gradient_sync(self.model, i == len(micros) - 1)
             mask = mb["response_mask"].float().to(runner.device)
             router = RouterRecorder(self.moe) if self.moe is not None else None
-            logp, ent = runner.logprobs(mb, temperature=self.temperature, with_entropy=True, router=router)
+            topk_ids = mb["teacher_topk_ids"] if self.distill is not None and self.distill.uses_topk else None
+            out = runner.logprobs(mb, temperature=self.temperature, with_entropy=True, router=router,
+                                  extra_tokens=topk_ids)
+            logp, ent = out[0], out[1]
             old = mb["old_log_probs"].to(runner.device) if "old_log_probs" in mb else logp.detach()
             weights = mb["rollout_is_weights"].to(runner.device) if "rollout_is_weights" in mb else None
             advantages = mb["advantages"].to(runner.device)
             pg_loss, metrics = self.policy_loss(logp, old, advantages, mask,
                                                 settings=self.loss_settings, norm=norm, rollout_is_weights=weights)
-            loss = pg_loss
+            loss, distill_loss = pg_loss, None
+            if self.distill is not None:
+                student_topk = out[2] if topk_ids is not None else None
+                distill_loss = self._distillation(mb, logp, student_topk, old, mask, norm, weights, totals,
+                                                  share=float(mask.sum()) / max(norm.tokens, 1.0))
+                loss = combine(pg_loss, distill_loss, self.distill)
             entropy = agg_loss(ent.detach() if not need_entropy else ent, mask, cfg.loss_agg_mode, norm)
             # in the order they are computed, for naming the first non-finite one
             watched = [("advantages", advantages), ("old_log_probs", old), ("rollout_is_weights", weights),
                        ("log_probs", logp)] + ([("entropy", ent)] if need_entropy else []) + [("pg_loss", pg_loss)]
+            if distill_loss is not None:
+                watched.append(("distillation_loss", distill_loss))
             if need_entropy:
                 loss = loss - cfg.entropy_coeff * entropy
             if cfg.use_kl_loss:
@@ -145,6 +159,24 @@ class Actor:
         sums["actor/empty_mini_batches"].append(float(norm.tokens == 0))  # nothing to learn from: the loss is 0
         sums["actor/grad_norm"].append(grad_norm)
 
+
+    def _distillation(self, mb, logp, student_topk, old, mask, norm, weights, totals, *, share: float):
+        """One micro-batch's distillation loss against the teacher's scores in `mb` (algo/distill.py); its
+        metrics go into `totals` (the loss summed like pg_loss, the rest weighted by the micro-batch's token share)."""
+        s, device = self.distill, self.runner.device
+        metrics = {}
+        if s.uses_topk:
+            per_token, student_mass, teacher_mass = forward_kl_topk(
+                student_topk, mb["teacher_topk_log_probs"].to(device), s.log_prob_min_clamp)
+            metrics = {"actor/distillation/student_mass": masked_mean(student_mass.detach(), mask),
+                       "actor/distillation/teacher_mass": masked_mean(teacher_mass, mask)}
+        else:
+            per_token = reverse_kl_estimate(logp, mb["teacher_log_probs"].to(device), s.loss_mode)
+        loss, term_metrics = distillation_term(per_token, logp, old, mask, settings=s, loss_settings=self.loss_settings,
+                                               norm=norm, rollout_is_weights=weights)
+        for key, value in (metrics | term_metrics).items():
+            totals[key] += float(value) if key == "actor/distillation/loss" else float(value) * share
+        return loss
 
     def _router_loss(self, loss, router: RouterRecorder, share: float, totals, watched):
         """A MoE model's load-balancing loss, as the model adds it in training (`output_router_logits`, times

@@ -171,20 +171,31 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ forward and optimizer step
 
-    def logprobs(self, mb: Batch, *, temperature: float, with_entropy: bool,
-                 router=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def logprobs(self, mb: Batch, *, temperature: float, with_entropy: bool, router=None,
+                 extra_tokens: torch.Tensor | int | None = None) -> tuple[torch.Tensor, ...]:
         """(b, L) log-probs (and entropy) of one micro-batch's response tokens, padded back to full width; a MoE
-        model's router logits recorded into `router` when given (see models/moe.py)."""
+        model's router logits recorded into `router` when given (see models/moe.py). `extra_tokens` (ids (b, L, K)
+        or an int k, see models/logprobs.py) adds a third output of (b, L, K) tensors, padded the same way."""
         ids, mask, resp_l, full_l = trimmed(mb)
+        extra_ids = (extra_tokens[:, :resp_l].to(self.device) if isinstance(extra_tokens, torch.Tensor)
+                     else extra_tokens)
         extra = {"router": router} if router is not None else {}
+        if extra_ids is not None:
+            extra["extra_tokens"] = extra_ids
         with self.autocast():
-            logp, ent = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
-                                   with_entropy=with_entropy, prompts=shared_prompts(mb), images=images_of(mb),
-                                   **extra)
+            out = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
+                             with_entropy=with_entropy, prompts=shared_prompts(mb), images=images_of(mb), **extra)
+        logp, ent = out[0], out[1]
         pad = full_l - resp_l
         logp = torch.nn.functional.pad(logp.float(), (0, pad))
         ent = torch.nn.functional.pad(ent.float(), (0, pad)) if ent is not None else None
-        return logp, ent
+        if extra_ids is None:
+            return logp, ent
+
+        def widen(v):  # (b, resp_l, K) -> (b, full_l, K)
+            return torch.nn.functional.pad(v if not v.is_floating_point() else v.float(), (0, 0, 0, pad))
+
+        return logp, ent, (tuple(widen(v) for v in out[2]) if isinstance(out[2], tuple) else widen(out[2]))
 
     def clip_and_step(self, optimizer, grad_clip: float, offload_optimizer: bool = False, *,
                       loss_not_finite: bool = False) -> tuple[float, bool]:

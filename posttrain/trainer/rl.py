@@ -193,9 +193,9 @@ class RLTrainer:
 
     def learn(self, batch: Batch, timing: dict | None = None, *, trainer_version: int | None = None
               ) -> dict[str, float]:
-        """Everything after the scored rollouts: old / reference log-probs, values, advantages, the critic and
-        actor updates, and the batch's metrics. `batch` is the whole step's batch (the same on every rank). A batch
-        with `rollout_versions` (asynchronous runs) adds staleness metrics against `trainer_version`."""
+        """Everything after the scored rollouts: old / reference / teacher log-probs, values, advantages, the critic
+        and actor updates, and the batch's metrics. `batch` is the whole step's batch (the same on every rank). A
+        batch with `rollout_versions` (asynchronous runs) adds staleness metrics against `trainer_version`."""
         cfg, parts, metrics = self.cfg, self.parts, {}
         if "rollout_versions" in batch:
             if trainer_version is None:
@@ -215,6 +215,10 @@ class RLTrainer:
         if parts.reference is not None:
             with timer(timing, "ref"):
                 batch["ref_log_probs"] = parts.reference.compute_log_prob(batch)
+        if parts.teachers is not None:
+            with timer(timing, "teacher"):
+                for key, value in parts.teachers.score(batch).items():
+                    batch[key] = value
         if parts.critic is not None:
             with timer(timing, "values"):
                 batch["values"] = parts.critic.compute_values(batch)

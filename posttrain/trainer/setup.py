@@ -14,6 +14,7 @@ import torch
 
 from ..algo import EstimatorInfo, estimator_info, make_kl_controller
 from ..config import ConfigError, to_yaml
+from ..config.distillation import settings as distill_settings, teachers as configured_teachers
 from ..data.dataset import RLDataset, batches_per_epoch
 from ..models.hub import resolve_model_source
 from ..models.load import LoraSettings, compute_dtype, load_causal_lm, load_tokenizer, model_config
@@ -31,6 +32,7 @@ from ..roles.critic import Critic
 from ..roles.judge_model import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
+from ..roles.teacher import Teachers
 from ..rollout.base import SamplingParams
 from ..agents.environment import ENVIRONMENTS
 from ..agents.loop import EpisodeRunner
@@ -58,12 +60,18 @@ def model_sources(cfg) -> dict[str, str]:
         keys["actor_rollout_ref.model.tokenizer_path"] = model.tokenizer_path
     if needs_critic(cfg) and cfg.critic.model.path:
         keys["critic.model.path"] = cfg.critic.model.path
+    for t in configured_teachers(cfg):
+        keys[teacher_key(t)] = t.model_path
     rm = cfg.reward_model
     if rm.enable:
         keys["reward_model.model.path"] = rm.model.path
         if rm.model.input_tokenizer:
             keys["reward_model.model.input_tokenizer"] = rm.model.input_tokenizer
     return {key: resolve_model_source(path, key=key) for key, path in keys.items()}
+
+
+def teacher_key(t) -> str:
+    return f"distillation.teacher_models.{t.name}.model_path"
 
 
 def parallel_for(cfg) -> Parallel:
@@ -121,9 +129,11 @@ class Roles:
 
         a = arr.actor
         actor_runner = policy(a.fsdp_config, trainable=True, with_lora=lora)
+        distill = distill_settings(cfg).check() if cfg.distillation.enabled else None
         self.actor = Actor(actor_runner, a, temperature=temperature, max_response_length=cfg.data.max_response_length,
                            total_steps=total_steps, seed=tr.seed, offload_optimizer=_moves_adam(a.fsdp_config),
-                           max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)
+                           max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row, distill=distill)
+        self.teachers = _teachers(cfg, par, distill) if distill is not None else None
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             ref_runner = actor_runner if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
@@ -161,6 +171,37 @@ class Roles:
         return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
 
 
+def _teachers(cfg, par: Parallel, distill) -> Teachers:
+    """The frozen teachers, placed like the reference (its fsdp_config: sharded over the ranks, offload) with their
+    weights and compute in the rollout's dtype; each must share the student's vocabulary."""
+    arr = cfg.actor_rollout_ref
+    dtype = compute_dtype(arr.rollout.dtype, par.device)
+    ref = arr.ref.fsdp_config
+    student_vocab = model_config(arr.model.path, trust_remote_code=arr.model.trust_remote_code,
+                                 key="actor_rollout_ref.model.path").get_text_config().vocab_size
+    runners, keys = {}, {}
+    for t in configured_teachers(cfg):
+        key = teacher_key(t)
+        vocab = model_config(t.model_path, trust_remote_code=arr.model.trust_remote_code,
+                             key=key).get_text_config().vocab_size
+        if vocab != student_vocab:
+            raise ConfigError(f"{key}: the teacher's vocabulary ({vocab} tokens) differs from the student's "
+                              f"({student_vocab}); the teacher scores the student's token ids, so both must share "
+                              "one tokenizer")
+
+        def build(meta: bool, path=t.model_path, key=key):
+            return PolicyModel(load_causal_lm(path, meta=meta, dtype=dtype,
+                                              trust_remote_code=arr.model.trust_remote_code, key=key))
+
+        model = prepare_model(build, par, ShardSettings(param_dtype=dtype, reduce_dtype=torch.float32,
+                                                        offload=ref.param_offload,
+                                                        reshard_after_forward=ref.reshard_after_forward))
+        runners[t.name] = ModelRunner(model, par, dtype=dtype, balance_batch=cfg.trainer.balance_batch)
+        keys[t.name] = t.key
+    return Teachers(runners, keys, arr.ref, teacher_key=cfg.distillation.teacher_key,
+                    topk=distill.topk if distill.uses_topk else 0)
+
+
 def preflight(cfg) -> None:
     """Settings the loop cannot run with, rejected before any model is loaded."""
     if not cfg.actor_rollout_ref.model.path:
@@ -195,6 +236,7 @@ class RLParts:
     max_new: int  # response tokens
     needs_old_log_prob: bool  # whether a pass computes the old policy's log-probs
     episodes: EpisodeRunner | ProgramRunner | None = None  # multi-turn rollouts, or agent programs
+    teachers: Teachers | None = None  # on-policy distillation's frozen teachers
 
     @property
     def rule_scoring(self) -> bool:
@@ -250,7 +292,7 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
         kl_ctrl=kl_ctrl, info=info, max_new=max_new, needs_old_log_prob=needs_old_log_prob,
         sampling=SamplingParams.of(r, max_new_tokens=max_new, ignore_eos=r.ignore_eos, logprobs=rollout_logprobs),
         val_sampling=SamplingParams.of(r.val_kwargs, max_new_tokens=max_new, ignore_eos=r.ignore_eos),
-        episodes=_episode_runner(cfg, roles.engine, tokenizer))
+        episodes=_episode_runner(cfg, roles.engine, tokenizer), teachers=roles.teachers)
     if cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc" and not parts.rule_scoring:
         raise ConfigError("algorithm.filter_groups.metric=acc needs rule scores, and with reward_model.enable=True "
                           "a data source without a scorer turns them off; use metric=score (the reward model's) or "

@@ -14,6 +14,7 @@ from .actor_rollout_ref import ActorRolloutRefConfig
 from .algorithm import AlgorithmConfig
 from .critic import CriticConfig
 from .data import DataConfig
+from .distillation import DistillationConfig
 from .reward import CustomRewardFunctionConfig, RewardModelConfig
 from .trainer import TrainerConfig
 
@@ -27,4 +28,5 @@ class Config:
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    distillation: DistillationConfig = field(default_factory=DistillationConfig)
 
