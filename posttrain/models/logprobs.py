@@ -235,6 +235,7 @@ def response_logprobs(
     prompts: tuple[Tensor, Tensor] | None = None,
     images: list | None = None,
     router=None,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (B, L) and entropies (B, L) of the last ``response_length`` tokens of ``input_ids`` (B, P+L).
 
@@ -248,6 +249,9 @@ def response_logprobs(
     ``prompts=(prompt_rows, row_prompt)``: a row holding each distinct prompt, and each row's index into those;
     then each distinct prompt is computed once (shared_prompt.py; the model's attention implementation must be
     ``shared_prompt.ATTENTION_NAME`` and its forward take ``logits_to_keep``).
+
+    ``packed=True``: the rows' real tokens run as one padding-free row (packed.py; the same attention
+    implementation needed); not with ``prompts`` or images.
 
     Positions are ``cumsum(attention_mask) - 1`` so left padding does not shift them. The model runs its normal
     forward (so wrappers' hooks — peft, FSDP — see the call) with ``logits_to_keep=1``, which keeps the vocabulary
@@ -276,6 +280,11 @@ def response_logprobs(
         extra = forward_inputs(base, base.config, input_ids, attention_mask, images)
         position_ids = extra.pop("position_ids")
 
+    if packed:
+        if prompts is not None or suppressed is not None:
+            raise ValueError("the packed path takes text rows without shared prompts")
+        return _packed_stats(model, base, decoder, project, params, softcap, input_ids, attention_mask, L,
+                             router=router, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
     if prompts is not None:
         from .shared_prompt import ATTENTION_NAME, shared_prompt_hidden
 
@@ -308,3 +317,29 @@ def response_logprobs(
     return _response_stats(rows, input_ids[:, -L:], attention_mask[:, -L:].bool(), project, params, softcap,
                            temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
                            suppressed=suppressed)
+
+
+def _packed_stats(model, base, decoder, project, params, softcap, input_ids, attention_mask, L, *, router,
+                  **stats) -> tuple[Tensor, Tensor | None]:
+    """`response_logprobs` over the rows packed without padding (packed.py)."""
+    from .packed import mask_off, pack, predictors
+    from .shared_prompt import ATTENTION_NAME
+
+    if base.config._attn_implementation != ATTENTION_NAME:
+        raise ValueError(f"packed rows need the model's attention implementation set to {ATTENTION_NAME}")
+    rows = pack(input_ids, attention_mask)
+    inputs = dict(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids, packed=rows.packing)
+    with mask_off():
+        if keeps_one_logit(base):
+            hidden = _final_hidden(model, base, decoder, project, softcap, router=router,
+                                   router_mask=torch.ones_like(rows.input_ids), **inputs)
+        elif router is not None:
+            raise TypeError(f"{type(base).__name__}: router logits need a forward that takes logits_to_keep")
+        else:
+            hidden = decoder(use_cache=False, **inputs).last_hidden_state
+    valid, at = predictors(rows, L)
+    logp_v, ent_v = _chunked(hidden[0].index_select(0, at), input_ids[:, -L:][valid], project, params,
+                             softcap=softcap, **stats)
+    logp = logp_v.new_zeros(valid.shape).masked_scatter(valid, logp_v)
+    entropy = ent_v.new_zeros(valid.shape).masked_scatter(valid, ent_v) if ent_v is not None else None
+    return logp, entropy

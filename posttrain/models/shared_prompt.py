@@ -31,6 +31,8 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .load import eval_mode
+from .packed import Packing, in_packed_call
+from .packed import attention as packed_attention
 
 ATTENTION_NAME = "posttrain_shared_prompt"
 log = logging.getLogger(__name__)
@@ -73,8 +75,13 @@ class PromptContext:
 
 
 def shared_prompt_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                            shared_prompt: PromptContext | None = None, sliding_window=None, softcap=None, **kwargs):
+                            shared_prompt: PromptContext | None = None, sliding_window=None, softcap=None,
+                            packed: Packing | None = None, **kwargs):
     plain = dict(dropout=dropout, scaling=scaling, sliding_window=sliding_window, softcap=softcap, **kwargs)
+    if packed is not None:  # a padding-free call (packed.py)
+        if sliding_window is not None or softcap is not None or kwargs.get("s_aux") is not None:
+            raise RuntimeError("packed attention runs full attention only (no sliding window, softcap or sinks)")
+        return packed_attention(module, query, key, value, packed, dropout=dropout, scaling=scaling)
     if shared_prompt is None:  # any other call: sdpa, as before the model was switched to this function
         return sdpa_attention_forward(module, query, key, value, attention_mask, **plain)
     if sliding_window is not None or softcap is not None or kwargs.get("s_aux") is not None:
@@ -104,7 +111,12 @@ def grouped_heads_in_sdpa(keys) -> bool:
 
 
 AttentionInterface.register(ATTENTION_NAME, shared_prompt_attention)
-AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+def mask_unless_packed(*args, **kwargs):
+    """sdpa's mask, except for a packed call, which needs none (packed.mask_off)."""
+    return None if in_packed_call() else sdpa_mask(*args, **kwargs)
+
+
+AttentionMaskInterface.register(ATTENTION_NAME, mask_unless_packed)
 
 
 def shared_prompt_hidden(run, input_ids, attention_mask, response_length: int, prompt_rows, row_prompt):
@@ -134,10 +146,10 @@ def each_row_its_own_prompt(module, prompts, rows: int) -> bool:
     return len(prompts[0]) == rows and not is_sharded(module)
 
 
-def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
+def switch_on_if_equal(module, config, plain, shared, what: str, *, packed: bool = False) -> bool:
     """Once per model: set `ATTENTION_NAME` on `config` and keep it if `shared(ids, mask, L, groups)` gives
     `plain(ids, mask, L)` on two prompts (one left-padded) x two responses (one shorter); else restore sdpa and
-    say why. Only for sdpa models whose layers are all full attention. A sharded model keeps it only where it
+    say why. With `packed`, the same for the padding-free path: `shared(ids, mask, L)` (packed.py). Only for sdpa models whose layers are all full attention. A sharded model keeps it only where it
     passed on every rank (each rank must call this at the same point)."""
     from ..parallel import agreed
 
@@ -148,7 +160,9 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
     elif kinds != {"full_attention"}:
         reason = "its layers are " + ", ".join(sorted(kinds))
     else:
-        config._attn_implementation, switched = ATTENTION_NAME, True  # sdpa for every call that shares no prompt
+        # sdpa for every call that shares no prompt; one set by the other path's check stays (that path uses it)
+        switched = config._attn_implementation != ATTENTION_NAME
+        config._attn_implementation = ATTENTION_NAME
         device = next(module.parameters()).device
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, min(config.vocab_size, 1000), (4, 9), generator=gen).to(device)
@@ -160,7 +174,8 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
         groups = (torch.tensor([0, 2]), torch.tensor([0, 0, 1, 1]))
         try:
             with eval_mode(module), torch.no_grad():
-                error = float((plain(ids, mask, 4).float() - shared(ids, mask, 4, groups).float()).abs().max())
+                other = shared(ids, mask, 4) if packed else shared(ids, mask, 4, groups)
+                error = float((plain(ids, mask, 4).float() - other.float()).abs().max())
             if error > (5e-2 if torch.is_autocast_enabled(device.type) else 1e-4):
                 reason = f"its {what} differ from the plain forward's by {error:.1e}"
         except Exception as exc:  # an architecture whose modules the shared path cannot drive
@@ -170,7 +185,8 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
     if reason and switched:
         config._attn_implementation = "sdpa"
     if reason:
-        log.warning("%s of %s: computed without sharing prompts (%s)", what, type(module).__name__, reason)
+        log.warning("%s of %s: computed %s (%s)", what, type(module).__name__,
+                    "on padded rows" if packed else "without sharing prompts", reason)
     return reason is None
 
 
