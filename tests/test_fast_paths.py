@@ -449,13 +449,13 @@ def test_packed_attention_keeps_each_row_to_itself(tiny_model_dir):
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-6)
 
 
-def test_policy_model_packs_after_its_check_even_where_prompts_are_shared(tiny_model_dir):
+def test_policy_model_packs_rows_and_shares_prompts_after_its_checks(tiny_model_dir):
     model = PolicyModel(load_causal_lm(str(tiny_model_dir)))
     ids, mask, L, uids = _shared_case(model.config.vocab_size)
     with torch.no_grad():
         plain, _ = model(ids, mask, L, with_entropy=False)
         packed, _ = model(ids, mask, L, with_entropy=False, prompts=prompt_groups(uids), packed=True)
-    assert model.packed_ok is True and model.shared_prompt_ok is None
+    assert model.packed_ok is True and model.shared_prompt_ok is True
     real = mask[:, -L:].bool()
     torch.testing.assert_close(packed[real], plain[real], rtol=1e-5, atol=1e-6)
 
@@ -494,3 +494,52 @@ def test_packed_values_and_gradients_equal_the_padded_forward(tiny_model_dir, dt
         assert _relative(g1[k], g0[k]) < 1e-5, k
     model.packed_ok = None
     assert model.packs()
+
+
+@pytest.mark.parametrize("checkpointing,grouped_heads,dtype", [(False, True, torch.float32), (True, True, torch.float32),
+                                                               (False, False, torch.float32),
+                                                               (False, True, torch.float64)])
+def test_packed_shared_prompt_logprobs_and_gradients_equal_the_padded_forward(tiny_model_dir, checkpointing,
+                                                                               grouped_heads, dtype, monkeypatch):
+    """Prompts packed and computed once, responses packed after them: the padded plain forward's log-probs,
+    entropies and gradients (1e-5 relative)."""
+    monkeypatch.setattr(shared_prompt, "grouped_heads_in_sdpa", lambda keys: grouped_heads)
+    lm = load_causal_lm(str(tiny_model_dir)).to(dtype)
+    if checkpointing:
+        enable_checkpointing(lm)
+    lm.train()
+    ids, mask, L, uids = _shared_case(lm.config.vocab_size)
+    weights = mask[:, -L:].to(dtype) * torch.linspace(-1, 1, L, dtype=dtype)
+    results = []
+    for packed in (False, True):
+        lm.zero_grad()
+        lm.config._attn_implementation = ATTENTION_NAME if packed else "sdpa"
+        logp, ent = response_logprobs(lm, ids, mask, L, packed=packed, prompts=prompt_groups(uids) if packed else None)
+        ((logp * weights).sum() + 0.3 * (ent * weights).sum()).backward()
+        results.append((logp.detach(), ent.detach(), {k: p.grad.clone() for k, p in lm.named_parameters()}))
+    (lp0, e0, g0), (lp1, e1, g1) = results
+    real = mask[:, -L:].bool()
+    torch.testing.assert_close(lp1[real], lp0[real], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(e1[real], e0[real], rtol=1e-5, atol=1e-6)
+    for k in g0:
+        assert _relative(g1[k], g0[k]) < 1e-5, k
+
+
+def test_value_model_packs_shared_prompts_with_the_padded_values_and_gradients(tiny_model_dir):
+    from posttrain.models.policy import ValueModel
+
+    torch.manual_seed(0)
+    model = ValueModel.from_pretrained(str(tiny_model_dir)).double()
+    ids, mask, L, uids = _shared_case(model.backbone.config.vocab_size)
+    weights = mask[:, -L:].double() * torch.linspace(-1, 1, L, dtype=torch.float64)
+    results = []
+    for packed in (False, True):
+        model.zero_grad()
+        values = model(ids, mask, L, prompts=prompt_groups(uids) if packed else None, packed=packed)
+        (values * weights).sum().backward()
+        results.append((values.detach() * mask[:, -L:], {k: p.grad.clone() for k, p in model.named_parameters()}))
+    assert model.packed_ok is True and model.shared_prompt_ok is True
+    (v0, g0), (v1, g1) = results
+    torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-8)
+    for k in g0:
+        assert _relative(g1[k], g0[k]) < 1e-5, k

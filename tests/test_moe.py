@@ -105,6 +105,18 @@ def test_packed_rows_give_the_padded_log_probs_and_router_loss(moe_dirs, arch):
     torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(packed.aux_loss(), padded.aux_loss(), rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(packed.load(), padded.load(), rtol=1e-5, atol=1e-7)
+    # rows 0/1 share a prompt, rows 2/3 another: each packed prompt runs once, its tokens weighted by its sharers
+    ids[1, :5], ids[3, :5] = ids[0, :5], ids[2, :5]
+    padded, shared = RouterRecorder(spec), RouterRecorder(spec)
+    with torch.no_grad():
+        want, _ = policy(ids, mask, 4, with_entropy=False, router=padded)
+        got, _ = policy(ids, mask, 4, with_entropy=False, router=shared, packed=True,
+                        prompts=prompt_groups(["a", "a", "b", "b"]))
+    assert policy.shared_prompt_ok is True
+    assert [call[0].shape[0] for call in shared.logits] == [5 + 2, int(mask[:, -4:].sum())]
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shared.aux_loss(), padded.aux_loss(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(shared.load(), padded.load(), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

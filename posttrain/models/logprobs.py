@@ -251,7 +251,7 @@ def response_logprobs(
     ``shared_prompt.ATTENTION_NAME`` and its forward take ``logits_to_keep``).
 
     ``packed=True``: the rows' real tokens run as one padding-free row (packed.py; the same attention
-    implementation needed); not with ``prompts`` or images.
+    implementation needed), with ``prompts`` each distinct prompt once; not with images.
 
     Positions are ``cumsum(attention_mask) - 1`` so left padding does not shift them. The model runs its normal
     forward (so wrappers' hooks — peft, FSDP — see the call) with ``logits_to_keep=1``, which keeps the vocabulary
@@ -281,9 +281,9 @@ def response_logprobs(
         position_ids = extra.pop("position_ids")
 
     if packed:
-        if prompts is not None or suppressed is not None:
-            raise ValueError("the packed path takes text rows without shared prompts")
-        return _packed_stats(model, base, decoder, project, params, softcap, input_ids, attention_mask, L,
+        if suppressed is not None:
+            raise ValueError("the packed path takes text rows")
+        return _packed_stats(model, base, decoder, project, params, softcap, input_ids, attention_mask, L, prompts,
                              router=router, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy)
     if prompts is not None:
         from .shared_prompt import ATTENTION_NAME, shared_prompt_hidden
@@ -319,26 +319,32 @@ def response_logprobs(
                            suppressed=suppressed)
 
 
-def _packed_stats(model, base, decoder, project, params, softcap, input_ids, attention_mask, L, *, router,
-                  **stats) -> tuple[Tensor, Tensor | None]:
-    """`response_logprobs` over the rows packed without padding (packed.py)."""
+def _packed_stats(model, base, decoder, project, params, softcap, input_ids, attention_mask, L, prompts, *,
+                  router, **stats) -> tuple[Tensor, Tensor | None]:
+    """`response_logprobs` over the rows packed without padding (packed.py), each distinct prompt computed once
+    when `prompts` groups the rows (shared_prompt.packed_shared_prompt_hidden)."""
     from .packed import mask_off, pack, predictors
-    from .shared_prompt import ATTENTION_NAME
+    from .shared_prompt import ATTENTION_NAME, packed_shared_prompt_hidden
 
     if base.config._attn_implementation != ATTENTION_NAME:
         raise ValueError(f"packed rows need the model's attention implementation set to {ATTENTION_NAME}")
-    rows = pack(input_ids, attention_mask)
-    inputs = dict(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids, packed=rows.packing)
-    with mask_off():
+
+    def run(weights, **inputs):
         if keeps_one_logit(base):
-            hidden = _final_hidden(model, base, decoder, project, softcap, router=router,
-                                   router_mask=torch.ones_like(rows.input_ids), **inputs)
-        elif router is not None:
+            return _final_hidden(model, base, decoder, project, softcap, router=router, router_mask=weights, **inputs)
+        if router is not None:
             raise TypeError(f"{type(base).__name__}: router logits need a forward that takes logits_to_keep")
-        else:
-            hidden = decoder(use_cache=False, **inputs).last_hidden_state
-    valid, at = predictors(rows, L)
-    logp_v, ent_v = _chunked(hidden[0].index_select(0, at), input_ids[:, -L:][valid], project, params,
+        return decoder(use_cache=False, **inputs).last_hidden_state
+
+    if prompts is not None:
+        hidden, valid, at = packed_shared_prompt_hidden(run, input_ids, attention_mask, L, *prompts)
+    else:
+        rows = pack(input_ids, attention_mask)
+        with mask_off():
+            hidden = run(torch.ones_like(rows.input_ids), input_ids=rows.input_ids, attention_mask=None,
+                         position_ids=rows.position_ids, packed=rows.packing)[0]
+        valid, at = predictors(rows, L)
+    logp_v, ent_v = _chunked(hidden.index_select(0, at), input_ids[:, -L:][valid], project, params,
                              softcap=softcap, **stats)
     logp = logp_v.new_zeros(valid.shape).masked_scatter(valid, logp_v)
     entropy = ent_v.new_zeros(valid.shape).masked_scatter(valid, ent_v) if ent_v is not None else None

@@ -114,3 +114,24 @@ def right_padded(input_ids: torch.Tensor, attention_mask: torch.Tensor, pad: int
     order = torch.sort((~real).int(), dim=-1, stable=True).indices
     ids, mask = input_ids.gather(-1, order), attention_mask.gather(-1, order)
     return torch.where(mask.bool(), ids, torch.full_like(ids, pad)), mask
+
+
+def attention_after_prompt(query, key, value, prompt_key, prompt_value, prompts: Packing, rows: Packing,
+                           row_prompt: list[int], *, dropout: float = 0.0, scaling=None, grouped_heads: bool = True):
+    """Packed responses that each read their prompt's keys and values (a packed prompt call's, shared_prompt.py)
+    and their own, causally: sdpa per row over `prompt || own` keys under a lower-right causal mask. `query` (1, H,
+    N, D), `key` / `value` (1, Hk, N, D), `prompt_key` / `prompt_value` (1, Hk, Np, D); returns (1, N, H, D)."""
+    pieces = []
+    for row, (s, e) in enumerate(zip(rows.bounds[:-1], rows.bounds[1:])):
+        if e == s:
+            continue
+        ps, pe = prompts.bounds[row_prompt[row]], prompts.bounds[row_prompt[row] + 1]
+        keys = torch.cat([prompt_key[:, :, ps:pe], key[:, :, s:e]], dim=2)
+        values = torch.cat([prompt_value[:, :, ps:pe], value[:, :, s:e]], dim=2)
+        groups = query.shape[1] // keys.shape[1]
+        if groups > 1 and not grouped_heads:
+            keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+        mask = torch.ones(e - s, pe - ps + e - s, dtype=torch.bool, device=query.device).tril(diagonal=pe - ps)
+        pieces.append(F.scaled_dot_product_attention(query[:, :, s:e], keys, values, attn_mask=mask, dropout_p=dropout,
+                                                     scale=scaling, enable_gqa=keys.shape[1] != query.shape[1]))
+    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
