@@ -18,10 +18,10 @@ class ModelConfig:
     """padding-free micro-batches for the actor and the reference: a micro-batch's rows run as one row of their real
     tokens, attention kept inside each row (sdpa per row on a CPU, Flash's varlen kernel on a GPU in bf16/fp16), and
     a token budget (`ppo_max_token_len_per_gpu`, `log_prob_max_token_len_per_gpu`) counts real tokens. Log-probs,
-    entropies and gradients are the padded forward's. It takes the place of the shared-prompt passes (each prompt
-    then runs once per response). A model that fails a one-time check against the padded forward (sliding-window
-    or non-sdpa attention, a vision-language model) runs on padded rows, with a warning. False: padded rows, cut to
-    the longest prompt and the longest response of each micro-batch, prompts shared"""
+    entropies and gradients are the padded forward's; prompts are still computed once for their responses (packed
+    too). A model that fails a one-time check against the padded forward (sliding-window or non-sdpa attention, a
+    vision-language model) runs on padded rows, with a warning. False: padded rows, cut to the longest prompt and
+    the longest response of each micro-batch. The critic has its own `critic.model.use_remove_padding`"""
     enable_gradient_checkpointing: bool = True
     """activation checkpointing in the actor (and critic) forward"""
     lora_rank: int = 0
