@@ -68,8 +68,8 @@ def fail_checks_here() -> None:
     import posttrain.rollout.engine as engine
 
     switch, compare = policy.switch_on_if_equal, engine.DecodeEngine._compare
-    policy.switch_on_if_equal = lambda module, config, plain, shared, what: switch(
-        module, config, plain, lambda *args: shared(*args) + 1.0, what)
+    policy.switch_on_if_equal = lambda module, config, plain, shared, what, **kw: switch(
+        module, config, plain, lambda *args: shared(*args) + 1.0, what, **kw)
     engine.DecodeEngine._compare = lambda self, model: compare(self, model) or "forced to differ in this process"
 
 
@@ -211,11 +211,14 @@ def main(spec_path: str) -> None:
             parts = trainer.parts
             models = {"actor": parts.actor, "reference": parts.reference, "critic": parts.critic}
             checks = {role: obj.model.shared_prompt_ok for role, obj in models.items() if obj is not None}
+            checks |= {f"{role}_packed": obj.model.packed_ok for role, obj in models.items() if obj is not None}
             checks["rollout"] = parts.engine.shared_prefix_ok
             (out / f"{name}_checks_rank{par.rank}.json").write_text(json.dumps(checks))
         states = {role: full_model_state(obj.model) for role, obj in trainer.parts.trained.items()}  # a collective
         if par.is_main:
             shared = {role: getattr(obj.model, "shared_prompt_ok", None) for role, obj in trainer.parts.trained.items()}
+            shared |= {f"{role}_packed": getattr(obj.model, "packed_ok", None)
+                       for role, obj in trainer.parts.trained.items()}
             shards = {role: {name: tuple(p.to_local().shape) for name, p in obj.model.named_parameters()
                              if hasattr(p, "to_local")} for role, obj in trainer.parts.trained.items()}
             torch.save({"metrics": metrics, "states": states, "steps": steps, "shared": shared,

@@ -24,8 +24,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 WORKER = Path(__file__).with_name("dist_worker.py")
 MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CASES = {
+    # padded rows with shared prompts here; packed rows (use_remove_padding, the default) in the other cases
     **{f"grpo_kl_{m}": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
-                        "actor_rollout_ref.actor.entropy_coeff=0.01", f"actor_rollout_ref.actor.loss_agg_mode={m}"]
+                        "actor_rollout_ref.actor.entropy_coeff=0.01", f"actor_rollout_ref.actor.loss_agg_mode={m}",
+                        "actor_rollout_ref.model.use_remove_padding=False"]
        for m in MODES},
     **{f"ppo_{m}": ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "algorithm.use_kl_in_reward=True",
                     f"actor_rollout_ref.actor.loss_agg_mode={m}"] for m in MODES},
@@ -127,7 +129,7 @@ def assert_same_update(reference: Path, other: Path, min_cases: int = 9):
         for key in METRICS:
             if key in want["metrics"]:
                 assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (case, key)
-        # the models that share prompts in one process do so when sharded too (the fast path is not lost)
+        # the models that share prompts or pack rows in one process do so when sharded too (no fast path lost)
         assert got["shared"] == want["shared"], (case, got["shared"], want["shared"])
         for key in ("old_log_probs", "ref_log_probs", "values"):
             if want[key] is not None:
@@ -139,6 +141,10 @@ def test_two_processes_equal_one(fixed_batch, tiny_model_dir, one_process):
     two = run_layout(fixed_batch, tiny_model_dir, "fsdp2", 2, [], count_gathers=True)
     assert_same_update(one_process, two)
     assert any(torch.load(two / f"{case}.pt")["shared"].get("actor") for case in CASES)
+    for case, overrides in CASES.items():  # the sharded models ran packed rows wherever use_remove_padding is on
+        paths = torch.load(two / f"{case}.pt")["shared"]
+        assert bool(paths["actor_packed"]) == ("actor_rollout_ref.model.use_remove_padding=False" not in overrides)
+        assert paths.get("critic_packed") is (True if case.startswith("ppo") else None), case
     gathers = json.loads((two / "gathers.json").read_text())
     # generation gathers each FSDP unit once, however many tokens it decodes
     assert gathers["counts"][0] == gathers["counts"][1] <= gathers["units"], gathers
@@ -179,13 +185,14 @@ def test_lora_from_a_saved_adapter_on_two_ranks_equals_one_process(fixed_batch, 
 
 
 def test_ranks_take_one_path_when_a_fast_path_check_fails_on_one_rank_only(fixed_batch, tiny_model_dir):
-    """The one-time checks of the shared-prompt passes (actor, reference, critic) and of the decoding engine fail on
-    rank 1 only: every rank keeps the plain path, and the step (generate, then learn) finishes instead of hanging in
+    """The one-time checks of the packed and shared-prompt passes (actor, reference, critic) and of the decoding
+    engine fail on rank 1 only: every rank keeps the plain path, and the step (generate, then learn) finishes instead of hanging in
     a sharded forward whose collectives no longer pair up."""
     out = run_layout(fixed_batch, tiny_model_dir, "one_rank_fails", 2, [], cases={"ppo": CASES["ppo_token-mean"]},
                      timeout=300, fail_checks_on_rank=1)
     checks = [json.loads((out / f"ppo_checks_rank{rank}.json").read_text()) for rank in range(2)]
-    assert checks[0] == checks[1] == {"actor": False, "reference": False, "critic": False, "rollout": False}, checks
+    assert checks[0] == checks[1] == {"actor": False, "reference": False, "critic": False, "rollout": False,
+                                      "actor_packed": False, "reference_packed": False, "critic_packed": False}, checks
 
 
 def test_sharded_policy_makes_the_same_calls_whether_or_not_a_ranks_rows_share_prompts(tmp_path, tiny_model_dir):

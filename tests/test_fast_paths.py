@@ -386,3 +386,160 @@ def test_bf16_on_a_cpu_with_bf16_instructions_says_nothing(kind, monkeypatch, ca
     assert "native" in cpu_bf16_summary()
     _simulate_cpu(monkeypatch, "zen3_avx2")
     assert "emulated" in cpu_bf16_summary()  # what the benchmarks print beside their matmul ceilings
+
+
+# ------------------------------------------------------------------ packed (padding-free) micro-batches
+
+def _packed_case(vocab: int):
+    """5 rows of a long-tail length mix: prompts left-padded, responses right-padded, and a multi-turn
+    `response_mask` with holes (tool tokens the forward attends to but the loss skips)."""
+    g = torch.Generator().manual_seed(1)
+    P, L = 9, 12
+    prompt_lens, response_lens = [9, 3, 6, 1, 5], [12, 2, 7, 12, 1]
+    ids = torch.randint(3, vocab, (5, P + L), generator=g)
+    mask = torch.zeros(5, P + L, dtype=torch.long)
+    for row, (p, r) in enumerate(zip(prompt_lens, response_lens)):
+        mask[row, P - p:P + r] = 1
+    ids = ids * mask
+    response_mask = mask[:, P:].clone()
+    response_mask[0, 3:6] = 0  # tool results inside the response
+    response_mask[3, 1:4] = 0
+    return ids, mask, L, response_mask
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+@pytest.mark.parametrize("dtype,checkpointing", [(torch.float32, False), (torch.float32, True),
+                                                 (torch.float64, False)])
+def test_packed_logprobs_entropies_and_gradients_equal_the_padded_forward(tiny_model_dir, dtype, checkpointing):
+    """Log-probs, entropies and every parameter's gradient of the padding-free forward are the padded forward's."""
+    lm = load_causal_lm(str(tiny_model_dir)).to(dtype)
+    if checkpointing:
+        enable_checkpointing(lm)
+    lm.train()
+    ids, mask, L, response_mask = _packed_case(lm.config.vocab_size)
+    weights = response_mask.to(dtype) * torch.linspace(-1, 1, L, dtype=dtype)
+    results = []
+    for packed in (False, True):
+        lm.zero_grad()
+        lm.config._attn_implementation = ATTENTION_NAME if packed else "sdpa"
+        logp, ent = response_logprobs(lm, ids, mask, L, packed=packed)
+        ((logp * weights).sum() + 0.3 * (ent * weights).sum()).backward()
+        results.append((logp.detach(), ent.detach(), {k: p.grad.clone() for k, p in lm.named_parameters()}))
+    (lp0, e0, g0), (lp1, e1, g1) = results
+    real = mask[:, -L:].bool()
+    torch.testing.assert_close(lp1[real], lp0[real], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(e1[real], e0[real], rtol=1e-5, atol=1e-6)
+    assert not lp1[~real].any() and not e1[~real].any()  # response padding: 0, as the padded path gives
+    for k in g0:
+        assert _relative(g1[k], g0[k]) < 1e-5, k
+
+
+def test_packed_attention_keeps_each_row_to_itself(tiny_model_dir):
+    """A row's log-probs do not depend on the rows packed beside it (no attention across rows)."""
+    lm = load_causal_lm(str(tiny_model_dir))
+    lm.config._attn_implementation = ATTENTION_NAME
+    ids, mask, L, _ = _packed_case(lm.config.vocab_size)
+    with torch.no_grad():
+        together, _ = response_logprobs(lm, ids, mask, L, packed=True)
+        alone = torch.cat([response_logprobs(lm, ids[i:i + 1], mask[i:i + 1], L, packed=True)[0]
+                           for i in range(len(ids))])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-6)
+
+
+def test_policy_model_packs_rows_and_shares_prompts_after_its_checks(tiny_model_dir):
+    model = PolicyModel(load_causal_lm(str(tiny_model_dir)))
+    ids, mask, L, uids = _shared_case(model.config.vocab_size)
+    with torch.no_grad():
+        plain, _ = model(ids, mask, L, with_entropy=False)
+        packed, _ = model(ids, mask, L, with_entropy=False, prompts=prompt_groups(uids), packed=True)
+    assert model.packed_ok is True and model.shared_prompt_ok is True
+    real = mask[:, -L:].bool()
+    torch.testing.assert_close(packed[real], plain[real], rtol=1e-5, atol=1e-6)
+
+
+def test_policy_model_keeps_padded_rows_for_a_sliding_window_model(tiny_tokenizer):
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=0)
+    model = PolicyModel(Qwen2ForCausalLM(config))
+    ids, mask, L, _ = _packed_case(64)
+    out, _ = model(ids, mask, L, packed=True)
+    assert model.packed_ok is False and out.shape == (len(ids), L)
+    assert model.config._attn_implementation != ATTENTION_NAME
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packed_values_and_gradients_equal_the_padded_forward(tiny_model_dir, dtype):
+    from posttrain.models.policy import ValueModel
+
+    torch.manual_seed(0)
+    model = ValueModel.from_pretrained(str(tiny_model_dir)).to(dtype)
+    model.train()
+    ids, mask, L, response_mask = _packed_case(model.backbone.config.vocab_size)
+    weights = response_mask.to(dtype) * torch.linspace(-1, 1, L, dtype=dtype)
+    results = []
+    for packed in (False, True):
+        model.zero_grad()
+        model.backbone.config._attn_implementation = ATTENTION_NAME if packed else "sdpa"
+        values = model._packed_values(ids, mask, L) if packed else model(ids, mask, L)
+        (values * weights).sum().backward()
+        results.append((values.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (v0, g0), (v1, g1) = results
+    real = mask[:, -L:].bool()
+    torch.testing.assert_close(v1[real], v0[real], rtol=1e-5, atol=1e-6)
+    for k in g0:
+        assert _relative(g1[k], g0[k]) < 1e-5, k
+    model.packed_ok = None
+    assert model.packs()
+
+
+@pytest.mark.parametrize("checkpointing,grouped_heads,dtype", [(False, True, torch.float32), (True, True, torch.float32),
+                                                               (False, False, torch.float32),
+                                                               (False, True, torch.float64)])
+def test_packed_shared_prompt_logprobs_and_gradients_equal_the_padded_forward(tiny_model_dir, checkpointing,
+                                                                               grouped_heads, dtype, monkeypatch):
+    """Prompts packed and computed once, responses packed after them: the padded plain forward's log-probs,
+    entropies and gradients (1e-5 relative)."""
+    monkeypatch.setattr(shared_prompt, "grouped_heads_in_sdpa", lambda keys: grouped_heads)
+    lm = load_causal_lm(str(tiny_model_dir)).to(dtype)
+    if checkpointing:
+        enable_checkpointing(lm)
+    lm.train()
+    ids, mask, L, uids = _shared_case(lm.config.vocab_size)
+    weights = mask[:, -L:].to(dtype) * torch.linspace(-1, 1, L, dtype=dtype)
+    results = []
+    for packed in (False, True):
+        lm.zero_grad()
+        lm.config._attn_implementation = ATTENTION_NAME if packed else "sdpa"
+        logp, ent = response_logprobs(lm, ids, mask, L, packed=packed, prompts=prompt_groups(uids) if packed else None)
+        ((logp * weights).sum() + 0.3 * (ent * weights).sum()).backward()
+        results.append((logp.detach(), ent.detach(), {k: p.grad.clone() for k, p in lm.named_parameters()}))
+    (lp0, e0, g0), (lp1, e1, g1) = results
+    real = mask[:, -L:].bool()
+    torch.testing.assert_close(lp1[real], lp0[real], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(e1[real], e0[real], rtol=1e-5, atol=1e-6)
+    for k in g0:
+        assert _relative(g1[k], g0[k]) < 1e-5, k
+
+
+def test_value_model_packs_shared_prompts_with_the_padded_values_and_gradients(tiny_model_dir):
+    from posttrain.models.policy import ValueModel
+
+    torch.manual_seed(0)
+    model = ValueModel.from_pretrained(str(tiny_model_dir)).double()
+    ids, mask, L, uids = _shared_case(model.backbone.config.vocab_size)
+    weights = mask[:, -L:].double() * torch.linspace(-1, 1, L, dtype=torch.float64)
+    results = []
+    for packed in (False, True):
+        model.zero_grad()
+        values = model(ids, mask, L, prompts=prompt_groups(uids) if packed else None, packed=packed)
+        (values * weights).sum().backward()
+        results.append((values.detach() * mask[:, -L:], {k: p.grad.clone() for k, p in model.named_parameters()}))
+    assert model.packed_ok is True and model.shared_prompt_ok is True
+    (v0, g0), (v1, g1) = results
+    torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-8)
+    for k in g0:
+        assert _relative(g1[k], g0[k]) < 1e-5, k

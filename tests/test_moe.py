@@ -88,6 +88,38 @@ def test_aux_loss_is_the_models_own_and_shared_prompts_give_the_same_log_probs(m
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_packed_rows_give_the_padded_log_probs_and_router_loss(moe_dirs, arch):
+    """`use_remove_padding` on a MoE model: the router logits of the real tokens only, so the aux loss and the
+    expert load are the padded forward's (masked to the real tokens) as well as the log-probs."""
+    torch.manual_seed(0)
+    policy = PolicyModel(load_causal_lm(str(moe_dirs[arch])))
+    ids, mask = _ids()
+    spec = moe_spec(policy.lm)
+    padded, packed = RouterRecorder(spec), RouterRecorder(spec)
+    with torch.no_grad():
+        want, _ = policy(ids, mask, 4, with_entropy=False, router=padded)
+        got, _ = policy(ids, mask, 4, with_entropy=False, router=packed, packed=True)
+    assert policy.packed_ok is True
+    assert [call[0].shape[0] for call in packed.logits] == [int(mask.sum())]
+    real = mask[:, -4:].bool()
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(packed.aux_loss(), padded.aux_loss(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(packed.load(), padded.load(), rtol=1e-5, atol=1e-7)
+    # rows 0/1 share a prompt, rows 2/3 another: each packed prompt runs once, its tokens weighted by its sharers
+    ids[1, :5], ids[3, :5] = ids[0, :5], ids[2, :5]
+    padded, shared = RouterRecorder(spec), RouterRecorder(spec)
+    with torch.no_grad():
+        want, _ = policy(ids, mask, 4, with_entropy=False, router=padded)
+        got, _ = policy(ids, mask, 4, with_entropy=False, router=shared, packed=True,
+                        prompts=prompt_groups(["a", "a", "b", "b"]))
+    assert policy.shared_prompt_ok is True
+    assert [call[0].shape[0] for call in shared.logits] == [5 + 2, int(mask[:, -4:].sum())]
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shared.aux_loss(), padded.aux_loss(), rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(shared.load(), padded.load(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_decoding_engine_runs_moe_models_and_matches_generate(moe_dirs, tiny_tokenizer, arch):
     """posttrain's engine passes its own logits check on both MoE models (no fallback), and greedy decoding gives
     the tokens of transformers' generate, which runs with the router loss switched on in the config."""

@@ -247,3 +247,25 @@ def test_generation_keeps_each_layers_reshard_after_forward():
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["False"] == {"before": [True, True], "after": [True, True]}
     assert out["True"] == {"before": [False, False], "after": [False, False]}
+
+
+def test_packed_token_budget_bounds_real_tokens():
+    """Packed (`use_remove_padding`): 4 rows of 4,000 tokens and 60 of 250 under an 8,000 budget fill four
+    micro-batches of at most 8,000 real tokens, the forward's whole size (no padding)."""
+    from posttrain.parallel.balance import token_packs
+
+    lengths = [4000] * 4 + [250] * 60
+    parts = token_packs(lengths, 8000)
+    assert sorted(i for p in parts for i in p) == list(range(64))
+    assert len(parts) == 4 and max(sum(lengths[i] for i in p) for p in parts) == 8000
+    assert token_packs([10, 3, 3], 8) == [[0], [1, 2]]  # a row over the budget alone
+    rng = random.Random(2)
+    for _ in range(100):
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 30))]
+        budget = rng.randint(10, 200)
+        packs = token_packs(lengths, budget)
+        for count in (len(packs), len(packs) + 3):
+            parts = split_packs(packs, count, [0] * len(lengths), lengths,
+                                size=lambda rows: sum(lengths[i] for i in rows))
+            assert len(parts) == count and sorted(i for p in parts for i in p) == list(range(len(lengths)))
+            assert all(sum(lengths[i] for i in p) <= budget or len(p) == 1 for p in parts)

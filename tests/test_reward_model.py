@@ -260,3 +260,17 @@ def test_two_processes_score_as_one(rm_dir, tiny_model_dir, tiny_tokenizer, tmp_
     two = json.loads((tmp_path / "out.json").read_text())
     assert [r for r, _ in two] == [0, 1, 2]
     torch.testing.assert_close(torch.tensor([s for _, s in two]), one, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_packed_rows_score_as_padded_rows(rm_dir, tiny_tokenizer, dynamic):
+    """`reward_model.model.use_remove_padding`: scores of rows packed without padding are the padded rows'."""
+    batch, _ = scored_batch(tiny_tokenizer)
+    extra = ["reward_model.use_dynamic_bsz=True", "reward_model.forward_max_token_len_per_gpu=40"] if dynamic else []
+    padded = RewardModel.from_config(rm_config(rm_dir, "reward_model.model.use_remove_padding=False", *extra),
+                                     Parallel(), tiny_tokenizer)
+    packed = RewardModel.from_config(rm_config(rm_dir, *extra), Parallel(), tiny_tokenizer)
+    expected = padded.score(batch)
+    assert padded.packs() is False
+    torch.testing.assert_close(packed.score(batch), expected, rtol=1e-5, atol=1e-6)
+    assert packed.packs() is True

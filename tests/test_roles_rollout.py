@@ -301,3 +301,95 @@ def test_concat_rollouts_keeps_the_holes_and_attends_to_every_real_token():
     assert out["response_attention_mask"].tolist() == batch["response_attention_mask"].tolist()
     assert out["attention_mask"].tolist() == batch["attention_mask"].tolist()
     assert out["input_ids"].tolist() == batch["input_ids"].tolist()
+
+
+# ------------------------------------------------------------------ packed (padding-free) micro-batches
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def _update_gradient(role, model, batch) -> torch.Tensor:
+    """The accumulated gradient of one update, read just before the optimizer step (which frees it after)."""
+    seen = []
+    role.optimizer.register_step_pre_hook(
+        lambda *_: seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+    role.update(batch)
+    return seen[0]
+
+
+def _trained_batch(vocab: int) -> Batch:
+    batch = multi_turn_batch(vocab)
+    g = torch.Generator().manual_seed(2)
+    B, L = batch["responses"].shape
+    policy = batch["response_mask"]
+    batch["advantages"] = torch.randn(B, L, generator=g) * policy
+    batch["old_log_probs"] = (torch.randn(B, L, generator=g) * 0.1 - 2) * policy
+    batch["ref_log_probs"] = (torch.randn(B, L, generator=g) * 0.1 - 2) * policy
+    batch["values"] = torch.randn(B, L, generator=g) * policy
+    batch["returns"] = torch.randn(B, L, generator=g) * policy
+    return batch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_packed_old_and_reference_log_probs_equal_the_padded_passes(tiny_model_dir, dtype):
+    """`use_remove_padding`: the old-log-prob pass (log-probs, entropies) and the reference pass on a batch with
+    holes give the padded passes' values, whole or in token-budget micro-batches (1e-5 relative)."""
+    from posttrain.roles.reference import Reference
+
+    cfg = load_config(None, [])
+    results = {}
+    for packed in (False, True):
+        model = PolicyModel(load_causal_lm(str(tiny_model_dir), device=CPU).to(dtype))
+        batch = multi_turn_batch(model.config.vocab_size)
+        runner = ModelRunner(model, Parallel(), dtype=dtype, remove_padding=packed)
+        actor = Actor(runner, cfg.actor_rollout_ref.actor, temperature=0.7, max_response_length=13, total_steps=1)
+        reference = Reference(runner, cfg.actor_rollout_ref.ref, temperature=0.7)
+        results[packed] = [*actor.compute_log_prob(batch, with_entropy=True),
+                           *actor.compute_log_prob(batch, max_tokens=20, with_entropy=True),
+                           reference.compute_log_prob(batch)]
+        assert model.packed_ok is (True if packed else None)
+    real = batch["response_attention_mask"].bool()
+    for padded, packed in zip(results[False], results[True]):
+        torch.testing.assert_close(packed[real], padded[real], rtol=1e-5, atol=1e-6)
+
+
+def test_packed_actor_update_gradient_equals_the_padded_one_at_any_micro_batch_split(tiny_model_dir):
+    """The actor's accumulated gradient (KL and entropy on) with packed micro-batches is the padded forward's,
+    whether the mini-batch runs whole or split by a real-token budget (float32: the update's norm clipping takes
+    float32; float64 gradients: tests/test_fast_paths.py)."""
+    dtype = torch.float32
+    grads = {}
+    for packed, max_tokens in ((False, None), (True, None), (True, 20)):
+        model = PolicyModel(load_causal_lm(str(tiny_model_dir), device=CPU).to(dtype))
+        extra = ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                 f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={max_tokens}"] if max_tokens else []
+        cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=0", "actor_rollout_ref.actor.use_kl_loss=True",
+                                 "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.actor.grad_clip=1e9",
+                                 *extra])
+        runner = ModelRunner(model, Parallel(), dtype=dtype, remove_padding=packed)
+        actor = Actor(runner, cfg.actor_rollout_ref.actor, temperature=0.7, max_response_length=13, total_steps=1)
+        batch = _trained_batch(model.config.vocab_size)
+        if max_tokens:
+            assert len(runner.micro_parts(batch, None, max_tokens=max_tokens)) > 1
+        grads[packed, max_tokens] = _update_gradient(actor, model, batch)
+    assert _relative(grads[True, None], grads[False, None]) < 1e-5
+    assert _relative(grads[True, 20], grads[False, None]) < 1e-5
+
+
+def test_packed_critic_values_and_update_gradient_equal_the_padded_ones(tiny_model_dir):
+    from posttrain.models.policy import ValueModel
+    from posttrain.roles.critic import Critic
+
+    cfg = load_config(None, ["critic.optim.lr=0", "critic.grad_clip=1e9"])
+    results = {}
+    for packed in (False, True):
+        torch.manual_seed(0)
+        model = ValueModel.from_pretrained(str(tiny_model_dir))
+        batch = _trained_batch(model.backbone.config.vocab_size)
+        critic = Critic(ModelRunner(model, Parallel(), dtype=torch.float32, remove_padding=packed), cfg.critic,
+                        cfg.actor_rollout_ref.actor, max_response_length=13, total_steps=1)
+        results[packed] = (critic.compute_values(batch), _update_gradient(critic, model, batch))
+        assert model.packed_ok is (True if packed else None)
+    torch.testing.assert_close(results[True][0], results[False][0], rtol=1e-5, atol=1e-6)
+    assert _relative(results[True][1], results[False][1]) < 1e-5

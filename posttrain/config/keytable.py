@@ -171,8 +171,7 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.actor.calculate_sum_pi_squared", "note", "computed when the estimator needs it"),
     Rule("actor_rollout_ref.actor.sum_pi_squared_checkpointing", "note", TRANSFORMERS),
     Rule("actor_rollout_ref.actor.use_fused_kernels", "note", "follows actor_rollout_ref.model.use_fused_kernels"),
-    Rule("actor_rollout_ref.actor.use_remove_padding", "note", TRANSFORMERS + " on padded rows (no packed "
-         "forward); only real tokens are scored"),
+    Rule("actor_rollout_ref.actor.use_remove_padding", "note", "follows actor_rollout_ref.model.use_remove_padding"),
     Rule("actor_rollout_ref.actor.use_prefix_grouper", "note", "posttrain always computes a prompt once for its "
          "rollout.n responses (shared-prompt passes, docs/performance.md)"),
     Rule("actor_rollout_ref.ref.strategy", "note", "the reference uses the actor's strategy"),
@@ -324,8 +323,6 @@ RULES: list[Rule] = [
          "transformers, the generative judge (reward_model.judge.*, its sampling there) on posttrain's rollout engine"),
     Rule("reward_model.model.override_config", "note", "the reward model loads with its own config"),
     Rule("reward_model.model.use_fused_kernels", "note", "the reward model runs the transformers forward"),
-    Rule("reward_model.model.use_remove_padding", "note", "the reward model runs on padded micro-batches, each cut "
-         "to its longest row"),
     Rule("reward_manager.source", "only", "reward_model.reward_manager names the manager", ("register",)),
     Rule("reward_manager.module.path", "only", "use custom_reward_function.path", (None,)),
     Rule("reward_manager.name", "note", "reward_model.reward_manager names the manager"),

@@ -228,10 +228,11 @@ def _final_hidden(model, base, decoder, project, softcap, router=None, router_ma
 
 def _response_stats(rows: Tensor, labels: Tensor, valid: Tensor, project, params, softcap, *, temperature,
                     chunk_size, with_entropy, suppressed=None, extra=None) -> tuple[Tensor, ...]:
-    """(B, L) log-probs / entropies from the hidden states `rows` that predict `labels`; 0 where not `valid`. With
+    """(B, L) log-probs / entropies from the hidden states `rows` (N, H) of the `valid` positions, in order, that
+    predict `labels` there; 0 where not `valid`. With
     `extra` (ids (B, L, K), or an int k) a third output of (B, L, K) tensors, as `_chunked`'s."""
     out = _chunked(
-        rows[valid], labels[valid], project, params,
+        rows, labels[valid], project, params,
         temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, softcap=softcap,
         suppressed=suppressed, extra=extra[valid] if isinstance(extra, Tensor) else extra,
     )
@@ -263,6 +264,7 @@ def response_logprobs(
     images: list | None = None,
     router=None,
     extra_tokens: Tensor | int | None = None,
+    packed: bool = False,
 ) -> tuple[Tensor, ...]:
     """Log-probs (B, L) and entropies (B, L) of the last ``response_length`` tokens of ``input_ids`` (B, P+L).
 
@@ -279,6 +281,9 @@ def response_logprobs(
     ``prompts=(prompt_rows, row_prompt)``: a row holding each distinct prompt, and each row's index into those;
     then each distinct prompt is computed once (shared_prompt.py; the model's attention implementation must be
     ``shared_prompt.ATTENTION_NAME`` and its forward take ``logits_to_keep``).
+
+    ``packed=True``: the rows' real tokens run as one padding-free row (packed.py; the same attention
+    implementation needed), with ``prompts`` each distinct prompt once; not with images.
 
     Positions are ``cumsum(attention_mask) - 1`` so left padding does not shift them. The model runs its normal
     forward (so wrappers' hooks — peft, FSDP — see the call) with ``logits_to_keep=1``, which keeps the vocabulary
@@ -307,6 +312,12 @@ def response_logprobs(
         extra = forward_inputs(base, base.config, input_ids, attention_mask, images)
         position_ids = extra.pop("position_ids")
 
+    if packed:
+        if suppressed is not None:
+            raise ValueError("the packed path takes text rows")
+        return _packed_stats(model, base, decoder, project, params, softcap, input_ids, attention_mask, L, prompts,
+                             router=router, temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
+                             extra=extra_tokens)
     if prompts is not None:
         from .shared_prompt import ATTENTION_NAME, shared_prompt_hidden
 
@@ -336,6 +347,35 @@ def response_logprobs(
                              use_cache=False).last_hidden_state
         # Counted from the end: robust to anything a wrapper prepends to the sequence.
         rows = hidden[:, -(L + 1) : -1]  # (B, L, H): position t predicts token t + 1
-    return _response_stats(rows, input_ids[:, -L:], attention_mask[:, -L:].bool(), project, params, softcap,
+    valid = attention_mask[:, -L:].bool()
+    return _response_stats(rows[valid], input_ids[:, -L:], valid, project, params, softcap,
                            temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy,
                            suppressed=suppressed, extra=extra_tokens)
+
+
+def _packed_stats(model, base, decoder, project, params, softcap, input_ids, attention_mask, L, prompts, *,
+                  router, **stats) -> tuple[Tensor, ...]:
+    """`response_logprobs` over the rows packed without padding (packed.py), each distinct prompt computed once
+    when `prompts` groups the rows (shared_prompt.packed_shared_prompt_hidden)."""
+    from .packed import mask_off, pack, predictors
+    from .shared_prompt import ATTENTION_NAME, packed_shared_prompt_hidden
+
+    if base.config._attn_implementation != ATTENTION_NAME:
+        raise ValueError(f"packed rows need the model's attention implementation set to {ATTENTION_NAME}")
+
+    def run(weights, **inputs):
+        if keeps_one_logit(base):
+            return _final_hidden(model, base, decoder, project, softcap, router=router, router_mask=weights, **inputs)
+        if router is not None:
+            raise TypeError(f"{type(base).__name__}: router logits need a forward that takes logits_to_keep")
+        return decoder(use_cache=False, **inputs).last_hidden_state
+
+    if prompts is not None:
+        hidden, valid, at = packed_shared_prompt_hidden(run, input_ids, attention_mask, L, *prompts)
+    else:
+        rows = pack(input_ids, attention_mask)
+        with mask_off():
+            hidden = run(torch.ones_like(rows.input_ids), input_ids=rows.input_ids, attention_mask=None,
+                         position_ids=rows.position_ids, packed=rows.packing)[0]
+        valid, at = predictors(rows, L)
+    return _response_stats(hidden.index_select(0, at), input_ids[:, -L:], valid, project, params, softcap, **stats)

@@ -32,19 +32,39 @@ class PolicyModel(nn.Module):
         super().__init__()
         self.lm = lm
         self.shared_prompt_ok: bool | None = None
+        self.packed_ok: bool | None = None
 
     def forward(self, input_ids, attention_mask, response_length: int, temperature: float = 1.0,
                 with_entropy: bool = True, chunk_size: int = 1024, prompts=None, images=None, router=None,
-                extra_tokens=None):
+                extra_tokens=None, packed: bool = False):
+        """`packed=True` (where `packs()`): the rows run padding-free (models/packed.py), prompts shared or not."""
         kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, router=router,
                       extra_tokens=extra_tokens)
+        packed = packed and self.packs()
         # the one-time check first: every rank of a sharded model runs it in the same call, whatever its rows
-        if prompts is None or not self._shares_prompts() or each_row_its_own_prompt(self, prompts, len(input_ids)):
+        if prompts is None or not self._shares_prompts(packed) or each_row_its_own_prompt(self, prompts,
+                                                                                           len(input_ids)):
             prompts = None  # a model that keeps the plain path, or no prompt shared
         return response_logprobs(self.lm, input_ids, attention_mask, response_length, prompts=prompts,
-                                 images=images, **kwargs)
+                                 images=images, packed=packed, **kwargs)
 
-    def _shares_prompts(self) -> bool:
+    def packs(self) -> bool:
+        """Whether this model runs packed rows: once, a check that they give the padded forward's log-probs."""
+        if self.packed_ok is None and is_vision_config(self.lm.config):
+            log.warning("log-probs of %s: computed on padded rows (the packed path takes no image inputs)",
+                        type(_unwrap(self.lm)).__name__)
+            self.packed_ok = False
+        if self.packed_ok is None:
+            self.packed_ok = keeps_one_logit(_unwrap(self.lm)) and switch_on_if_equal(
+                self, self.lm.config.get_text_config(),
+                lambda ids, mask, L: response_logprobs(self.lm, ids, mask, L, with_entropy=False)[0],
+                lambda ids, mask, L: response_logprobs(self.lm, ids, mask, L, with_entropy=False, packed=True)[0],
+                "log-probs", packed=True)
+        return self.packed_ok
+
+    def _shares_prompts(self, packed: bool = False) -> bool:
+        """Once: whether the shared-prompt pass (packed when `packed`: the path this model runs) gives the plain
+        path's log-probs."""
         if self.shared_prompt_ok is None and is_vision_config(self.lm.config):
             log.warning("log-probs of %s: computed without sharing prompts (the shared-prompt pass takes no image "
                         "inputs)", type(_unwrap(self.lm)).__name__)
@@ -55,7 +75,7 @@ class PolicyModel(nn.Module):
                 self, text,
                 lambda ids, mask, L: response_logprobs(self.lm, ids, mask, L, with_entropy=False)[0],
                 lambda ids, mask, L, groups: response_logprobs(self.lm, ids, mask, L, with_entropy=False,
-                                                               prompts=groups)[0],
+                                                               prompts=groups, packed=packed)[0],
                 "log-probs")
         return self.shared_prompt_ok
 
@@ -84,6 +104,7 @@ class ValueModel(nn.Module):
         self.backbone = backbone
         self.value_head = nn.Linear(hidden_size, 1)
         self.shared_prompt_ok: bool | None = None
+        self.packed_ok: bool | None = None
         nn.init.normal_(self.value_head.weight, std=1.0 / (hidden_size + 1))
         nn.init.zeros_(self.value_head.bias)
 
@@ -117,10 +138,16 @@ class ValueModel(nn.Module):
         return model
 
     def forward(self, input_ids, attention_mask, response_length: int | None = None, prompts=None,
-                images=None) -> torch.Tensor:
+                images=None, packed: bool = False) -> torch.Tensor:
         """Values (B, T) of every position; with `response_length` L, (B, L): those of the positions that predict
         the response tokens, each distinct prompt computed once when `prompts` groups the rows (as for
-        PolicyModel). A vision-language backbone takes each row's image inputs in `images` (vision.py)."""
+        PolicyModel), or the rows run padding-free with `packed` (where `packs()`; 0 where the response is
+        padding). A vision-language backbone takes each row's image inputs in `images` (vision.py)."""
+        if response_length is not None and packed and self.packs():
+            if prompts is not None and (not self._shares_prompts(packed=True)
+                                        or each_row_its_own_prompt(self, prompts, len(input_ids))):
+                prompts = None
+            return self._packed_values(input_ids, attention_mask, response_length, prompts)
         if response_length is not None and prompts is not None and self._shares_prompts() \
                 and not each_row_its_own_prompt(self, prompts, len(input_ids)):  # the check first, as in PolicyModel
             hidden = shared_prompt_hidden(self._hidden, input_ids, attention_mask, response_length, *prompts)
@@ -131,13 +158,44 @@ class ValueModel(nn.Module):
                                               **extra)).squeeze(-1)
         return values if response_length is None else values[:, -(response_length + 1):-1]
 
+    def _packed_values(self, input_ids, attention_mask, response_length: int, prompts=None) -> torch.Tensor:
+        from .packed import mask_off, pack, predictors
+        from .shared_prompt import ATTENTION_NAME, packed_shared_prompt_hidden
+
+        if self.backbone.config._attn_implementation != ATTENTION_NAME:
+            raise ValueError(f"packed rows need the model's attention implementation set to {ATTENTION_NAME}")
+        if prompts is not None:
+            hidden, valid, at = packed_shared_prompt_hidden(lambda _weights, **inputs: self._hidden(**inputs),
+                                                            input_ids, attention_mask, response_length, *prompts)
+        else:
+            rows = pack(input_ids, attention_mask)
+            with mask_off():
+                hidden = self._hidden(input_ids=rows.input_ids, attention_mask=None, position_ids=rows.position_ids,
+                                      packed=rows.packing)[0]
+            valid, at = predictors(rows, response_length)
+        values = self.value_head(hidden.index_select(0, at)).squeeze(-1)
+        return values.new_zeros(valid.shape).masked_scatter(valid, values)
+
+    def packs(self) -> bool:
+        """Whether this model runs packed rows: once, a check that they give the padded forward's values."""
+        if self.packed_ok is None and is_vision_config(self.backbone.config):
+            log.warning("values of %s: computed on padded rows (the packed path takes no image inputs)",
+                        type(self.backbone).__name__)
+            self.packed_ok = False
+        if self.packed_ok is None:
+            self.packed_ok = switch_on_if_equal(
+                self, self.backbone.config,
+                lambda ids, mask, L: self(ids, mask, L) * mask[:, -L:],
+                lambda ids, mask, L: self._packed_values(ids, mask, L), "values", packed=True)
+        return self.packed_ok
+
     def _hidden(self, *, input_ids, attention_mask, position_ids=None, **kwargs) -> torch.Tensor:
         if position_ids is None:
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         return self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              use_cache=False, **kwargs).last_hidden_state
 
-    def _shares_prompts(self) -> bool:
+    def _shares_prompts(self, packed: bool = False) -> bool:
         if self.shared_prompt_ok is None and is_vision_config(self.backbone.config):
             log.warning("values of %s: computed without sharing prompts (the shared-prompt pass takes no image "
                         "inputs)", type(self.backbone).__name__)
@@ -145,9 +203,10 @@ class ValueModel(nn.Module):
         if self.shared_prompt_ok is None:
             self.shared_prompt_ok = switch_on_if_equal(
                 self, self.backbone.config,
-                lambda ids, mask, L: self(ids, mask, L),
-                lambda ids, mask, L, groups: self.value_head(
-                    shared_prompt_hidden(self._hidden, ids, mask, L, *groups)).squeeze(-1),
+                lambda ids, mask, L: self(ids, mask, L) * mask[:, -L:],
+                lambda ids, mask, L, groups: mask[:, -L:] * (
+                    self._packed_values(ids, mask, L, groups) if packed else
+                    self.value_head(shared_prompt_hidden(self._hidden, ids, mask, L, *groups)).squeeze(-1)),
                 "values")
         return self.shared_prompt_ok
 

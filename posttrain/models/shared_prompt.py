@@ -31,6 +31,8 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .load import eval_mode
+from .packed import Packing, attention_after_prompt, in_packed_call, mask_off, pack
+from .packed import attention as packed_attention
 
 ATTENTION_NAME = "posttrain_shared_prompt"
 log = logging.getLogger(__name__)
@@ -58,6 +60,8 @@ class PromptContext:
     stored: PromptKeyValues = field(default_factory=PromptKeyValues)
     attend: bool = False
     _mask: torch.Tensor | None = None
+    prompt_packing: Packing | None = None  # packed prompts and responses (packed_shared_prompt_hidden)
+    row_prompt_list: list[int] | None = None
 
     def responses(self) -> "PromptContext":
         return dataclasses.replace(self, attend=True)
@@ -73,8 +77,21 @@ class PromptContext:
 
 
 def shared_prompt_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
-                            shared_prompt: PromptContext | None = None, sliding_window=None, softcap=None, **kwargs):
+                            shared_prompt: PromptContext | None = None, sliding_window=None, softcap=None,
+                            packed: Packing | None = None, **kwargs):
     plain = dict(dropout=dropout, scaling=scaling, sliding_window=sliding_window, softcap=softcap, **kwargs)
+    if packed is not None:  # a padding-free call (packed.py)
+        if sliding_window is not None or softcap is not None or kwargs.get("s_aux") is not None:
+            raise RuntimeError("packed attention runs full attention only (no sliding window, softcap or sinks)")
+        if shared_prompt is not None and shared_prompt.attend:  # packed responses after their packed prompts
+            ctx, layer = shared_prompt, module.layer_idx
+            return attention_after_prompt(query, key, value, ctx.stored.keys[layer], ctx.stored.values[layer],
+                                          ctx.prompt_packing, packed, ctx.row_prompt_list, dropout=dropout,
+                                          scaling=scaling, grouped_heads=grouped_heads_in_sdpa(key))
+        if shared_prompt is not None:  # the packed prompts: their keys and values kept for the responses
+            shared_prompt.stored.keys[module.layer_idx] = key
+            shared_prompt.stored.values[module.layer_idx] = value
+        return packed_attention(module, query, key, value, packed, dropout=dropout, scaling=scaling)
     if shared_prompt is None:  # any other call: sdpa, as before the model was switched to this function
         return sdpa_attention_forward(module, query, key, value, attention_mask, **plain)
     if sliding_window is not None or softcap is not None or kwargs.get("s_aux") is not None:
@@ -104,7 +121,12 @@ def grouped_heads_in_sdpa(keys) -> bool:
 
 
 AttentionInterface.register(ATTENTION_NAME, shared_prompt_attention)
-AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+def mask_unless_packed(*args, **kwargs):
+    """sdpa's mask, except for a packed call, which needs none (packed.mask_off)."""
+    return None if in_packed_call() else sdpa_mask(*args, **kwargs)
+
+
+AttentionMaskInterface.register(ATTENTION_NAME, mask_unless_packed)
 
 
 def shared_prompt_hidden(run, input_ids, attention_mask, response_length: int, prompt_rows, row_prompt):
@@ -126,6 +148,35 @@ def shared_prompt_hidden(run, input_ids, attention_mask, response_length: int, p
     return torch.cat([prompt_hidden[:, -1][row_prompt][:, None], response_hidden[:, :-1]], dim=1)
 
 
+def packed_shared_prompt_hidden(run, input_ids, attention_mask, response_length: int, prompt_rows, row_prompt):
+    """`shared_prompt_hidden` with the prompts and the responses each packed without padding (packed.py): returns
+    (hidden (N, H) of both calls, valid (rows, L) the real response tokens, at: the row of `hidden` that predicts
+    each of them — the prompt's last token for the first, the response's previous token for the others).
+    `run(weights, **inputs)` runs the model (inputs with `packed=` and `shared_prompt=`); `weights` (1, n) counts
+    the rows each token of the call stands for (a prompt's sharers): what a MoE model's router logits weigh."""
+    L, device = int(response_length), input_ids.device
+    prompt_rows, row_prompt = prompt_rows.to(device), row_prompt.to(device)
+    prompt_mask = attention_mask[prompt_rows, :-L]
+    prompts, responses = pack(input_ids[prompt_rows, :-L], prompt_mask), pack(input_ids[:, -L:], attention_mask[:, -L:])
+    prompt_lens = prompt_mask.long().sum(-1)
+    response_mask = attention_mask[:, -L:].long()
+    positions = (prompt_lens[row_prompt][:, None] + response_mask.cumsum(-1) - 1)[response_mask.bool()][None]
+    ctx = PromptContext(row_prompt=row_prompt, prompt_mask=prompt_mask.bool(), prompt_packing=prompts.packing,
+                        row_prompt_list=row_prompt.tolist())
+    sharing = torch.bincount(row_prompt, minlength=len(prompt_rows)).repeat_interleave(prompt_lens)[None]
+    with mask_off():
+        prompt_hidden = run(sharing, input_ids=prompts.input_ids, attention_mask=None,
+                            position_ids=prompts.position_ids, shared_prompt=ctx, packed=prompts.packing)
+        response_hidden = run(torch.ones_like(responses.input_ids), input_ids=responses.input_ids,
+                              attention_mask=None, position_ids=positions, shared_prompt=ctx.responses(),
+                              packed=responses.packing)
+    valid = responses.index >= 0
+    prompt_last = torch.tensor(prompts.packing.bounds[1:], device=device)[row_prompt] - 1
+    previous = responses.index - 1 + prompt_hidden.shape[1]
+    at = torch.where(torch.arange(L, device=device) == 0, prompt_last[:, None], previous)[valid]
+    return torch.cat([prompt_hidden[0], response_hidden[0]]), valid, at
+
+
 def each_row_its_own_prompt(module, prompts, rows: int) -> bool:
     """No prompt is shared, so the plain forward (one call) does the shared pass's work (two calls). Not for a
     sharded model: its ranks must make the same calls whatever rows each holds, or they wait on each other."""
@@ -134,10 +185,10 @@ def each_row_its_own_prompt(module, prompts, rows: int) -> bool:
     return len(prompts[0]) == rows and not is_sharded(module)
 
 
-def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
+def switch_on_if_equal(module, config, plain, shared, what: str, *, packed: bool = False) -> bool:
     """Once per model: set `ATTENTION_NAME` on `config` and keep it if `shared(ids, mask, L, groups)` gives
     `plain(ids, mask, L)` on two prompts (one left-padded) x two responses (one shorter); else restore sdpa and
-    say why. Only for sdpa models whose layers are all full attention. A sharded model keeps it only where it
+    say why. With `packed`, the same for the padding-free path: `shared(ids, mask, L)` (packed.py). Only for sdpa models whose layers are all full attention. A sharded model keeps it only where it
     passed on every rank (each rank must call this at the same point)."""
     from ..parallel import agreed
 
@@ -148,7 +199,9 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
     elif kinds != {"full_attention"}:
         reason = "its layers are " + ", ".join(sorted(kinds))
     else:
-        config._attn_implementation, switched = ATTENTION_NAME, True  # sdpa for every call that shares no prompt
+        # sdpa for every call that shares no prompt; one set by the other path's check stays (that path uses it)
+        switched = config._attn_implementation != ATTENTION_NAME
+        config._attn_implementation = ATTENTION_NAME
         device = next(module.parameters()).device
         gen = torch.Generator().manual_seed(0)
         ids = torch.randint(0, min(config.vocab_size, 1000), (4, 9), generator=gen).to(device)
@@ -160,7 +213,8 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
         groups = (torch.tensor([0, 2]), torch.tensor([0, 0, 1, 1]))
         try:
             with eval_mode(module), torch.no_grad():
-                error = float((plain(ids, mask, 4).float() - shared(ids, mask, 4, groups).float()).abs().max())
+                other = shared(ids, mask, 4) if packed else shared(ids, mask, 4, groups)
+                error = float((plain(ids, mask, 4).float() - other.float()).abs().max())
             if error > (5e-2 if torch.is_autocast_enabled(device.type) else 1e-4):
                 reason = f"its {what} differ from the plain forward's by {error:.1e}"
         except Exception as exc:  # an architecture whose modules the shared path cannot drive
@@ -170,7 +224,8 @@ def switch_on_if_equal(module, config, plain, shared, what: str) -> bool:
     if reason and switched:
         config._attn_implementation = "sdpa"
     if reason:
-        log.warning("%s of %s: computed without sharing prompts (%s)", what, type(module).__name__, reason)
+        log.warning("%s of %s: computed %s (%s)", what, type(module).__name__,
+                    "on padded rows" if packed else "without sharing prompts", reason)
     return reason is None
 
 

@@ -3,8 +3,8 @@
 forward, so a rank with fewer micro-batches would leave the others waiting).
 
 Pure functions of lists of ints; the roles call them with token counts read off the batch. A token budget
-(`use_dynamic_bsz`) bounds the positions the forward computes — a micro-batch's rows times its padded width — not
-its real tokens: the forward runs on padded rows.
+(`use_dynamic_bsz`) bounds the positions the forward computes: a micro-batch's real tokens when it runs packed
+(`use_remove_padding`, `token_packs`), else its rows times its padded width (`padded_packs`).
 """
 
 from __future__ import annotations
@@ -68,17 +68,37 @@ def padded_packs(prompt_lens: list[int], response_lens: list[int], max_tokens: i
     return parts
 
 
-def split_packs(parts: list[list[int]], count: int, prompt_lens: list[int], response_lens: list[int]) -> list[list[int]]:
-    """`parts` split until there are `count` (another rank needs that many): the part with the largest padded size
-    is halved, which never makes a part larger; with fewer rows than `count`, the last parts are empty (the rank
-    still joins a sharded model's passes). Rows come back in ascending order inside each part."""
+def token_packs(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Few micro-batches whose real tokens sum to at most `max_tokens` (first fit, longest rows first: a packed
+    forward computes real tokens only, so rows of any lengths share one); a row longer than that alone gets a
+    micro-batch of its own. Each part lists its rows longest first."""
+    parts: list[list[int]] = []
+    loads: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        fit = next((k for k, load in enumerate(loads) if load + lengths[i] <= max_tokens), None)
+        if fit is None:
+            parts.append([])
+            loads.append(0)
+            fit = len(parts) - 1
+        parts[fit].append(i)
+        loads[fit] += lengths[i]
+    return parts
+
+
+def split_packs(parts: list[list[int]], count: int, prompt_lens: list[int], response_lens: list[int], *,
+                size=None) -> list[list[int]]:
+    """`parts` split until there are `count` (another rank needs that many): the largest part — by `size(rows)`,
+    default its padded size — is halved, which never makes a part larger; with fewer rows than `count`, the last
+    parts are empty (the rank still joins a sharded model's passes). Rows come back in ascending order inside each
+    part."""
+    size = size or (lambda rows: padded_size(rows, prompt_lens, response_lens))
     parts = [list(p) for p in parts]
     while len(parts) < count:
         splittable = [p for p in parts if len(p) > 1]
         if not splittable:
             parts += [[] for _ in range(count - len(parts))]
             break
-        big = max(splittable, key=lambda p: padded_size(p, prompt_lens, response_lens))
+        big = max(splittable, key=size)
         at = parts.index(big)
         parts[at:at + 1] = [big[: len(big) // 2], big[len(big) // 2:]]
     return [sorted(p) for p in parts]

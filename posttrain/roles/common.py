@@ -14,7 +14,7 @@ import torch
 
 from ..algo import group_ids
 from ..data.batch import Batch
-from ..models.load import attention_backends, autocast
+from ..models.load import attention_backends, autocast, eval_mode
 from ..models.shared_prompt import leading_padding, prompt_groups
 from ..models.vision import MM_KEY
 from ..parallel import Parallel, balance, clip_grad_norm, is_sharded
@@ -77,9 +77,23 @@ class ModelRunner:
     """Runs one role's model in this process: picks the rank's data-parallel share of a batch, splits it into
     micro-batches, runs the forward in the right precision, clips and takes the optimizer step."""
 
-    def __init__(self, model, par: Parallel, *, dtype: torch.dtype, balance_batch: bool = True):
+    def __init__(self, model, par: Parallel, *, dtype: torch.dtype, balance_batch: bool = True,
+                 remove_padding: bool = False):
         self.model, self.par, self.dtype, self.balance_batch = model, par, dtype, balance_batch
+        self.remove_padding = remove_padding
         self.sharded = is_sharded(model)
+
+    def packs(self) -> bool:
+        """Whether micro-batches run padding-free (`use_remove_padding`, models/packed.py): asked for, and the
+        model passed its one-time check — run here, through the model's own forward on a two-token row, so that
+        every rank of a sharded model makes the call at the same point (the micro-batch split needs the answer)."""
+        if not self.remove_padding or not callable(getattr(self.model, "packs", None)):
+            return False  # a model without a packed path (the reward model decides for itself)
+        if getattr(self.model, "packed_ok", None) is None:
+            ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+            with torch.no_grad(), eval_mode(self.model), self.autocast():
+                self.model(ids, torch.ones_like(ids), 1, packed=True)
+        return bool(getattr(self.model, "packed_ok", False))
 
     @property
     def device(self) -> torch.device:
@@ -127,12 +141,19 @@ class ModelRunner:
     def micro_batches(self, batch: Batch, size: int | None, *, max_tokens: int | None = None) -> list[Batch]:
         return [batch.select(p) for p in self.micro_parts(batch, size, max_tokens=max_tokens)]
 
-    def micro_parts(self, batch: Batch, size: int | None, *, max_tokens: int | None = None) -> list[list[int]]:
-        """Row indices of micro-batches of `size` rows, or (with `max_tokens`) of rows of similar length whose
-        padded size — rows x padded width, what the forward computes on — is at most `max_tokens` (a longer row
-        alone gets its own); as many on every rank (the most any rank needs)."""
+    def micro_parts(self, batch: Batch, size: int | None, *, max_tokens: int | None = None,
+                    packed: bool | None = None) -> list[list[int]]:
+        """Row indices of micro-batches of `size` rows, or (with `max_tokens`) of rows whose size — what the
+        forward computes on: their real tokens when it runs `packed` (default: `packs()`), else rows x padded
+        width — is at most `max_tokens` (a longer row alone gets its own); as many on every rank (the most any rank
+        needs)."""
         n = len(batch)
-        if max_tokens:
+        if max_tokens and (self.packs() if packed is None else packed):
+            lengths = batch["attention_mask"].sum(-1).tolist()
+            packs = balance.token_packs(lengths, max_tokens)
+            parts = balance.split_packs(packs, self.par.max(len(packs)), [0] * n, lengths,
+                                        size=lambda rows: sum(lengths[i] for i in rows))
+        elif max_tokens:
             prompt_lens, response_lens = padded_widths(batch)
             packs = balance.padded_packs(prompt_lens, response_lens, max_tokens)
             parts = balance.split_packs(packs, self.par.max(len(packs)), prompt_lens, response_lens)
@@ -184,7 +205,8 @@ class ModelRunner:
             extra["extra_tokens"] = extra_ids
         with self.autocast():
             out = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
-                             with_entropy=with_entropy, prompts=shared_prompts(mb), images=images_of(mb), **extra)
+                             with_entropy=with_entropy, prompts=shared_prompts(mb), images=images_of(mb),
+                             packed=self.packs(), **extra)
         logp, ent = out[0], out[1]
         pad = full_l - resp_l
         logp = torch.nn.functional.pad(logp.float(), (0, pad))

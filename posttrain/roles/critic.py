@@ -47,7 +47,7 @@ class Critic:
         device = self.runner.device
         with self.runner.autocast():
             values = self.model(ids.to(device), mask.to(device), resp_l, prompts=shared_prompts(mb),
-                                images=images_of(mb)).float()
+                                images=images_of(mb), packed=self.runner.packs()).float()
         values = torch.nn.functional.pad(values, (0, full_l - resp_l))
         return values * mb["response_mask"].to(device)
 

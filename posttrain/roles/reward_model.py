@@ -12,6 +12,8 @@ import torch
 
 from ..data.batch import Batch, response_attention
 from ..models.load import compute_dtype, eval_mode, load_reward_model, load_tokenizer
+from ..models.packed import mask_off, pack, right_padded
+from ..models.shared_prompt import switch_on_if_equal
 from ..parallel import Parallel, ShardSettings, prepare_model
 from .common import ModelRunner
 
@@ -43,6 +45,7 @@ class RewardModel:
         if self.model.config.pad_token_id is None:  # transformers' classifiers refuse batches > 1 without one
             self.model.config.pad_token_id = tokenizer.pad_token_id
         self.head = _score_head(self.model)
+        self.packed_ok: bool | None = None
 
     @classmethod
     def from_config(cls, cfg, par: Parallel, input_tokenizer=None, *, balance_batch: bool = True) -> "RewardModel":
@@ -64,7 +67,8 @@ class RewardModel:
             return load_reward_model(rm.model.path, meta=meta, trust_remote_code=trust)
 
         model = prepare_model(build, par, ShardSettings(param_dtype=dtype))
-        return cls(ModelRunner(model, par, dtype=dtype, balance_batch=balance_batch), rm, tokenizer=tokenizer,
+        return cls(ModelRunner(model, par, dtype=dtype, balance_batch=balance_batch,
+                               remove_padding=rm.model.use_remove_padding), rm, tokenizer=tokenizer,
                    input_tokenizer=input_tokenizer)
 
     def encode(self, batch: Batch) -> list[list[int]]:
@@ -94,17 +98,49 @@ class RewardModel:
             input_ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
             mask[i, : len(row)] = 1
         cfg = self.cfg
+        packed = self.packs()
         parts = self.runner.micro_parts(Batch({"attention_mask": mask}), cfg.micro_batch_size_per_gpu,
-                                        max_tokens=cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
+                                        max_tokens=cfg.forward_max_token_len_per_gpu if cfg.use_dynamic_bsz else None,
+                                        packed=packed)
+        forward = self._packed_forward if packed else self._forward
         scores = torch.zeros(n, dtype=torch.float32)
         with eval_mode(self.model):
             for part in parts:
                 if not part:  # this rank has fewer rows than micro-batches: a sharded model still joins the pass
-                    self._forward(input_ids[:1, :1], torch.ones((1, 1), dtype=torch.long))
+                    forward(input_ids[:1, :1], torch.ones((1, 1), dtype=torch.long))
                     continue
                 w = int(mask[part].sum(-1).max())
-                scores[part] = self._forward(input_ids[part, :w], mask[part, :w])
+                scores[part] = forward(input_ids[part, :w], mask[part, :w])
         return scores
+
+    def packs(self) -> bool:
+        """Whether micro-batches run packed (`model.use_remove_padding`, models/packed.py): asked for, a head
+        that scores every position, and once a check that packed rows get the padded rows' scores."""
+        if self.packed_ok is None:
+            self.packed_ok = bool(self.runner.remove_padding and self.head is not None)
+            if self.packed_ok:
+                pad = self.model.config.pad_token_id
+
+                def padded_rows(run):
+                    return lambda ids, mask, L: run(*right_padded(ids, mask, pad))
+
+                self.packed_ok = switch_on_if_equal(self.model, self.model.config, padded_rows(self._forward),
+                                                    padded_rows(self._packed_forward), "scores", packed=True)
+        return self.packed_ok
+
+    def _packed_forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`_forward`'s scores with the rows packed: the head's output at each row's last real token."""
+        rows = pack(ids.to(self.runner.device), mask.to(self.runner.device))
+        captured = {}
+        hook = self.head.register_forward_hook(lambda m, i, o: captured.setdefault("logits", o))
+        try:
+            kwargs = {"use_cache": False} if hasattr(self.model.config, "use_cache") else {}
+            with self.runner.autocast(), mask_off():
+                self.model(input_ids=rows.input_ids, position_ids=rows.position_ids, packed=rows.packing, **kwargs)
+        finally:
+            hook.remove()
+        ends = torch.tensor(rows.packing.bounds[1:], device=rows.input_ids.device) - 1
+        return captured["logits"][0, ends, 0].float().cpu()
 
     def _forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         captured = {}

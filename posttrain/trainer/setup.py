@@ -125,7 +125,8 @@ class Roles:
                 return model
 
             model = prepare_model(build, par, shard_settings(fsdp_cfg, self.dtype))
-            return ModelRunner(model, par, dtype=self.dtype, balance_batch=tr.balance_batch)
+            return ModelRunner(model, par, dtype=self.dtype, balance_batch=tr.balance_batch,
+                               remove_padding=model_cfg.use_remove_padding)
 
         a = arr.actor
         actor_runner = policy(a.fsdp_config, trainable=True, with_lora=lora)
@@ -152,7 +153,8 @@ class Roles:
                                                   key="critic.model.path" if cm.path else "actor_rollout_ref.model.path")
 
             value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
-            self.critic = Critic(ModelRunner(value, par, dtype=self.dtype, balance_batch=tr.balance_batch), c, a,
+            self.critic = Critic(ModelRunner(value, par, dtype=self.dtype, balance_batch=tr.balance_batch,
+                                             remove_padding=cm.use_remove_padding), c, a,
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
                                  seed=tr.seed, offload_optimizer=_moves_adam(cm.fsdp_config),
                                  max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row)

@@ -15,9 +15,13 @@ class ModelConfig:
     trust_remote_code: bool = False
     """passed to `from_pretrained`"""
     use_remove_padding: bool = True
-    """accepted for portability, no effect: there is no padding-free (packed) forward; each forward runs on padded
-    rows, cut to the longest prompt and the longest response of its micro-batch. Log-probs, losses and metrics count
-    only real response tokens either way"""
+    """padding-free micro-batches for the actor and the reference: a micro-batch's rows run as one row of their real
+    tokens, attention kept inside each row (sdpa per row on a CPU, Flash's varlen kernel on a GPU in bf16/fp16), and
+    a token budget (`ppo_max_token_len_per_gpu`, `log_prob_max_token_len_per_gpu`) counts real tokens. Log-probs,
+    entropies and gradients are the padded forward's; prompts are still computed once for their responses (packed
+    too). A model that fails a one-time check against the padded forward (sliding-window or non-sdpa attention, a
+    vision-language model) runs on padded rows, with a warning. False: padded rows, cut to the longest prompt and
+    the longest response of each micro-batch. The critic has its own `critic.model.use_remove_padding`"""
     enable_gradient_checkpointing: bool = True
     """activation checkpointing in the actor (and critic) forward"""
     lora_rank: int = 0
@@ -132,11 +136,12 @@ class ActorConfig:
     ppo_micro_batch_size_per_gpu: Optional[int] = None
     """responses per forward/backward; null = whole mini-batch"""
     use_dynamic_bsz: bool = False
-    """micro-batches of rows of similar length, each at most `ppo_max_token_len_per_gpu` padded positions (rows x
-    (longest prompt + longest response): the forward runs on padded rows; a longer row alone gets its own), as many
-    on every rank"""
+    """micro-batches of at most `ppo_max_token_len_per_gpu` tokens, as many on every rank: real tokens when the
+    forward runs packed (`model.use_remove_padding`), else padded positions of rows of similar length (rows x
+    (longest prompt + longest response)); a longer row alone gets its own"""
     ppo_max_token_len_per_gpu: int = 16384
-    """token budget of a dynamic micro-batch, in padded positions (rows x padded width)"""
+    """token budget of a dynamic micro-batch: real tokens when packed, else padded positions (rows x padded
+    width)"""
     ppo_epochs: int = 1
     """passes over each batch"""
     shuffle: bool = False

@@ -16,6 +16,10 @@ class RewardModelModelConfig:
     actor's)"""
     trust_remote_code: bool = False
     """allow the reward model's own modelling / tokenizer code"""
+    use_remove_padding: bool = True
+    """score each micro-batch's rows packed without padding (as `actor_rollout_ref.model.use_remove_padding`), for a
+    classifier whose head scores every position (Llama, Qwen2, Mistral, Gemma: `score`); other classifiers, and one
+    that fails the one-time check, run on padded rows"""
 
 
 @dataclass
@@ -111,8 +115,8 @@ class RewardModelConfig:
     use_dynamic_bsz: bool = False
     """token-budget micro-batches for the reward model"""
     forward_max_token_len_per_gpu: int = 32768
-    """token budget of one reward-model micro-batch (with `use_dynamic_bsz`), in padded positions (rows x longest
-    row)"""
+    """token budget of one reward-model micro-batch (with `use_dynamic_bsz`): real tokens when it runs packed
+    (`model.use_remove_padding`), else padded positions (rows x longest row)"""
     reward_manager: str = "naive"
     """`naive` / `dapo`: the scorer is called per response (`dapo` is the same call; the overlong shaping is
     `overlong_buffer.*`); `batch`: called once per step with lists (`data_sources`, `solution_strs`, `ground_truths`,
