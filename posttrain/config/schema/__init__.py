@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .actor_rollout_ref import ActorRolloutRefConfig
 from .algorithm import AlgorithmConfig
+from .async_training import AsyncTrainingConfig, RolloutGroupConfig
 from .critic import CriticConfig
 from .data import DataConfig
 from .reward import CustomRewardFunctionConfig, RewardModelConfig
@@ -27,4 +28,6 @@ class Config:
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutGroupConfig = field(default_factory=RolloutGroupConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 

@@ -1,0 +1,142 @@
+"""Asynchronous RL: weight sync between two real processes (gloo), and the two-group runs of `posttrain train`."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.test_distributed import run_processes
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+SYNC_SCRIPT = """
+import json, sys
+import torch
+from posttrain.parallel.context import exit_process, shutdown
+from posttrain.parallel.groups import join
+from posttrain.parallel.weight_sync import STOP, WeightSync, trainable_tensors
+
+out, lora = sys.argv[1], sys.argv[2] == "lora"
+groups = join(device_name="cpu", timeout_s=120)
+torch.manual_seed(100 + groups.rank)  # each side starts from different weights
+model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False)).to(torch.float32)
+model[1].to(torch.bfloat16)  # two dtypes in one push
+if lora:  # the base frozen: only the "adapter" (second layer) trains
+    model[0].requires_grad_(False)
+frozen_before = model[0].weight.detach().clone()
+sync = WeightSync(trainable_tensors(model), src=0, bucket_bytes=64)  # several buckets
+versions = []
+for version in (1, 2):
+    if groups.trains:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))  # an "update"
+        sync.push(version)
+    else:
+        versions.append(sync.receive())
+stopped = sync.receive() if not groups.trains else sync.push(STOP)
+state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+torch.save({"state": state, "versions": versions, "names": sync.names, "bytes": sync.bytes, "stopped": stopped,
+            "frozen_kept": bool(torch.equal(frozen_before, model[0].weight))}, f"{out}/rank{groups.rank}.pt")
+shutdown()
+exit_process(0)
+"""
+
+
+def _sync_run(tmp_path, mode):
+    script = tmp_path / "sync.py"
+    script.write_text(SYNC_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path), mode]
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    import torch
+
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+
+
+def test_weight_sync_makes_the_receiver_equal_the_sender_bit_for_bit_with_increasing_versions(tmp_path):
+    """After each push the receiver holds the sender's weights exactly (float32 and bfloat16 tensors, several
+    buckets), records the versions in order, and a STOP header ends the exchange without weights."""
+    import torch
+
+    sender, receiver = _sync_run(tmp_path, "full")
+    assert receiver["versions"] == [1, 2]
+    assert receiver["stopped"] == -1
+    assert sender["state"].keys() == receiver["state"].keys()
+    for name, want in sender["state"].items():
+        got = receiver["state"][name]
+        assert got.dtype == want.dtype
+        assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)), name
+    assert receiver["names"] == ["0.bias", "0.weight", "1.weight"]
+
+
+def test_weight_sync_with_a_frozen_base_sends_only_the_trainable_tensors(tmp_path):
+    """LoRA-like: only the trainable tensors travel (their bytes alone), the frozen ones keep each side's own
+    values, and the trainable ones arrive exactly."""
+    import torch
+
+    sender, receiver = _sync_run(tmp_path, "lora")
+    assert receiver["names"] == ["1.weight"]
+    assert receiver["bytes"] == 7 * 3 * 2  # bf16 (3, 7)
+    assert torch.equal(receiver["state"]["1.weight"], sender["state"]["1.weight"])
+    assert receiver["frozen_kept"]
+    assert not torch.equal(receiver["state"]["0.weight"], sender["state"]["0.weight"])  # never sent
+
+
+# ------------------------------------------------------------------ two groups of processes under `posttrain train`
+
+
+def _task_args(tmp_path, model_dir, *extra):
+    from posttrain.data.synthetic import write_task
+
+    files = write_task(tmp_path / "data", seed=0, operands=range(0, 10), held_out=0, dev=4, copies=1)
+    return [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={files['rl_train']}",
+            "data.train_batch_size=4", "data.max_prompt_length=32", "data.max_response_length=6",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "algorithm.adv_estimator=grpo", "reward_model.num_workers=0", "trainer.val_before_train=False",
+            "trainer.logger=['jsonl']", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.device=cpu",
+            "rollout.n_gpus_per_node=1", *extra]
+
+
+def _train(args, timeout=240):
+    cmd = [sys.executable, "-m", "posttrain.cli", "train", *args]
+    return run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=timeout)
+
+
+def _steps(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_version(tmp_path, tiny_model_dir):
+    """One generating and one training process, staleness_threshold=1: batch 1 is sampled by the loaded weights
+    (version 0) and trained at version 0; batch k > 1 was sampled by version k-2 while step k-1 trained, so it trains
+    with staleness 1 — which also shows that each pushed version reached the generator. Every step corrects with
+    the recomputed old log-probs (rollout-IS metrics logged), and the checkpoint records the step."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3", "trainer.save_freq=3",
+                      "async_training.staleness_threshold=1")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert [m["async/weight_version"] for m in steps] == [0, 1, 2]
+    assert [m["async/rollout_version"] for m in steps] == [0, 0, 1]
+    assert [m["async/staleness_max"] for m in steps] == [0, 1, 1]
+    assert [m["async/staleness_mean"] for m in steps] == [0, 1, 1]
+    for m in steps:
+        assert "training/rollout_probs_diff_mean" in m and "timing_s/old_log_prob" in m, sorted(m)
+        assert 0 <= m["async/train_idle_share"] <= 1 and 0 <= m["async/gen_idle_share"] <= 1
+    assert (tmp_path / "run" / "global_step_3").is_dir()
+
+
+def test_staleness_threshold_zero_takes_turns_and_trains_on_fresh_batches(tmp_path, tiny_model_dir):
+    """staleness_threshold=0: the generator waits for each step's weights, so every batch is sampled by the version
+    it trains at (staleness 0), and the versions still advance one per step."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3", "async_training.staleness_threshold=0")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/rollout_version"] for m in steps] == [0, 1, 2]
+    assert [m["async/staleness_max"] for m in steps] == [0, 0, 0]
