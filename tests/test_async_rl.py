@@ -134,9 +134,69 @@ def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_v
 def test_staleness_threshold_zero_takes_turns_and_trains_on_fresh_batches(tmp_path, tiny_model_dir):
     """staleness_threshold=0: the generator waits for each step's weights, so every batch is sampled by the version
     it trains at (staleness 0), and the versions still advance one per step."""
-    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3", "async_training.staleness_threshold=0")
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
+                      "async_training.staleness_threshold=0")
     result = _train(args)
     assert result.returncode == 0, result.stderr[-4000:]
     steps = _steps(tmp_path / "run")
     assert [m["async/rollout_version"] for m in steps] == [0, 1, 2]
     assert [m["async/staleness_max"] for m in steps] == [0, 0, 0]
+
+
+FAILING_REWARD = """
+calls = 0
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    global calls
+    calls += 1
+    if calls > 8:  # the first batch's 8 responses score; the second batch's raise
+        raise ValueError("scorer broke")
+    return 0.0
+"""
+
+
+def test_a_generating_process_that_fails_stops_the_run_with_its_own_error(tmp_path, tiny_model_dir):
+    """The generator's scorer fails on the second batch while the trainer waits for it: the run ends (no hang)
+    and the error reported is the generator's own, not the trainer's broken connection."""
+    (tmp_path / "reward.py").write_text(FAILING_REWARD)
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
+                      f"custom_reward_function.path={tmp_path / 'reward.py'}", "async_training.wait_timeout_s=120")
+    result = _train(args)
+    assert result.returncode != 0
+    assert "rank 1 failed" in result.stderr and "failed to score" in result.stderr, result.stderr[-3000:]
+
+
+def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_position(tmp_path, tiny_model_dir):
+    """A run stopped after step 2 resumes at step 3: the trainer sends the generator the checkpoint's weights
+    (version 2) and data position, so batch 3 is sampled by version 2 (staleness 0), batch 4 by version 2 again
+    (staleness 1), and the data position after step 4 is 4 batches: nothing skipped, nothing drawn twice."""
+    import torch
+
+    common = ["trainer.save_freq=1", "async_training.staleness_threshold=1"]
+    first = _train(_task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=2", *common))
+    assert first.returncode == 0, first.stderr[-4000:]
+    second = _train(_task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=4", *common,
+                               "trainer.resume_allow_config_change=True"))
+    assert second.returncode == 0, second.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    assert [m["async/rollout_version"] for m in steps[2:]] == [2, 2]
+    assert [m["async/staleness_max"] for m in steps[2:]] == [0, 1]
+    extra = torch.load(tmp_path / "run" / "global_step_4" / "extra.pt", weights_only=True)
+    assert extra["data_cursor"] == 4 and extra["step"] == 4
+
+
+def test_settings_async_rl_does_not_support_are_refused_at_load():
+    """Fractions of a batch, partial rollouts, several processes per group and sharded roles are refused before
+    anything starts, each naming its key."""
+    from posttrain.config import ConfigError, load_config
+
+    cases = {"async_training.staleness_threshold": ["async_training.staleness_threshold=0.5"],
+             "async_training.partial_rollout": ["async_training.partial_rollout=True"],
+             "rollout.n_gpus_per_node=2": ["rollout.n_gpus_per_node=2"],
+             "trainer.n_gpus_per_node=2": ["trainer.n_gpus_per_node=2"],
+             "param_offload": ["actor_rollout_ref.actor.fsdp_config.param_offload=True"]}
+    for needle, overrides in cases.items():
+        with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+            load_config(None, ["rollout.n_gpus_per_node=1", *overrides])
+    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=2"])  # whole numbers: fine

@@ -151,6 +151,10 @@ class Generator:
             parts.rule_reward.start()
             try:
                 self._loop(rl)
+            except Exception as error:  # decided here alone: the command's handlers let rank 0 speak for all
+                print(f"error in the generating process (rank {self.groups.rank}): {type(error).__name__}: {error}",
+                      file=sys.stderr, flush=True)
+                raise
             finally:
                 parts.reward.close()
 
