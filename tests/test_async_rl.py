@@ -200,3 +200,31 @@ def test_settings_async_rl_does_not_support_are_refused_at_load():
         with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
             load_config(None, ["rollout.n_gpus_per_node=1", *overrides])
     load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=2"])  # whole numbers: fine
+
+
+def test_sigterm_stops_both_groups_after_a_step_with_a_checkpoint(tmp_path, tiny_model_dir):
+    """SIGTERM to the command: the trainer finishes its step and saves; the generator, which keeps generating
+    through the signal, has its batches on the way taken and its next wait for weights answered with STOP, so
+    both processes end cleanly (no broken connection, no hang) with the usual resume message."""
+    import signal
+    import subprocess
+    import time
+
+    run = tmp_path / "run"
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=40", "trainer.save_freq=-1",
+                      "async_training.staleness_threshold=1")
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "train", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 240
+    while not (run / "metrics.jsonl").is_file() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("still running 240 s after SIGTERM (a hang?)") from None
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    saved = sorted(run.glob("global_step_*"))
+    assert len(saved) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"stopped by SIGTERM after step {saved[0].name.rsplit('_', 1)[1]}" in err
