@@ -60,9 +60,11 @@ def adopt_launcher_world(cfg) -> list[str]:
     if tr.nnodes == 1 and tr.n_gpus_per_node == 1 and cfg.rollout.n_gpus_per_node == 0:
         tr.nnodes, tr.n_gpus_per_node = world // local, local
         return [f"trainer.nnodes={tr.nnodes} trainer.n_gpus_per_node={local}: taken from torchrun ({world} processes)"]
+    generating = (f" + rollout.nnodes={cfg.rollout.nnodes} x rollout.n_gpus_per_node={cfg.rollout.n_gpus_per_node}"
+                  if cfg.rollout.n_gpus_per_node else "")
     raise ConfigError(f"torchrun started {world} processes ({local} per node) but trainer.nnodes={tr.nnodes} x "
-                      f"trainer.n_gpus_per_node={tr.n_gpus_per_node} (+ rollout.nnodes x rollout.n_gpus_per_node "
-                      f"generating) = {requested_world(cfg)}; make them agree")
+                      f"trainer.n_gpus_per_node={tr.n_gpus_per_node}{generating} = {requested_world(cfg)}; make them "
+                      "agree")
 
 
 def check_launchable(cfg) -> None:
