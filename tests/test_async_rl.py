@@ -114,7 +114,8 @@ def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_v
     """One generating and one training process, staleness_threshold=1: batch 1 is sampled by the loaded weights
     (version 0) and trained at version 0; batch k > 1 was sampled by version k-2 while step k-1 trained, so it trains
     with staleness 1 — which also shows that each pushed version reached the generator. Every step corrects with
-    the recomputed old log-probs (rollout-IS metrics logged), and the checkpoint records the step."""
+    the recomputed old log-probs (rollout-IS metrics logged), and the checkpoint records the step. With LoRA the
+    same run pushes only the adapters (a fraction of the full push)."""
     args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3", "trainer.save_freq=3",
                       "async_training.staleness_threshold=1")
     result = _train(args)
@@ -129,6 +130,17 @@ def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_v
         assert "training/rollout_probs_diff_mean" in m and "timing_s/old_log_prob" in m, sorted(m)
         assert 0 <= m["async/train_idle_share"] <= 1 and 0 <= m["async/gen_idle_share"] <= 1
     assert (tmp_path / "run" / "global_step_3").is_dir()
+    full_mb = steps[1]["async/weight_sync_mb"]  # step 2 pushed version 1 (step 3 trains the last batch: no push)
+    assert "async/weight_sync_mb" not in steps[2]
+    lora = tmp_path / "lora"
+    lora.mkdir()
+    args = _task_args(lora, tiny_model_dir, "trainer.total_training_steps=3", "actor_rollout_ref.model.lora_rank=4",
+                      "actor_rollout_ref.model.lora_alpha=8", "async_training.staleness_threshold=1")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lora_steps = _steps(lora / "run")
+    assert [m["async/staleness_max"] for m in lora_steps] == [0, 1, 1]
+    assert 0 < lora_steps[1]["async/weight_sync_mb"] < full_mb / 5  # the adapters travel, not the model
 
 
 def test_staleness_threshold_zero_takes_turns_and_trains_on_fresh_batches(tmp_path, tiny_model_dir):

@@ -99,6 +99,7 @@ class AsyncTrainer(RLTrainer):
                 self.sync.push(version)
         if "weight_sync" in timing:
             metrics["async/weight_sync_s_per_gb"] = self.sync.seconds / max(self.sync.bytes, 1) * 2**30
+            metrics["async/weight_sync_mb"] = self.sync.bytes / 2**20
         tokens = int(batch["response_mask"].sum())
         metrics |= {"async/weight_version": version, "async/rollout_version": info["version"],
                     "async/gen_idle_share": info["wait_s"] / max(info["wait_s"] + info["gen_s"], 1e-9),
