@@ -155,6 +155,21 @@ def test_staleness_threshold_zero_takes_turns_and_trains_on_fresh_batches(tmp_pa
     assert [m["async/staleness_max"] for m in steps] == [0, 0, 0]
 
 
+def test_staleness_threshold_two_bounds_staleness_by_two(tmp_path, tiny_model_dir):
+    """staleness_threshold=2: the generator may sample batch k with any version >= k-3, and takes the newest it
+    holds: every batch trains at most 2 versions after the one that sampled it, the versions that sampled never go
+    back, and with generation running ahead some batch is stale."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=5",
+                      "async_training.staleness_threshold=2")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    versions = [m["async/rollout_version"] for m in steps]
+    assert versions == sorted(versions) and versions[0] == 0
+    assert all(m["async/weight_version"] - m["async/rollout_version"] <= 2 for m in steps)
+    assert all(m["async/staleness_max"] <= 2 for m in steps) and max(m["async/staleness_max"] for m in steps) >= 1
+
+
 FAILING_REWARD = """
 calls = 0
 
