@@ -231,8 +231,8 @@ def test_settings_async_rl_does_not_support_are_refused_at_load():
 
 def test_sigterm_stops_both_groups_after_a_step_with_a_checkpoint(tmp_path, tiny_model_dir):
     """SIGTERM to the command: the trainer finishes its step and saves; the generator, which keeps generating
-    through the signal, has its batches on the way taken and its next wait for weights answered with STOP, so
-    both processes end cleanly (no broken connection, no hang) with the usual resume message."""
+    through the signal, is sent STOP and has its batches on the way taken until it says DONE, so both processes end
+    cleanly (no broken connection, no hang) with the usual resume message."""
     import signal
     import subprocess
     import time

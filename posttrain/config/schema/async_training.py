@@ -19,10 +19,10 @@ class RolloutGroupConfig:
 @dataclass
 class AsyncTrainingConfig:
     staleness_threshold: float = 1.0
-    """with `rollout.n_gpus_per_node` > 0: how many batches generation may run ahead of training. 0 = the two
-    groups take turns (synchronous, staleness 0); 1 = one-step-off-policy: the batch of step k+1 is generated while
-    step k trains (staleness 1); N = up to N steps ahead. Whole numbers only (verl's fractions of a batch need
-    streaming generation, not built)"""
+    """with `rollout.n_gpus_per_node` > 0: how many versions old the weights that sample a batch may be when it
+    trains (batch k waits for weights of version >= k-1-N, and takes the newest). 0 = the two groups take turns
+    (synchronous, staleness 0); 1 = one-step-off-policy: the batch of step k+1 is generated while step k trains
+    (staleness 1). Whole numbers only (verl's fractions of a batch need streaming generation, not built)"""
     partial_rollout: bool = False
     """episodes in flight when weights change go on with the new weights: not built, only False"""
     trigger_parameter_sync_step: int = 1
