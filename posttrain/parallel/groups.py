@@ -28,16 +28,11 @@ class Groups:
     rank: int
     world: int
     par: Parallel  # this process alone: training and generation each run in one process
-    objects: object  # the gloo group batches travel over
-    weights: object  # the group weights are broadcast over (the default group: NCCL on GPUs)
+    objects: object  # the gloo group batches travel over (weights go over the job's own group: NCCL on GPUs)
 
     @property
     def trains(self) -> bool:
         return self.rank == TRAINER
-
-    @property
-    def generators(self) -> list[int]:
-        return [r for r in range(self.world) if r != TRAINER]
 
 
 def join(*, device_name: str, timeout_s: float) -> Groups:
@@ -48,8 +43,7 @@ def join(*, device_name: str, timeout_s: float) -> Groups:
     context.join_process_group("nccl" if use_cuda else "gloo", timeout=timeout, device=device)
     objects = dist.new_group(backend="gloo", timeout=timeout)
     rank = dist.get_rank()
-    return Groups(rank=rank, world=dist.get_world_size(), par=Parallel(device=device, rank=rank), objects=objects,
-                  weights=None)
+    return Groups(rank=rank, world=dist.get_world_size(), par=Parallel(device=device, rank=rank), objects=objects)
 
 
 def send_object(obj, dst: int, group) -> None:
