@@ -126,6 +126,9 @@ class WeightInbox:
 
     def _receive_all(self) -> None:
         try:
+            device = next(iter(self.incoming.values())).device if self.incoming else torch.device("cpu")
+            if device.type == "cuda":  # a thread starts on GPU 0: receive on this process's GPU
+                torch.cuda.set_device(device)
             while True:
                 version = self.sync.receive()
                 with self.cond:
