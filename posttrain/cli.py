@@ -55,12 +55,17 @@ def cmd_train(args) -> int:
         launch.die_with_launcher()
     if launch.requested_world(cfg) > 1 and not launch.inside_launcher():
         launch.check_launchable(cfg)
-        return launch.launch_local(args.argv, cfg.trainer.n_gpus_per_node)
+        return launch.launch_local(args.argv, launch.requested_world(cfg))
     from .trainer.preempt import start_up_window
     from .trainer.rl import run_rl
 
     start_up_window()
-    run_rl(cfg)
+    if cfg.rollout.n_gpus_per_node > 0:
+        from .trainer.async_rl import run_async
+
+        run_async(cfg)
+    else:
+        run_rl(cfg)
     return 0
 
 

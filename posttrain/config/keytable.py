@@ -269,8 +269,6 @@ RULES: list[Rule] = [
       for k in ("cudagraph_capture_sizes", "data_parallel_size", "disable_log_stats", "enable_prefix_caching",
                 "layered_summon", "max_model_len", "multi_stage_wake_up", "scheduling_policy", "skip_tokenizer_init",
                 "expert_parallel_size", "pipeline_model_parallel_size", "skip_dump_dir")],
-    Rule("actor_rollout_ref.rollout.update_weights_bucket_megabytes", "note", "posttrain's engine reads the training "
-         "weights in place (no weight transfer)"),
     Rule("actor_rollout_ref.ref.model", "only", "the reference is the actor's starting model", (None,)),
     Rule("actor_rollout_ref.rollout.logprobs_mode", "note", "the sampled tokens' log-probs are those of the "
          "processed (temperature, top-k, top-p) distribution"),

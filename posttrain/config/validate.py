@@ -127,6 +127,7 @@ def _validate(cfg: Config, check: Checks) -> None:
         check.choice(strategy, STRATEGIES, key)
     _check_layout(cfg, check)
     check_distillation(cfg, check)
+    _check_async(cfg, check)
     for optim_key, optim in (("actor_rollout_ref.actor.optim", actor.optim), ("critic.optim", cfg.critic.optim)):
         check.choice(optim.warmup_style or optim.lr_scheduler_type, ("constant", "cosine"),
                      f"{optim_key}.lr_scheduler_type")
@@ -406,3 +407,39 @@ def _check_layout(cfg: Config, check: Checks) -> None:
         for item in value or []:
             check.choice(item, ("model", "optimizer", "extra", "hf_model"),
                          f"actor_rollout_ref.actor.checkpoint.{key} entry")
+
+
+def _check_async(cfg: Config, check: Checks) -> None:
+    """Asynchronous RL (two groups of processes): what is built, and settings that only mean something there."""
+    at, group, arr = cfg.async_training, cfg.rollout, cfg.actor_rollout_ref
+    check.unsupported(not at.partial_rollout, "async_training.partial_rollout=True is not supported yet: a batch is "
+                      "generated with one weight version; set it to False")
+    check.unsupported(at.trigger_parameter_sync_step == 1 and at.require_batches == 1,
+                      "async_training.trigger_parameter_sync_step and require_batches: only 1 is supported (weights "
+                      "are pushed after every update, which trains on the whole step's batch)")
+    check(at.wait_timeout_s > 0, f"async_training.wait_timeout_s={at.wait_timeout_s} must be > 0")
+    check(arr.rollout.update_weights_bucket_megabytes >= 1, "actor_rollout_ref.rollout.update_weights_bucket_megabytes="
+          f"{arr.rollout.update_weights_bucket_megabytes} must be >= 1")
+    check(group.n_gpus_per_node >= 0 and group.nnodes >= 1, "rollout.n_gpus_per_node must be >= 0 and rollout.nnodes "
+          ">= 1")
+    if group.n_gpus_per_node == 0:
+        return
+    st = at.staleness_threshold
+    check.unsupported(st >= 0 and float(st).is_integer(), f"async_training.staleness_threshold={st}: only whole "
+                      "numbers of batches (0, 1, 2, ...) are supported; fractions need streaming generation")
+    tr, actor = cfg.trainer, arr.actor
+    check.unsupported(group.nnodes == 1 and group.n_gpus_per_node == 1 and tr.nnodes == 1 and tr.n_gpus_per_node == 1,
+                      f"asynchronous RL with rollout.nnodes={group.nnodes} x rollout.n_gpus_per_node="
+                      f"{group.n_gpus_per_node} generating and trainer.nnodes={tr.nnodes} x trainer.n_gpus_per_node="
+                      f"{tr.n_gpus_per_node} training processes: only 1 generating beside 1 training process is "
+                      "supported yet (set both n_gpus_per_node=1, nnodes=1; or rollout.n_gpus_per_node=0 for "
+                      "synchronous RL over any number of processes)")
+    sharded = [key for key, fsdp in (("actor_rollout_ref.actor", actor.fsdp_config), ("actor_rollout_ref.ref",
+                                                                                      arr.ref.fsdp_config),
+                                     ("critic.model", cfg.critic.model.fsdp_config))
+               if fsdp.param_offload or fsdp.tp_size > 1]
+    check.unsupported(not sharded, f"asynchronous RL (rollout.n_gpus_per_node > 0) with {sharded[0]}.fsdp_config"
+                      ".param_offload or tp_size > 1 is not supported: each group runs its model whole in one process"
+                      if sharded else "")
+    check.unsupported(not tr.val_only, "trainer.val_only=True with rollout.n_gpus_per_node > 0: validation runs on "
+                      "the training process; set rollout.n_gpus_per_node=0")

@@ -57,10 +57,12 @@ class Parallel:
     """Ranks, devices and meshes of this process; `distributed` is False for a plain one-process run."""
 
     def __init__(self, dims: ParallelDims = ParallelDims(), *, device: torch.device = torch.device("cpu"),
-                 mesh=None):
+                 mesh=None, rank: int | None = None):
+        """`rank`: this process's rank in a job whose other processes are not its peers (asynchronous RL's
+        groups: the process runs alone, only rank 0 writes the run folder)."""
         self.dims, self.device, self.mesh = dims, torch.device(device), mesh
         self.distributed = mesh is not None
-        self.rank = dist.get_rank() if self.distributed else 0
+        self.rank = dist.get_rank() if self.distributed else rank or 0
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         if self.distributed:
             names = ("dp_replicate", "dp_shard")
@@ -161,6 +163,20 @@ def node_leaders_first(work, failed):
     if first is not None:
         raise failed(first)
     return result if leader else work()
+
+
+def local_device(use_cuda: bool) -> torch.device:
+    """This process's device: GPU LOCAL_RANK, or the CPU."""
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if use_cuda else torch.device("cpu")
+
+
+def join_process_group(backend: str, *, timeout, device: torch.device) -> None:
+    """Join the launcher's job with `backend`, every collective limited to `timeout` (a timedelta)."""
+    global _joined_process_group
+    _joined_process_group = True
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=timeout)
 
 
 def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1,

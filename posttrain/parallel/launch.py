@@ -42,7 +42,12 @@ def recorded(main):
 
 
 def requested_world(cfg) -> int:
-    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    """Processes of the job: the training ones, and with asynchronous RL the generating ones beside them."""
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+
+
+def per_node(cfg) -> int:
+    return cfg.trainer.n_gpus_per_node + cfg.rollout.n_gpus_per_node
 
 
 def adopt_launcher_world(cfg) -> list[str]:
@@ -50,13 +55,16 @@ def adopt_launcher_world(cfg) -> list[str]:
     take torchrun's layout; otherwise a mismatch is an error. Returns notes for the user."""
     world, local = int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
     tr = cfg.trainer
-    if requested_world(cfg) == world and tr.n_gpus_per_node == local:
+    if requested_world(cfg) == world and per_node(cfg) == local:
         return []
-    if tr.nnodes == 1 and tr.n_gpus_per_node == 1:
+    if tr.nnodes == 1 and tr.n_gpus_per_node == 1 and cfg.rollout.n_gpus_per_node == 0:
         tr.nnodes, tr.n_gpus_per_node = world // local, local
         return [f"trainer.nnodes={tr.nnodes} trainer.n_gpus_per_node={local}: taken from torchrun ({world} processes)"]
+    generating = (f" + rollout.nnodes={cfg.rollout.nnodes} x rollout.n_gpus_per_node={cfg.rollout.n_gpus_per_node}"
+                  if cfg.rollout.n_gpus_per_node else "")
     raise ConfigError(f"torchrun started {world} processes ({local} per node) but trainer.nnodes={tr.nnodes} x "
-                      f"trainer.n_gpus_per_node={tr.n_gpus_per_node} = {requested_world(cfg)}; make them agree")
+                      f"trainer.n_gpus_per_node={tr.n_gpus_per_node}{generating} = {requested_world(cfg)}; make them "
+                      "agree")
 
 
 def check_launchable(cfg) -> None:
@@ -70,9 +78,9 @@ def check_launchable(cfg) -> None:
             "(docs/scaling.md has Slurm and Kubernetes lines)")
     import torch
 
-    if tr.device != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < tr.n_gpus_per_node:
-        raise ConfigError(f"trainer.n_gpus_per_node={tr.n_gpus_per_node} but this machine has "
-                          f"{torch.cuda.device_count()} GPUs")
+    if tr.device != "cpu" and torch.cuda.is_available() and torch.cuda.device_count() < per_node(cfg):
+        raise ConfigError(f"trainer.n_gpus_per_node={tr.n_gpus_per_node} (+ rollout.n_gpus_per_node="
+                          f"{cfg.rollout.n_gpus_per_node}) but this machine has {torch.cuda.device_count()} GPUs")
 
 
 def launch_local(argv: list[str], nproc: int) -> int:

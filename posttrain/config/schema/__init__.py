@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .actor_rollout_ref import ActorRolloutRefConfig
 from .algorithm import AlgorithmConfig
+from .async_training import AsyncTrainingConfig, RolloutGroupConfig
 from .critic import CriticConfig
 from .data import DataConfig
 from .distillation import DistillationConfig
@@ -29,4 +30,6 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     distillation: DistillationConfig = field(default_factory=DistillationConfig)
+    rollout: RolloutGroupConfig = field(default_factory=RolloutGroupConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
 

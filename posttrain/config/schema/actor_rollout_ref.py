@@ -343,6 +343,9 @@ class RolloutConfig:
     """engine-only (see above)"""
     enable_chunked_prefill: bool = True
     """engine-only (see above)"""
+    update_weights_bucket_megabytes: int = 512
+    """asynchronous RL (`rollout.n_gpus_per_node` > 0): weights travel to the generating processes in broadcasts
+    of at most this many MB each"""
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -1,0 +1,257 @@
+"""Asynchronous RL: weight sync between two real processes (gloo), and the two-group runs of `posttrain train`."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from tests.test_distributed import run_processes
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+SYNC_SCRIPT = """
+import json, sys
+import torch
+from posttrain.parallel.context import exit_process, shutdown
+from posttrain.parallel.groups import join
+from posttrain.parallel.weight_sync import STOP, WeightSync, trainable_tensors
+
+out, lora = sys.argv[1], sys.argv[2] == "lora"
+groups = join(device_name="cpu", timeout_s=120)
+torch.manual_seed(100 + groups.rank)  # each side starts from different weights
+model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False)).to(torch.float32)
+model[1].to(torch.bfloat16)  # two dtypes in one push
+if lora:  # the base frozen: only the "adapter" (second layer) trains
+    model[0].requires_grad_(False)
+frozen_before = model[0].weight.detach().clone()
+sync = WeightSync(trainable_tensors(model), src=0, bucket_bytes=64)  # several buckets
+versions = []
+for version in (1, 2):
+    if groups.trains:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))  # an "update"
+        sync.push(version)
+    else:
+        versions.append(sync.receive())
+stopped = sync.receive() if not groups.trains else sync.push(STOP)
+state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+torch.save({"state": state, "versions": versions, "names": sync.names, "bytes": sync.bytes, "stopped": stopped,
+            "frozen_kept": bool(torch.equal(frozen_before, model[0].weight))}, f"{out}/rank{groups.rank}.pt")
+shutdown()
+exit_process(0)
+"""
+
+
+def _sync_run(tmp_path, mode):
+    script = tmp_path / "sync.py"
+    script.write_text(SYNC_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path), mode]
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    import torch
+
+    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+
+
+def test_weight_sync_makes_the_receiver_equal_the_sender_bit_for_bit_with_increasing_versions(tmp_path):
+    """After each push the receiver holds the sender's weights exactly (float32 and bfloat16 tensors, several
+    buckets), records the versions in order, and a STOP header ends the exchange without weights."""
+    import torch
+
+    sender, receiver = _sync_run(tmp_path, "full")
+    assert receiver["versions"] == [1, 2]
+    assert receiver["stopped"] == -1
+    assert sender["state"].keys() == receiver["state"].keys()
+    for name, want in sender["state"].items():
+        got = receiver["state"][name]
+        assert got.dtype == want.dtype
+        assert torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8)), name
+    assert receiver["names"] == ["0.bias", "0.weight", "1.weight"]
+
+
+def test_weight_sync_with_a_frozen_base_sends_only_the_trainable_tensors(tmp_path):
+    """LoRA-like: only the trainable tensors travel (their bytes alone), the frozen ones keep each side's own
+    values, and the trainable ones arrive exactly."""
+    import torch
+
+    sender, receiver = _sync_run(tmp_path, "lora")
+    assert receiver["names"] == ["1.weight"]
+    assert receiver["bytes"] == 7 * 3 * 2  # bf16 (3, 7)
+    assert torch.equal(receiver["state"]["1.weight"], sender["state"]["1.weight"])
+    assert receiver["frozen_kept"]
+    assert not torch.equal(receiver["state"]["0.weight"], sender["state"]["0.weight"])  # never sent
+
+
+# ------------------------------------------------------------------ two groups of processes under `posttrain train`
+
+
+def _task_args(tmp_path, model_dir, *extra):
+    from posttrain.data.synthetic import write_task
+
+    files = write_task(tmp_path / "data", seed=0, operands=range(0, 10), held_out=0, dev=4, copies=1)
+    return [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={files['rl_train']}",
+            "data.train_batch_size=4", "data.max_prompt_length=32", "data.max_response_length=6",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            "algorithm.adv_estimator=grpo", "reward_model.num_workers=0", "trainer.val_before_train=False",
+            "trainer.logger=['jsonl']", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.device=cpu",
+            "rollout.n_gpus_per_node=1", *extra]
+
+
+def _train(args, timeout=240):
+    cmd = [sys.executable, "-m", "posttrain.cli", "train", *args]
+    return run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=timeout)
+
+
+def _steps(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_version(tmp_path, tiny_model_dir):
+    """One generating and one training process, staleness_threshold=1: batch 1 is sampled by the loaded weights
+    (version 0) and trained at version 0; batch k > 1 was sampled by version k-2 while step k-1 trained, so it trains
+    with staleness 1 — which also shows that each pushed version reached the generator. Every step corrects with
+    the recomputed old log-probs (rollout-IS metrics logged), and the checkpoint records the step. With LoRA the
+    same run pushes only the adapters (a fraction of the full push)."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3", "trainer.save_freq=3",
+                      "async_training.staleness_threshold=1")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert [m["async/weight_version"] for m in steps] == [0, 1, 2]
+    assert [m["async/rollout_version"] for m in steps] == [0, 0, 1]
+    assert [m["async/staleness_max"] for m in steps] == [0, 1, 1]
+    assert [m["async/staleness_mean"] for m in steps] == [0, 1, 1]
+    for m in steps:
+        assert "training/rollout_probs_diff_mean" in m and "timing_s/old_log_prob" in m, sorted(m)
+        assert 0 <= m["async/train_idle_share"] <= 1 and 0 <= m["async/gen_idle_share"] <= 1
+    assert (tmp_path / "run" / "global_step_3").is_dir()
+    full_mb = steps[1]["async/weight_sync_mb"]  # step 2 pushed version 1 (step 3 trains the last batch: no push)
+    assert "async/weight_sync_mb" not in steps[2]
+    lora = tmp_path / "lora"
+    lora.mkdir()
+    args = _task_args(lora, tiny_model_dir, "trainer.total_training_steps=3", "actor_rollout_ref.model.lora_rank=4",
+                      "actor_rollout_ref.model.lora_alpha=8", "async_training.staleness_threshold=1")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lora_steps = _steps(lora / "run")
+    assert [m["async/staleness_max"] for m in lora_steps] == [0, 1, 1]
+    assert 0 < lora_steps[1]["async/weight_sync_mb"] < full_mb / 5  # the adapters travel, not the model
+
+
+def test_staleness_threshold_zero_takes_turns_and_trains_on_fresh_batches(tmp_path, tiny_model_dir):
+    """staleness_threshold=0: the generator waits for each step's weights, so every batch is sampled by the version
+    it trains at (staleness 0), and the versions still advance one per step."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
+                      "async_training.staleness_threshold=0")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/rollout_version"] for m in steps] == [0, 1, 2]
+    assert [m["async/staleness_max"] for m in steps] == [0, 0, 0]
+
+
+def test_staleness_threshold_two_bounds_staleness_by_two(tmp_path, tiny_model_dir):
+    """staleness_threshold=2: the generator may sample batch k with any version >= k-3, and takes the newest it
+    holds: every batch trains at most 2 versions after the one that sampled it, the versions that sampled never go
+    back, and with generation running ahead some batch is stale."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=5",
+                      "async_training.staleness_threshold=2")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    versions = [m["async/rollout_version"] for m in steps]
+    assert versions == sorted(versions) and versions[0] == 0
+    assert all(m["async/weight_version"] - m["async/rollout_version"] <= 2 for m in steps)
+    assert all(m["async/staleness_max"] <= 2 for m in steps) and max(m["async/staleness_max"] for m in steps) >= 1
+
+
+FAILING_REWARD = """
+calls = 0
+
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    global calls
+    calls += 1
+    if calls > 8:  # the first batch's 8 responses score; the second batch's raise
+        raise ValueError("scorer broke")
+    return 0.0
+"""
+
+
+def test_a_generating_process_that_fails_stops_the_run_with_its_own_error(tmp_path, tiny_model_dir):
+    """The generator's scorer fails on the second batch while the trainer waits for it: the run ends (no hang)
+    and the error reported is the generator's own, not the trainer's broken connection."""
+    (tmp_path / "reward.py").write_text(FAILING_REWARD)
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
+                      f"custom_reward_function.path={tmp_path / 'reward.py'}", "async_training.wait_timeout_s=120")
+    result = _train(args)
+    assert result.returncode != 0
+    assert "rank 1 failed" in result.stderr and "failed to score" in result.stderr, result.stderr[-3000:]
+
+
+def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_position(tmp_path, tiny_model_dir):
+    """A run stopped after step 2 resumes at step 3: the trainer sends the generator the checkpoint's weights
+    (version 2) and data position, so batch 3 is sampled by version 2 (staleness 0), batch 4 by version 2 again
+    (staleness 1), and the data position after step 4 is 4 batches: nothing skipped, nothing drawn twice."""
+    import torch
+
+    common = ["trainer.save_freq=1", "async_training.staleness_threshold=1"]
+    first = _train(_task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=2", *common))
+    assert first.returncode == 0, first.stderr[-4000:]
+    second = _train(_task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=4", *common,
+                               "trainer.resume_allow_config_change=True"))
+    assert second.returncode == 0, second.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    assert [m["async/rollout_version"] for m in steps[2:]] == [2, 2]
+    assert [m["async/staleness_max"] for m in steps[2:]] == [0, 1]
+    extra = torch.load(tmp_path / "run" / "global_step_4" / "extra.pt", weights_only=True)
+    assert extra["data_cursor"] == 4 and extra["step"] == 4
+
+
+def test_settings_async_rl_does_not_support_are_refused_at_load():
+    """Fractions of a batch, partial rollouts, several processes per group and sharded roles are refused before
+    anything starts, each naming its key."""
+    from posttrain.config import ConfigError, load_config
+
+    cases = {"async_training.staleness_threshold": ["async_training.staleness_threshold=0.5"],
+             "async_training.partial_rollout": ["async_training.partial_rollout=True"],
+             "rollout.n_gpus_per_node=2": ["rollout.n_gpus_per_node=2"],
+             "trainer.n_gpus_per_node=2": ["trainer.n_gpus_per_node=2"],
+             "param_offload": ["actor_rollout_ref.actor.fsdp_config.param_offload=True"]}
+    for needle, overrides in cases.items():
+        with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
+            load_config(None, ["rollout.n_gpus_per_node=1", *overrides])
+    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=2"])  # whole numbers: fine
+
+
+def test_sigterm_stops_both_groups_after_a_step_with_a_checkpoint(tmp_path, tiny_model_dir):
+    """SIGTERM to the command: the trainer finishes its step and saves; the generator, which keeps generating
+    through the signal, is sent STOP and has its batches on the way taken until it says DONE, so both processes end
+    cleanly (no broken connection, no hang) with the usual resume message."""
+    import signal
+    import subprocess
+    import time
+
+    run = tmp_path / "run"
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=40", "trainer.save_freq=-1",
+                      "async_training.staleness_threshold=1")
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "train", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 240
+    while not (run / "metrics.jsonl").is_file() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("still running 240 s after SIGTERM (a hang?)") from None
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    saved = sorted(run.glob("global_step_*"))
+    assert len(saved) == 1 and "Traceback" not in err, err[-3000:]
+    assert f"stopped by SIGTERM after step {saved[0].name.rsplit('_', 1)[1]}" in err
