@@ -51,15 +51,6 @@ def async_defaults(cfg, say=lambda message: None) -> None:
             "log-probs instead)")
 
 
-def _staleness(batch, version: int) -> dict[str, float]:
-    """Mean and max over the batch's policy tokens of (the trainer's version - the version that sampled them)."""
-    mask = batch["response_mask"].bool()
-    if not mask.any():
-        return {}
-    stale = (version - batch["rollout_versions"])[mask].double()
-    return {"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max())}
-
-
 def _bucket_bytes(cfg) -> int:
     return cfg.actor_rollout_ref.rollout.update_weights_bucket_megabytes << 20
 
@@ -88,7 +79,7 @@ class AsyncTrainer(RLTrainer):
         metrics = {"async/weight_version": version, "async/rollout_version": info["version"],
                    "async/gen_idle_share": info["wait_s"] / max(info["wait_s"] + info["gen_s"], 1e-9),
                    "perf/gen_tokens_per_s": tokens / max(info["gen_s"], 1e-9)}
-        return batch, gen_metrics | metrics | _staleness(batch, version)
+        return batch, gen_metrics | metrics  # learn() adds the staleness (algo/staleness.py)
 
     def train_step(self) -> dict[str, float]:
         metrics = super().train_step()

@@ -183,7 +183,7 @@ class RLTrainer:
         if "episode" in batch.meta:
             metrics |= episode_metrics(batch.meta["episode"])
         metrics |= self._program_counts()
-        metrics |= self.learn(batch, timing)
+        metrics |= self.learn(batch, timing, trainer_version=self.global_step - 1)  # the weights it trains
         timing["step"] = time.perf_counter() - t_step
         metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
         metrics["perf/throughput"] = int(batch["attention_mask"].sum()) / timing["step"] / self.par.world  # per device
