@@ -285,8 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="offline demo: tiny model, SFT warm start, GRPO, held-out accuracy and a plot")
     p.add_argument("--task", choices=["add", "tools", "reasoning-gym"], default="add",
                    help="add: one-digit addition (single turn); tools: products of 3-4 digit numbers with a calculator "
-                        "tool (multi-turn episodes); reasoning-gym: its basic_arithmetic task as two-digit additions, "
-                        "scored by the task's own checker (needs the reasoning-gym extra)")
+                        "tool (multi-turn episodes); reasoning-gym: its chain_sum task with one term (the answer copies a "
+                        "2-4 digit number), scored by the task's own checker (needs the reasoning-gym extra)")
     p.add_argument("--output-dir", default=None, help="default: runs/demo (add), runs/demo_tools (tools), "
                    "runs/demo_reasoning_gym (reasoning-gym)")
     p.add_argument("--seed", type=int, default=0)

@@ -97,6 +97,7 @@ def require_scorer(data_source) -> None:
 
 
 def has_scorer(data_source) -> bool:
+    """Whether `require_scorer` would pass (a reward model's manager scores rule-less sources itself)."""
     try:
         require_scorer(data_source)
     except (UnknownDataSourceError, ImportError, ValueError):

@@ -1,12 +1,13 @@
 """`posttrain demo --task reasoning-gym`: GRPO on a reasoning-gym task, scored by the task's own checker.
 
-The task is reasoning-gym's basic_arithmetic set to two-digit additions ("Calculate 37 + 45."), written by
-`prepare_reasoning_gym` as any user would (`--system-prompt none`: the question asks for `<answer>` tags itself).
-The tiny model's tokenizer is trained on those prompts and answers (byte-level: any text round-trips). As in the
-addition demo, the SFT warm start is fixed before RL and its demonstrations are mixed, a share of them adding
-without carrying, so that RL has a wrong habit to select against; the held-out accuracy reported is the share of
-greedy answers the task's checker scores 1.0 (its partial credit for an answer that contains the right one is not
-counted).
+The task is reasoning-gym's chain_sum with one term of 2-4 digits ("... arithmetic problem: 4721 ="): the answer
+is the number itself, a copy the tiny model learns within minutes of SFT (two-digit additions did not: its SFT
+stayed near 6% accuracy in this budget; docs/algorithms.md). The rows are written by `prepare_reasoning_gym` as any
+user's would be (`--system-prompt none`: the question asks for `<answer>` tags itself), and the tiny model's
+tokenizer is trained on their prompts and answers (byte-level: any text round-trips). As in the addition demo, the
+SFT warm start is fixed before RL and its demonstrations are mixed, a share of them dropping the last digit, so
+that RL has a wrong habit to select against; the held-out accuracy reported is the share of greedy answers to the
+test rows (numbers never seen in training) that the task's checker scores 1.0.
 """
 
 from __future__ import annotations
@@ -19,22 +20,16 @@ from pathlib import Path
 from ..config import load_config
 from .demo import DEMO_RL_OVERRIDES
 
-TASK = "basic_arithmetic"
-OPTIONS = ['operators=["+"]', "min_terms=2", "max_terms=2", "min_digits=2", "max_digits=2",
-           "allow_parentheses=false", "allow_negation=false"]
+TASK = "chain_sum"
+OPTIONS = ["min_terms=1", "max_terms=1", "min_digits=2", "max_digits=4"]
 SFT_DEV = 200
 
 
-def demonstration(row: dict, rng: random.Random, carry_drop_frac: float) -> dict:
-    """The row with a `response` in the task's answer format: the sum, or (a `carry_drop_frac` share) the sum
-    without carries."""
-    from ..data.synthetic import add_without_carry
-    from ..reward.rgym import decode_entry
-
-    entry = decode_entry(row["extra_info"]["entry"])
-    a, b = (int(t) for t in entry["metadata"]["expression"].split("+"))
-    answer = add_without_carry(a, b) if rng.random() < carry_drop_frac else a + b
-    return {**row, "response": f"<answer>{answer}</answer>"}
+def demonstration(row: dict, rng: random.Random, drop_frac: float) -> dict:
+    """The row with a `response` in the task's answer format: the value, or (a `drop_frac` share) the value with its
+    last digit dropped."""
+    answer = row["reward_model"]["ground_truth"]
+    return {**row, "response": f"<answer>{answer[:-1] if rng.random() < drop_frac else answer}</answer>"}
 
 
 def held_out_accuracy(validation_file: Path) -> float:
@@ -44,8 +39,8 @@ def held_out_accuracy(validation_file: Path) -> float:
 
 
 def run_reasoning_gym_demo(out_dir: str = "runs/demo_reasoning_gym", *, seed: int = 0, rl_steps: int = 40,
-                           size: int = 2000, test_size: int = 200, sft_epochs: float = 15.0,
-                           carry_drop_frac: float = 0.7, quiet: bool = False) -> dict:
+                           size: int = 2000, test_size: int = 200, sft_epochs: float = 20.0,
+                           drop_frac: float = 0.7, quiet: bool = False) -> dict:
     from ..data.preprocess.rgym import prepare_reasoning_gym
     from ..models.tiny import build_tiny_model
     from ..trainer.rl import RLTrainer
@@ -59,7 +54,7 @@ def run_reasoning_gym_demo(out_dir: str = "runs/demo_reasoning_gym", *, seed: in
     train_file, test_file = summary["train"][0], summary["test"][0]
     rows = [json.loads(line) for line in train_file.read_text().splitlines()]
     rng = random.Random(seed + 1)
-    demos = [demonstration(r, rng, carry_drop_frac) for r in rows]
+    demos = [demonstration(r, rng, drop_frac) for r in rows]
     sft_files = {"sft_train": demos[SFT_DEV:], "sft_dev": demos[:SFT_DEV]}
     for name, part in sft_files.items():
         (out / "data" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
