@@ -321,7 +321,7 @@ def python_scalars(value):
 
 @needs_rgym
 @pytest.mark.parametrize("task", ["chain_sum", "gcd", "spell_backward", "complex_arithmetic", "knights_knaves",
-                                  "futoshiki", "arc_agi", "graph_color"])
+                                  "futoshiki", "arc_agi", "graph_color", "acre"])
 def test_reasoning_gym_entries_survive_the_row(task):
     """The entry a row carries decodes to the generated one, types included (tuples, integer keys): its checker
     gives every response the same score on either, the right answer full marks."""

@@ -96,9 +96,11 @@ def decode_entry(text: str):
 
 @functools.lru_cache(maxsize=32)
 def _dataset(task: str, options_json: str):
-    """The task's dataset built as `prepare` built it (options include size and seed); kept per process."""
+    """The task's dataset built as `prepare` built it (its options and seed), kept per process, with size 1: a
+    checker reads the entry it is given, and some tasks generate all `size` problems when built (acre: over 15 s
+    for 10,000)."""
     require_task(task)
-    return _library().create_dataset(task, **json.loads(options_json))
+    return _library().create_dataset(task, **{**json.loads(options_json), "size": 1})
 
 
 def extract_answer(solution_str: str) -> str | None:
