@@ -102,7 +102,25 @@ def cmd_export(args) -> int:
 def cmd_prepare(args) -> int:
     from .data.preprocess import prepare
 
-    summary = prepare(args.dataset, args.input, args.output_dir, fmt=args.format, tools=args.tools, quiet=False)
+    if args.dataset == "reasoning-gym":
+        from .data.preprocess.rgym import prepare_reasoning_gym
+
+        try:  # a task name, count or option that does not fit: one line, as argparse would say it
+            if args.tasks is None or args.size is None or args.input is not None or args.tools:
+                raise ValueError("usage: posttrain prepare reasoning-gym TASK[,TASK...] --size N [--seed S] "
+                                 "(generated problems: no --input, no --tools)")
+            summary = prepare_reasoning_gym(args.tasks, args.size, args.seed, args.output_dir, fmt=args.format,
+                                            test_size=args.test_size, options=args.task_option,
+                                            system=args.system_prompt, quiet=False)
+        except (ValueError, ImportError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    elif args.tasks is not None:
+        print(f"error: {args.dataset} takes no task names (they are for reasoning-gym), got {args.tasks!r}",
+              file=sys.stderr)
+        return 2
+    else:
+        summary = prepare(args.dataset, args.input, args.output_dir, fmt=args.format, tools=args.tools, quiet=False)
     for split, (path, rows) in summary.items():
         print(f"{split}: {rows} rows -> {path}" if path else f"{split}: the source has no {split} split")
     return 0
@@ -114,6 +132,11 @@ def cmd_demo(args) -> int:
 
         run_tools_demo(args.output_dir or "runs/demo_tools", seed=args.seed, rl_steps=args.rl_steps,
                        program=args.program, environment=args.environment)
+        return 0
+    if args.task == "reasoning-gym":
+        from .tiny.rgym_demo import run_reasoning_gym_demo
+
+        run_reasoning_gym_demo(args.output_dir or "runs/demo_reasoning_gym", seed=args.seed, rl_steps=args.rl_steps)
         return 0
     from .tiny.demo import run_demo
 
@@ -265,10 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_sft)
 
     p = sub.add_parser("demo", help="offline demo: tiny model, SFT warm start, GRPO, held-out accuracy and a plot")
-    p.add_argument("--task", choices=["add", "tools"], default="add",
+    p.add_argument("--task", choices=["add", "tools", "reasoning-gym"], default="add",
                    help="add: one-digit addition (single turn); tools: products of 3-4 digit numbers with a calculator "
-                        "tool (multi-turn episodes)")
-    p.add_argument("--output-dir", default=None, help="default: runs/demo (add), runs/demo_tools (tools)")
+                        "tool (multi-turn episodes); reasoning-gym: its chain_sum task with one term (the answer copies a "
+                        "2-4 digit number), scored by the task's own checker (needs the reasoning-gym extra)")
+    p.add_argument("--output-dir", default=None, help="default: runs/demo (add), runs/demo_tools (tools), "
+                   "runs/demo_reasoning_gym (reasoning-gym)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rl-steps", type=int, default=40)
     played = p.add_mutually_exclusive_group()
@@ -290,13 +315,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prepare", help="turn GSM8K / MATH / Geometry3K original files (or the bundled code problems, "
                                        "or the synthetic visual counting task) into the RL data layout")
-    p.add_argument("dataset", choices=["gsm8k", "math", "code", "geo3k", "visual-count"])
+    p.add_argument("dataset", choices=["gsm8k", "math", "code", "geo3k", "visual-count", "reasoning-gym"])
+    p.add_argument("tasks", nargs="?", default=None, help="reasoning-gym: its task names, TASK[,TASK...] (e.g. "
+                   "chain_sum,gcd), each scored by the task's own checker (data_source reasoning_gym/<task>)")
     p.add_argument("--input", default=None, help="original file or folder (default: the shared data folder)")
     p.add_argument("--output-dir", default=None, help="where to write train/test files (default: data/<dataset>)")
     p.add_argument("--format", default="parquet", choices=["parquet", "jsonl", "both"])
     p.add_argument("--tools", action="store_true", help="gsm8k, math: the tool-agent layout (agent_name tool_agent, a "
                    "system prompt offering calc_gsm8k_reward / code_interpreter, extra_info.tools_kwargs with the "
                    "ground truth); default output data/<dataset>_tools")
+    p.add_argument("--size", type=int, default=None, help="reasoning-gym: training rows per task (required)")
+    p.add_argument("--seed", type=int, default=0, help="reasoning-gym: the generators' seed; the same command writes "
+                   "the same files")
+    p.add_argument("--test-size", type=int, default=None, help="reasoning-gym: test rows per task, none repeating a "
+                   "training question (default: size // 10, at least 1)")
+    p.add_argument("--task-option", action="append", default=[], metavar="TASK.KEY=VALUE", help="reasoning-gym: a "
+                   "setting of a task's config, e.g. chain_sum.max_terms=2 (value read as JSON); repeatable")
+    p.add_argument("--system-prompt", default="default", help="reasoning-gym: which of its system prompts the rows "
+                   "carry (default, DeepSeekZero, simple, direct, chain_of_draft) or none (the question then asks "
+                   "for <answer> tags itself); default output data/reasoning_gym/<tasks>")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("eval", help="accuracy of a model on a dataset: mean@n, maj@n, pass@k per data_source")

@@ -1,6 +1,11 @@
 """`prepare`: original GSM8K / MATH files -> train/test files in the RL data layout, and its input errors."""
 
+import importlib.util
 import json
+import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -11,6 +16,7 @@ from posttrain.data.preprocess import gsm8k as gsm8k_pre
 from posttrain.data.preprocess import math as math_pre
 from posttrain.reward.registry import default_compute_score
 
+ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason=f"shared benchmark data not found at {DATA}")
 COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
@@ -204,3 +210,133 @@ def test_default_input_is_the_shared_data(tmp_path, monkeypatch):
     summary = prepare("math")  # default input and default output dir data/math under the CWD
     assert summary["test"] == (Path("data") / "math" / "test.parquet", 500)
     assert (tmp_path / "data" / "math" / "test.parquet").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ reasoning-gym
+
+needs_rgym = pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None,
+                                reason="reasoning-gym is not installed (pip install 'posttrain[reasoning-gym]')")
+
+
+def cli(*args, env=None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "posttrain", *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=ROOT)
+
+
+@needs_rgym
+def test_prepare_reasoning_gym_rows(tmp_path):
+    """Each task's rows: its data_source, reasoning-gym's default system prompt and the question, the answer as
+    ground truth (re-derived here from the question), the whole entry in extra_info; test questions never repeat
+    training ones."""
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    from posttrain.data.preprocess.rgym import prepare_reasoning_gym
+    from posttrain.reward.rgym import decode_entry
+
+    summary = prepare_reasoning_gym("chain_sum,gcd", 30, 7, tmp_path, test_size=6)
+    assert summary == {"train": (tmp_path / "train.parquet", 60), "test": (tmp_path / "test.parquet", 12)}
+    train, test = (pq.read_table(tmp_path / f"{s}.parquet") for s in ("train", "test"))
+    assert train.column_names == COLUMNS
+    rows = {split: t.to_pylist() for split, t in (("train", train), ("test", test))}
+    for split, part in rows.items():
+        assert [r["data_source"] for r in part] == (["reasoning_gym/chain_sum"] * (len(part) // 2)
+                                                   + ["reasoning_gym/gcd"] * (len(part) // 2))
+        for r in part:
+            info, question = r["extra_info"], r["prompt"][1]["content"]
+            assert r["prompt"][0] == {"role": "system", "content": SYSTEM_PROMPTS["default"]}
+            assert info["split"] == split and info["task"] == r["data_source"].split("/")[1]
+            assert json.loads(info["options"]) == {"seed": 7, "size": 90}  # 30 + 10 draws per test row asked for
+            entry = decode_entry(info["entry"])
+            assert entry["question"] == question and entry["answer"] == r["reward_model"]["ground_truth"]
+            if info["task"] == "chain_sum":  # "... problem: 12 + 7 - 3 =": the sum
+                expression = question.split(":")[1].rstrip("= ")
+                assert int(r["reward_model"]["ground_truth"]) == eval(expression, {})
+            else:  # "... of these numbers: 780, 461. Give only ...": their greatest common divisor
+                numbers = [int(n) for n in re.findall(r"\d+", question.split(":")[1].split(".")[0])]
+                assert int(r["reward_model"]["ground_truth"]) == math.gcd(*numbers)
+    for task in ("chain_sum", "gcd"):
+        seen = {r["prompt"][1]["content"] for r in rows["train"] if r["extra_info"]["task"] == task}
+        held_out = [r["prompt"][1]["content"] for r in rows["test"] if r["extra_info"]["task"] == task]
+        assert len(set(held_out)) == 6 and not seen & set(held_out)
+        assert [r["extra_info"]["index"] for r in rows["test"] if r["extra_info"]["task"] == task] == list(range(6))
+
+
+@needs_rgym
+def test_prepare_reasoning_gym_options_and_prompt(tmp_path):
+    """--task-option sets the task's config (kept in the row for the scorer); --system-prompt none puts the tag
+    instruction in the question's turn; a task space too small for the test split asked for is an error."""
+    from posttrain.data.preprocess.rgym import TAG_INSTRUCTION, prepare_reasoning_gym
+
+    opts = ["max_terms=2", "min_digits=2", "max_digits=2"]
+    prepare_reasoning_gym("chain_sum", 20, 1, tmp_path, fmt="jsonl", options=opts, system="none")
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == 20 and all(len(r["prompt"]) == 1 and r["prompt"][0]["role"] == "user" for r in rows)
+    for r in rows:
+        text = r["prompt"][0]["content"]
+        assert text.endswith(TAG_INSTRUCTION)
+        assert re.fullmatch(r".*: \d\d [+-] \d\d =", text[:-len(TAG_INSTRUCTION)])
+    assert json.loads(rows[0]["extra_info"]["options"]) == {"max_terms": 2, "min_digits": 2, "max_digits": 2,
+                                                            "seed": 1, "size": 40}
+    with pytest.raises(ValueError, match="chain_sum: only .* differ from the training ones"):
+        # one one-digit term: 10 problems, 5 training draws, 8 distinct others asked for
+        prepare_reasoning_gym("chain_sum", 5, 0, tmp_path / "small", test_size=8,
+                              options=["min_terms=1", "max_terms=1", "max_digits=1"])
+    assert not (tmp_path / "small").exists()
+
+
+@needs_rgym
+def test_prepare_reasoning_gym_is_deterministic(tmp_path):
+    """The same command writes byte-identical files, also for tasks whose generator follows the order of Python's
+    string sets (word_ladder, isomorphic_strings), whatever the hash seed of the process that runs it."""
+    args = ["prepare", "reasoning-gym", "word_ladder,isomorphic_strings,chain_sum", "--size", "6", "--seed", "3",
+            "--format", "both"]
+    for name, hash_seed in (("a", "1"), ("b", "2")):
+        done = cli(*args, "--output-dir", str(tmp_path / name), env={"PYTHONHASHSEED": hash_seed})
+        assert done.returncode == 0, done.stderr
+        assert "train: 18 rows" in done.stdout and "test: 3 rows" in done.stdout
+    for split in ("train", "test"):
+        for ext in ("parquet", "jsonl"):
+            assert (tmp_path / "a" / f"{split}.{ext}").read_bytes() == (tmp_path / "b" / f"{split}.{ext}").read_bytes()
+    from posttrain.data.preprocess.rgym import prepare_reasoning_gym
+
+    prepare_reasoning_gym("word_ladder,isomorphic_strings,chain_sum", 6, 4, tmp_path / "c")
+    assert (tmp_path / "c" / "train.parquet").read_bytes() != (tmp_path / "a" / "train.parquet").read_bytes()
+
+
+@needs_rgym
+@pytest.mark.parametrize("args, message", [
+    (["chain_sun", "--size", "5"], "unknown reasoning-gym task 'chain_sun': did you mean chain_sum"),
+    (["chain_sum,chain_sum", "--size", "5"], r"task \['chain_sum'\] named more than once"),
+    (["chain_sum,", "--size", "5"], "name the reasoning-gym tasks as TASK"),
+    (["chain_sum", "--size", "0"], "--size must be an integer >= 1, got 0"),
+    (["chain_sum", "--size", "5", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
+    (["chain_sum", "--size", "5", "--test-size", "-2"], "--test-size must be an integer >= 0, got -2"),
+    (["chain_sum"], "usage: posttrain prepare reasoning-gym TASK"),
+    (["--size", "5"], "usage: posttrain prepare reasoning-gym TASK"),
+    (["chain_sum", "--size", "5", "--task-option", "max_termz=2"], r"chain_sum has no option \['max_termz'\]"),
+    (["chain_sum", "--size", "5", "--task-option", "max_terms=0"], "chain_sum rejects the options"),
+    (["chain_sum", "--size", "5", "--task-option", "seed=3"], "seed is set by --seed"),
+    (["chain_sum,gcd", "--size", "5", "--task-option", "max_terms=2"], "write TASK.KEY=VALUE"),
+    (["chain_sum", "--size", "5", "--system-prompt", "chatty"], "unknown system prompt 'chatty'"),
+])
+def test_prepare_reasoning_gym_bad_arguments(tmp_path, args, message, capsys):
+    from posttrain.cli import main
+
+    assert main(["prepare", "reasoning-gym", *args, "--output-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert re.search(message, err[-1]), err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_prepare_reasoning_gym_without_the_package(tmp_path, monkeypatch):
+    """Without reasoning_gym installed the error says how to install it."""
+    from posttrain.data.preprocess.rgym import prepare_reasoning_gym
+
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'posttrain\[reasoning-gym\]'"):
+        prepare_reasoning_gym("chain_sum", 5, 0, tmp_path)
+    from posttrain.cli import main
+
+    assert main(["prepare", "gsm8k", "chain_sum"]) == 2  # task names are for reasoning-gym only

@@ -1,12 +1,15 @@
 """Rule scorers against the real benchmarks (every reference solution must get full marks) and hand-made edge cases,
 plus data_source dispatch, user scorers and custom reward files."""
 
+import importlib.util
 import json
 import re
+import sys
 import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from posttrain.reward import gsm8k, registry
 from posttrain.reward import math as math_reward
@@ -289,3 +292,139 @@ def test_load_custom_reward_function_propagates_import_errors(tmp_path):
     path.write_text("import definitely_not_a_module_xyz\n")
     with pytest.raises(ModuleNotFoundError):
         load_custom_reward_function(path, "compute_score")
+
+
+# ------------------------------------------------------------------------------------------------ reasoning-gym
+
+needs_rgym = pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None,
+                                reason="reasoning-gym is not installed (pip install 'posttrain[reasoning-gym]')")
+
+
+def rgym_rows(task, n=4, seed=0, **options):
+    """Rows as `posttrain prepare reasoning-gym` writes them, in this process, with the entries they came from."""
+    import reasoning_gym
+
+    from posttrain.data.preprocess.rgym import task_rows
+
+    rows = task_rows(task, n, 0, seed, options, "default")["train"]
+    dataset = reasoning_gym.create_dataset(task, size=n, seed=seed, **options)
+    return rows, [dataset[i] for i in range(n)], dataset
+
+
+def python_scalars(value):
+    if isinstance(value, (list, tuple)):
+        return type(value)(python_scalars(v) for v in value)
+    if isinstance(value, dict):
+        return {python_scalars(k): python_scalars(v) for k, v in value.items()}
+    return value.item() if hasattr(value, "item") and not isinstance(value, (list, dict)) else value
+
+
+@needs_rgym
+@pytest.mark.parametrize("task", ["chain_sum", "gcd", "spell_backward", "complex_arithmetic", "knights_knaves",
+                                  "futoshiki", "arc_agi", "graph_color", "acre"])
+def test_reasoning_gym_entries_survive_the_row(task):
+    """The entry a row carries decodes to the generated one, types included (tuples, integer keys): its checker
+    gives every response the same score on either, the right answer full marks."""
+    from posttrain.reward.rgym import decode_entry
+
+    rows, entries, dataset = rgym_rows(task)
+    for row, entry in zip(rows, entries):
+        rebuilt = decode_entry(row["extra_info"]["entry"])
+        # repr: a list where a tuple was would show (numpy strings and numbers are kept as the Python ones)
+        assert rebuilt == entry and repr(rebuilt) == repr(python_scalars(entry))
+        answer = entry["answer"]
+        if answer is None:  # graph_color: no single answer; its metadata holds a valid colouring
+            answer = json.dumps({str(k): v for k, v in entry["metadata"]["possible_answer"].items()})
+        for text in (answer, answer + "0", "", "no"):
+            assert dataset.score_answer(text, rebuilt) == dataset.score_answer(text, entry)
+        assert default_compute_score(row["data_source"], f"so <answer>{answer}</answer>", row["reward_model"][
+            "ground_truth"], row["extra_info"]) == {"score": 1.0, "acc": 1.0}
+
+
+def test_reasoning_gym_entry_codec_round_trips_awkward_values():
+    from posttrain.reward.rgym import decode_entry, encode_entry
+
+    value = {"t": (1, (2, "x"), []), "k": {1: "a", (2, 3): [None, True, 1.5]}, "tag": {"__tuple__": [1]},
+             "items": {"__items__": 0}, "plain": {"a": [1, {"b": ()}]}}
+    back = decode_entry(encode_entry(value))
+    assert back == value and repr(back) == repr(value)
+    json.loads(encode_entry(value))  # plain JSON text
+    with pytest.raises(TypeError, match="set"):
+        encode_entry({"s": {1, 2}})
+
+
+@needs_rgym
+def test_reasoning_gym_scorer_reads_the_last_answer_tags():
+    """The response's last <answer> is what the checker grades; no tags score 0; acc only for full marks
+    (chain_sum's checker gives partial credit for a wrong number)."""
+    rows, entries, dataset = rgym_rows("chain_sum", n=1, seed=3)
+    row, truth = rows[0], entries[0]["answer"]
+    info, source = row["extra_info"], row["data_source"]
+
+    def score(text):
+        return default_compute_score(source, text, truth, info)
+
+    assert score(f"<answer>{int(truth) + 1}</answer> then <answer> {truth} </answer>") == {"score": 1.0, "acc": 1.0}
+    assert score(f"<answer>{truth}</answer> then <answer>{int(truth) + 1}</answer>")["score"] < 1.0
+    assert score(truth) == {"score": 0.0, "acc": 0.0}  # no tags, no answer
+    wrong = str(int(truth) + 10)
+    partial = score(f"<answer>{wrong}</answer>")
+    assert partial == {"score": dataset.score_answer(wrong, entries[0]), "acc": 0.0}
+    assert extract_answer_for(source, f"x <answer>{truth}</answer>") == truth  # majority voting reads the same
+
+
+@needs_rgym
+def test_reasoning_gym_scorer_failures_are_counted_errors(tiny_tokenizer):
+    """A row without the entry, or an entry the checker cannot read, is an error the reward manager scores 0 and
+    counts; the other rows score normally, in the training process and in scorer worker processes."""
+    from posttrain.data.batch import Batch
+    from posttrain.reward.manager import RewardManager
+
+    rows, entries, _ = rgym_rows("chain_sum", n=3, seed=1)
+    broken = dict(rows[2]["extra_info"], entry=json.dumps({"question": "q"}))  # no answer: the checker raises
+    infos = [rows[0]["extra_info"], {"split": "train"}, broken]
+    texts = [f"<answer>{e['answer']}</answer>" for e in entries]
+    ids = [tiny_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    width = max(map(len, ids))
+    batch = Batch({"responses": torch.tensor([i + [0] * (width - len(i)) for i in ids]),
+                   "response_mask": torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i in ids])},
+                  {"data_source": ["reasoning_gym/chain_sum"] * 3, "ground_truth": [e["answer"] for e in entries],
+                   "extra_info": infos})
+    for workers in (0, 1):
+        rm = RewardManager(tiny_tokenizer, num_workers=workers)
+        try:
+            with pytest.warns(RuntimeWarning, match="reward function raised"):
+                scores, extras = rm(batch)
+        finally:
+            rm.close()
+        assert scores.sum(-1).tolist() == [1.0, 0.0, 0.0] and extras["errors"] == [0.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match=r"needs extra_info \['task', 'entry', 'options'\]"):
+        default_compute_score("reasoning_gym/chain_sum", texts[1], "1", {"split": "train"})
+
+
+@needs_rgym
+def test_reasoning_gym_sources_are_checked_before_training(tiny_tokenizer):
+    from posttrain.reward.manager import RewardManager
+
+    rm = RewardManager(tiny_tokenizer)
+    rm.check_data_sources(["reasoning_gym/chain_sum", "reasoning_gym/gcd", "openai/gsm8k"])
+    with pytest.raises(ValueError, match="unknown reasoning-gym task 'chain_sun': did you mean chain_sum"):
+        rm.check_data_sources(["reasoning_gym/chain_sun"])
+    with pytest.raises(UnknownDataSourceError, match="'reasoning_gym/'"):
+        rm.check_data_sources(["reasoning_gym/"])  # the family needs a task name
+    assert registry.has_scorer("reasoning_gym/gcd") and not registry.has_scorer("reasoning_gym/nope")
+    assert "reasoning_gym/<task>" in registry.known_data_sources()
+
+
+def test_reasoning_gym_sources_without_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym now raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'posttrain\[reasoning-gym\]'"):
+        registry.require_scorer("reasoning_gym/chain_sum")
+    with pytest.raises(ImportError, match="reasoning_gym package, which is not installed"):
+        default_compute_score("reasoning_gym/chain_sum", "<answer>1</answer>", "1",
+                              {"task": "chain_sum", "entry": "{}", "options": "{}"})
+
+
+def test_an_exact_registration_wins_over_the_reasoning_gym_family(clean_registry):
+    register_scorer("reasoning_gym/mine")(lambda s, gt, extra_info=None: 0.25)
+    assert default_compute_score("reasoning_gym/mine", "x", "y") == 0.25

@@ -22,8 +22,7 @@ import torch
 from ..data.batch import Batch, response_attention
 from .checks import unpack
 from .pool import CRASH, ERROR, OK, TIMEOUT, ScorerPool
-from .registry import (BatchCall, FileFunction, RegisteredScorers, _unknown, default_compute_score,
-                       known_data_sources)
+from .registry import BatchCall, FileFunction, RegisteredScorers, default_compute_score, require_scorer
 
 MANAGERS = ("naive", "batch", "prime", "dapo")
 INVALID = "invalid"
@@ -147,10 +146,8 @@ class RewardManager:
     def check_data_sources(self, sources) -> None:
         """Fail before training when a data_source has no scorer (a custom function handles every source)."""
         if self.compute_score is default_compute_score:
-            known = set(known_data_sources())
             for source in sorted(set(sources)):
-                if source not in known:
-                    raise _unknown(source)
+                require_scorer(source)
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
         """token_level_scores (B, L) with each reward on the last policy token (`place_reward`), and per-response

@@ -17,7 +17,7 @@ import torch
 
 from ..data.batch import Batch
 from .manager import RewardManager, place_reward, response_texts
-from .registry import default_compute_score, known_data_sources
+from .registry import default_compute_score, has_scorer
 
 
 class ModelRewardManager:
@@ -33,8 +33,7 @@ class ModelRewardManager:
         """Rows need no rule scorer here: a data source without one turns rule scoring off (the reward model
         alone scores; validation then has nothing to report)."""
         if self.rule.compute_score is default_compute_score:
-            known = set(known_data_sources())
-            self.rule_scoring = self.rule_scoring and all(s in known for s in set(sources))
+            self.rule_scoring = self.rule_scoring and all(has_scorer(s) for s in set(sources))
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, dict[str, list]]:
         extras = self.rule_extras(batch)

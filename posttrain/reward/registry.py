@@ -16,6 +16,7 @@ from typing import Any, Callable
 from . import code as _code
 from . import gsm8k as _gsm8k
 from . import math as _math
+from . import rgym as _rgym
 from . import tool_answer as _tool_answer
 
 Scorer = Callable[[str, str, Any], "float | dict"]  # (solution_str, ground_truth, extra_info) -> score
@@ -30,6 +31,10 @@ class UnknownDataSourceError(KeyError):
 
 _SCORERS: dict[str, Scorer] = {}
 _EXTRACTORS: dict[str, Callable[[str], "str | None"]] = {}
+# Families of sources named `<prefix><task>` (reasoning_gym/chain_sum, ...): one scorer grades them all, and
+# `check(source)` raises a clear error for a task the family does not have. An exact registration takes precedence.
+_FAMILIES: dict[str, tuple[Scorer, Callable[[str], "str | None"], Callable[[str], None]]] = {
+    _rgym.PREFIX: (_rgym.score_reasoning_gym, _rgym.extract_answer, _rgym.require_source)}
 
 
 def register_scorer(*data_sources: str, extract_answer: Callable[[str], "str | None"] | None = None,
@@ -60,8 +65,44 @@ def register_scorer(*data_sources: str, extract_answer: Callable[[str], "str | N
 
 
 def known_data_sources() -> list[str]:
-    """Sorted names that `default_compute_score` can grade."""
-    return sorted(_SCORERS)
+    """Sorted names that `default_compute_score` can grade (a family as `<prefix><task>`)."""
+    return sorted([*_SCORERS, *(f"{prefix}<task>" for prefix in _FAMILIES)])
+
+
+def _family(data_source) -> str | None:
+    if isinstance(data_source, str) and data_source not in _SCORERS:
+        return next((p for p in _FAMILIES if data_source.startswith(p) and len(data_source) > len(p)), None)
+    return None
+
+
+def _lookup(table: dict, data_source):
+    """The scorer for a source: its own registration, else its family's."""
+    try:
+        return table[data_source]
+    except (KeyError, TypeError):  # TypeError: an unhashable data_source cell
+        family = _family(data_source)
+        if family is None:
+            raise _unknown(data_source) from None
+        return _FAMILIES[family][0]
+
+
+def require_scorer(data_source) -> None:
+    """Raise before training when a source has no scorer: UnknownDataSourceError, or the family's own error (a
+    reasoning-gym task that does not exist, the package not installed)."""
+    family = _family(data_source)
+    if family is not None:
+        _FAMILIES[family][2](data_source)
+    else:
+        _lookup(_SCORERS, data_source)
+
+
+def has_scorer(data_source) -> bool:
+    """Whether `require_scorer` would pass (a reward model's manager scores rule-less sources itself)."""
+    try:
+        require_scorer(data_source)
+    except (UnknownDataSourceError, ImportError, ValueError):
+        return False
+    return True
 
 
 def _unknown(data_source: str) -> UnknownDataSourceError:
@@ -74,17 +115,15 @@ def _unknown(data_source: str) -> UnknownDataSourceError:
 def default_compute_score(data_source: str, solution_str: str, ground_truth: str,
                           extra_info: dict | None = None) -> float | dict:
     """Score one response with the scorer registered for its data_source (the reward manager's default)."""
-    try:
-        fn = _SCORERS[data_source]
-    except (KeyError, TypeError):  # TypeError: an unhashable data_source cell
-        raise _unknown(data_source) from None
-    return fn(solution_str, ground_truth, extra_info)
+    return _lookup(_SCORERS, data_source)(solution_str, ground_truth, extra_info)
 
 
 def extract_answer_for(data_source: str, text: str) -> str | None:
     """A response's final answer as the source's scorer reads it (for majority voting); None if there is none."""
-    if data_source not in _SCORERS:
-        raise _unknown(data_source)
+    family = _family(data_source)
+    if family is not None:
+        return _FAMILIES[family][1](text)
+    _lookup(_SCORERS, data_source)
     extractor = _EXTRACTORS.get(data_source)
     if extractor is None:
         raise ValueError(f"the scorer for data_source {data_source!r} has no answer extractor; pass "
@@ -151,11 +190,7 @@ class RegisteredScorers:
         self.table = dict(_SCORERS)
 
     def __call__(self, data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None):
-        try:
-            fn = self.table[data_source]
-        except (KeyError, TypeError):
-            raise _unknown(data_source) from None
-        return fn(solution_str, ground_truth, extra_info)
+        return _lookup(self.table, data_source)(solution_str, ground_truth, extra_info)
 
     def __getstate__(self):
         import pickle
