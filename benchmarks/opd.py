@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None)
     args = ap.parse_args()
     demo = Path(args.demo)
-    teacher = teacher_of(demo)
+    teacher_of(demo)  # once, before the runs
     results: dict[str, list] = {}
     for seed in args.seeds:
         grpo_time = None

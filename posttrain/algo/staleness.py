@@ -6,7 +6,6 @@ so a run can check its staleness bound and read the decoupled objective's weight
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 STALENESS_BUCKETS = (0, 1, 2, 4, 8)  # async/staleness_le_{k}: the share of policy tokens at most k versions old

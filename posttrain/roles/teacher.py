@@ -7,7 +7,6 @@ import torch
 
 from ..data.batch import Batch
 from ..models.load import eval_mode
-from .common import ModelRunner
 from .reference import Reference
 
 TEACHER_TEMPERATURE = 1.0  # the teacher's own distribution, whatever the student sampled with
