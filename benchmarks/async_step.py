@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from processes import prepare  # the same tiny model and task as the process-count benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 RESPONSE = 96  # generated tokens per response (ignore_eos: every response this long)
 PROMPTS = 4  # prompts per step (x 4 responses): few long responses, so decoding steps weigh as much as training
@@ -59,18 +61,6 @@ def weight_sync(workdir: Path, mb: int) -> None:
     if out.returncode != 0:
         raise SystemExit(out.stderr[-3000:])
     print(out.stdout.strip())
-
-
-def prepare(workdir: Path) -> tuple[Path, Path]:
-    sys.path.insert(0, str(ROOT))
-    from posttrain.data.synthetic import tokenizer_corpus, write_task
-    from posttrain.models.tiny import build_tiny_model
-
-    model = workdir / "model"
-    if not (model / "config.json").exists():
-        build_tiny_model(model, tokenizer_corpus(0, 500), seed=0)
-    files = write_task(workdir / "task", seed=0, operands=range(0, 10), held_out=0, dev=10, copies=8)
-    return model, files["rl_train"]
 
 
 def run(model: Path, data: Path, run_dir: Path, staleness: int, steps: int, epochs: int) -> list[dict]:
