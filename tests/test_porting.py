@@ -188,11 +188,36 @@ def test_newest_tree_keys_act():
     rejects(OK + ["model_engine=torchtitan", "distillation.enabled=True"], "model_engine='torchtitan' is not "
             "supported", "on-policy distillation")
     rejects(OK + ["algorithm.rollout_correction.rollout_is=token",
-                  "algorithm.rollout_correction.rollout_is_threshold=0.5_4.0", "algorithm.adv_estimator=grpo",
+                  "algorithm.rollout_correction.rollout_is_threshold=0.5_4.0", "algorithm.adv_estimator=rloo",
                   "actor_rollout_ref.rollout.n=1"], "rollout_is_threshold='0.5_4.0': a range lower_upper",
-            "from above only", "rollout.n >= 2 (got 1; a group of one has no baseline")
+            "from above only", "rollout.n >= 2 (got 1)")
     assert load_config(None, OK + ["algorithm.rollout_correction.rollout_is_threshold=3"]).algorithm.rollout_correction \
         .rollout_is_threshold == 3.0
+
+
+def test_grpo_with_one_response_per_prompt_takes_the_raw_score_as_the_advantage():
+    """GRPO with rollout.n=1 loads with a note: a group of one has mean 0 and standard deviation 1, as in verl, so
+    each advantage is the response's score / (1 + 1e-6) on its response tokens (score alone without the std
+    division); other group estimators still need n >= 2."""
+    from posttrain.algo import compute_advantage
+
+    cfg = load_config(None, OK + ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"])
+    assert any("REINFORCE without a baseline" in note for note in config_warnings(cfg))
+    assert not any("REINFORCE" in note for note in config_warnings(load_config(None, OK)))
+    rejects(OK + ["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2 (got 1)")
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(5, 6, generator=gen, dtype=torch.float64)
+    mask = torch.ones(5, 6, dtype=torch.float64)
+    mask[1, 4:] = 0
+    mask[3, 2:] = 0
+    for norm in (True, False):
+        adv, _ = compute_advantage("grpo", token_level_rewards=rewards * mask, response_mask=mask,
+                                   index=[f"p{i}" for i in range(5)], norm_adv_by_std_in_grpo=norm)
+        for i in range(5):
+            score = sum(float(rewards[i, t]) for t in range(6) if mask[i, t])
+            want = (score - 0.0) / (1.0 + 1e-6) if norm else score - 0.0
+            for t in range(6):
+                assert float(adv[i, t]) == pytest.approx(want * float(mask[i, t]), rel=1e-12, abs=1e-12)
 
 
 def test_lora_exclude_modules_leaves_modules_without_adapters(tiny_model_dir):

