@@ -32,7 +32,7 @@ NOT_LOADING = {
 
 # The newest tree (tests/data/familiar_scripts_2026_08): scripts that do not load, each with a fragment of its reason.
 NEWEST = ROOT / "tests" / "data" / "familiar_scripts_2026_08"
-DP = "must be divisible by the"  # whole prompt groups per data-parallel rank
+DP = "must be divisible by the"  # as many responses per data-parallel rank
 NPU = "trainer.device='npu'"
 REPLAY = "MoE router replay is not supported"
 DISTILL = "on-policy distillation"  # with GRPO at rollout.n=1 as well
@@ -40,20 +40,18 @@ NOT_LOADING_2026 = {
     "ascend_extras/grpo_trainer/run_qwen3_235b_256k_megatron.sh": [NPU, DP],
     "ascend_extras/grpo_trainer/run_qwen3_30b_a3b_megatron.sh": [NPU],
     "ascend_extras/grpo_trainer/run_qwen3_5_122b_a10b_32k_megatron.sh": [DP],
-    "ascend_extras/grpo_trainer/run_qwen3_next_80b_fsdp.sh": [NPU, DP],
+    "ascend_extras/grpo_trainer/run_qwen3_next_80b_fsdp.sh": [NPU],
     "ascend_extras/gspo_trainer/run_qwen3_32b_fsdp.sh": [NPU],
     "gdpo_trainer/run_qwen3_8b_fsdp.sh": ["reward_manager='gdpo'", "rlla.py"],
-    "grpo_trainer/run_deepseek_v3_671b_megatron.sh": [DP],
-    "grpo_trainer/run_deepseek_v4_flash_megatron.sh": [REPLAY, DP],
+    "grpo_trainer/run_deepseek_v3_671b_megatron.sh": [DP, "pipeline and context parallel devices"],
+    "grpo_trainer/run_deepseek_v4_flash_megatron.sh": [REPLAY],
     "grpo_trainer/run_deepseek_v4_veomni.sh": [REPLAY],
     "grpo_trainer/run_hy_v3_megatron.sh": ["rollout_is_threshold='0.5_4.0': a range"],
-    "grpo_trainer/run_kimi_k2_6_glm5_1_megatron_lite.sh": [DP],
     "grpo_trainer/run_minicpm_o_2_6_fsdp.sh": ["data.custom_cls.path"],
     "grpo_trainer/run_moonlight_16b_a3b_megatron.sh": [DP],
     "grpo_trainer/run_qwen3_5_2b_openr1_fsdp.sh": ["reward_score/openr1mm.py"],
     "grpo_trainer/run_qwen3_5_2b_video_fsdp.sh": ["reward_score/tinyllava_video_r1.py"],
     "grpo_trainer/run_qwen3_5_397b_megatron.sh": [DP],
-    "grpo_trainer/run_qwen3_next_80b_a3b_fsdp.sh": [DP],
     "grpo_trainer/run_qwen3_vl_30b_a3b_fsdp.sh": ["rejection sampling"],
     "mtp_trainer/run_mimo_7b_mtp_megatron.sh": ["multi-token prediction"],
     "mtp_trainer/run_mimo_7b_mtp_rl_vllm_sgl_megatron.sh": ["multi-token prediction"],
@@ -573,7 +571,7 @@ def test_newest_tree_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_fi
     """The 90 main_ppo scripts of the newest tree: the count docs/porting.md reports load, and each of the others
     fails at load with one message naming its reasons."""
     loaded, failed = _load_recorded(NEWEST, str(tiny_model_dir), gsm8k_file, saved_adapter)
-    assert (len(loaded), len(loaded) + len(failed)) == (59, 90)
+    assert (len(loaded), len(loaded) + len(failed)) == (61, 90)
     assert set(failed) == set(NOT_LOADING_2026), sorted(set(failed) ^ set(NOT_LOADING_2026))
     for script, fragments in NOT_LOADING_2026.items():
         for fragment in fragments:

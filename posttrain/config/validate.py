@@ -354,7 +354,7 @@ def _check_rollout_correction(rc, check: Checks) -> None:
 
 
 def _check_layout(cfg: Config, check: Checks) -> None:
-    """Processes, sharding and batch sizes fit together: every data-parallel rank gets whole prompt groups."""
+    """Processes, sharding and batch sizes fit together: every data-parallel rank gets as many responses."""
     from ..algo import estimator_info
 
     arr, tr, d = cfg.actor_rollout_ref, cfg.trainer, cfg.data
@@ -385,14 +385,21 @@ def _check_layout(cfg: Config, check: Checks) -> None:
         if fsdp.mixed_precision.param_dtype is not None:
             check.choice(fsdp.mixed_precision.param_dtype, DTYPES[1:], f"{key}.mixed_precision.param_dtype")
         check.choice(fsdp.mixed_precision.reduce_dtype, DTYPES[1:], f"{key}.mixed_precision.reduce_dtype")
-    if dp > 1:
-        check(d.train_batch_size % dp == 0, f"data.train_batch_size={d.train_batch_size} must be divisible by the "
-                                            f"{dp} data-parallel ranks (each takes whole prompts)")
+    if dp > 1:  # responses are split evenly over the ranks, whole prompt groups where they fit (docs/porting.md)
         n = arr.rollout.n
+        megatron = ("; Megatron's pipeline and context parallel devices are FSDP2 data-parallel ranks here, so there "
+                    "are more of them than in the Megatron layout" if actor.strategy == "megatron" else "")
+        check(d.train_batch_size * n % dp == 0,
+              f"data.train_batch_size={d.train_batch_size} x rollout.n={n} responses must be divisible by the {dp} "
+              "data-parallel ranks (each generates as many: whole prompts where they fit, else a share of a prompt's "
+              f"samples{megatron})")
+        check(not cfg.algorithm.filter_groups.enable or d.train_batch_size % dp == 0,
+              f"algorithm.filter_groups keeps whole prompt groups per data-parallel rank: data.train_batch_size="
+              f"{d.train_batch_size} must be divisible by the {dp} data-parallel ranks")
         check(actor.ppo_mini_batch_size * n % dp == 0,
               f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} x rollout.n={n} responses "
-              f"must be divisible by the {dp} data-parallel ranks (a mini-batch's responses are split over them, "
-              "whole prompt groups where they fit)")
+              f"must be divisible by the {dp} data-parallel ranks (a mini-batch's responses are split evenly over "
+              f"them, whole prompt groups where they fit{megatron})")
         critic_mini = cfg.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
         if estimator_info(cfg.algorithm.adv_estimator).needs_critic or cfg.critic.enable:
             check(critic_mini * n % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} x rollout.n={n} responses "
