@@ -123,7 +123,7 @@ def test_wrong_type_names_key_and_type():
 
 
 @pytest.mark.parametrize("overrides,fragment", [
-    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
+    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
     (["algorithm.adv_estimator=rloo"], "rollout.n >= 2"),
     (["data.train_batch_size=10", "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "divisible"),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c must be > 1"),
