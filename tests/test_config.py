@@ -149,8 +149,6 @@ def test_wrong_type_names_key_and_type():
       "algorithm.rollout_correction.rollout_is_threshold=0.5"], "needs rollout_is_threshold >= 1"),
     (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce"],
      "only ppo_clip"),
-    (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.rollout_is=token"],
-     "weights would all be 1"),
     (["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0"], "clip_cov_ratio"),
     (["actor_rollout_ref.actor.policy_loss.clip_cov_lb=6"], "clip_cov_lb"),
     (["actor_rollout_ref.actor.tau_neg=0"], "tau_pos and tau_neg"),

@@ -62,8 +62,8 @@ NOT_LOADING_2026 = {
     "on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh": [DISTILL],
     "on_policy_distillation_trainer/run_qwen3_8b_mopd_veomni.sh": [DISTILL],
     "on_policy_distillation_trainer/run_qwen3_vl_8b_fsdp.sh": [DISTILL],
-    "rollout_correction/run_qwen2_5_7b_fsdp.sh": ["loss_type='reinforce'", "bypass_mode=True"],
-    "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": ["rejection sampling", "bypass_mode=True"],
+    "rollout_correction/run_qwen2_5_7b_fsdp.sh": ["loss_type='reinforce'"],
+    "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": ["rejection sampling"],
     "router_replay/run_qwen3_30b_a3b_megatron.sh": [REPLAY, DP],
     "router_replay/run_qwen3_5_35b_a3b_veomni.sh": [REPLAY],
 }
@@ -216,6 +216,36 @@ def test_grpo_with_one_response_per_prompt_takes_the_raw_score_as_the_advantage(
             want = (score - 0.0) / (1.0 + 1e-6) if norm else score - 0.0
             for t in range(6):
                 assert float(adv[i, t]) == pytest.approx(want * float(mask[i, t]), rel=1e-12, abs=1e-12)
+
+
+def test_bypass_mode_with_rollout_is_trains_on_the_rollout_log_probs_without_weights():
+    """`bypass_mode=True` with `rollout_is` loads with a note: the rollout's log-probs become the old policy's and no
+    importance weights are applied, as in verl's bypass mode with loss_type=ppo_clip. The weights it would apply,
+    pi_old / pi_rollout with pi_old = pi_rollout, are exactly 1 (float64), so leaving them out changes nothing."""
+    from types import SimpleNamespace
+
+    from posttrain.algo.rollout_correction import rollout_is_weights
+    from posttrain.data.batch import Batch
+    from posttrain.trainer.rl import RLTrainer
+
+    keys = ["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.rollout_is=sequence",
+            "algorithm.rollout_correction.rollout_is_threshold=2.0", "actor_rollout_ref.rollout.calculate_log_probs=True"]
+    cfg = load_config(None, OK + keys)
+    assert any("no importance weights are applied" in note for note in config_warnings(cfg))
+    gen = torch.Generator().manual_seed(0)
+    rollout = -torch.rand(4, 5, generator=gen, dtype=torch.float64) * 3
+    mask = torch.ones(4, 5, dtype=torch.long)
+    mask[2, 3:] = 0
+    batch = Batch({"rollout_log_probs": rollout, "response_mask": mask}, {})
+    assert RLTrainer._rollout_correction(SimpleNamespace(cfg=cfg), batch) == {}
+    assert torch.equal(batch["old_log_probs"], rollout) and "rollout_is_weights" not in batch
+    for level in ("token", "sequence"):
+        for normalize in (False, True):  # (normalising divides by the mean plus a small epsilon)
+            w, _ = rollout_is_weights(rollout, rollout, mask.double(), level=level, threshold=2.0,
+                                      batch_normalize=normalize)
+            for i in range(4):
+                for t in range(5):
+                    assert float(w[i, t]) == pytest.approx(float(mask[i, t]), rel=1e-8, abs=0)
 
 
 def test_lora_exclude_modules_leaves_modules_without_adapters(tiny_model_dir):

@@ -55,6 +55,12 @@ def config_warnings(cfg: Config) -> list[str]:
         notes.append(layout)
     if cfg.algorithm.adv_estimator == "grpo" and rollout.n == 1:
         notes.append(LONE_GRPO)
+    rc = cfg.algorithm.rollout_correction
+    if rc.bypass_mode and rc.rollout_is is not None:
+        notes.append(f"algorithm.rollout_correction.rollout_is={rc.rollout_is} with bypass_mode=True: the rollout's "
+                     "log-probs are the old policy's, so the loss's ratio pi / pi_rollout corrects for the rollout and "
+                     "no importance weights are applied, as in verl's bypass mode with loss_type=ppo_clip (which "
+                     "computes them for its metrics only; posttrain reports no rollout_corr/* metrics then)")
     for why, keys in getattr(cfg, "port_notes", {}).items():
         notes.append(f"{', '.join(keys)}: {why}" if why.startswith("read as") else
                      f"accepted, no effect here: {', '.join(keys)} ({why})")

@@ -330,7 +330,8 @@ def _check_policy_loss(actor, check: Checks) -> None:
 
 
 def _check_rollout_correction(rc, check: Checks) -> None:
-    """Truncated IS (token / sequence) and bypass mode with the configured loss work; the rest is rejected."""
+    """Truncated IS (token / sequence) and bypass mode with the configured loss work (with both, a note says the
+    weights are not applied); the rest is rejected."""
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
@@ -348,9 +349,6 @@ def _check_rollout_correction(rc, check: Checks) -> None:
                                  "truncated importance sampling (rollout_is=token or sequence) and remove the key")
     check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
                                       "loss on the rollout's log-probs) is supported")
-    check(not (rc.bypass_mode and rc.rollout_is is not None),
-          f"{key}.bypass_mode=True makes the rollout's log-probs the old policy, so rollout_is weights would all "
-          "be 1; set rollout_is=null (the loss's ratio corrects for the rollout) or bypass_mode=False")
 
 
 def _check_layout(cfg: Config, check: Checks) -> None:
