@@ -335,14 +335,23 @@ def _check_rollout_correction(rc, check: Checks) -> None:
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
-    if isinstance(rc.rollout_is_threshold, str):
-        check(False, f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: a range lower_upper also truncates the "
-                     "weights from below, and posttrain truncates them from above only; give the upper bound alone")
-    else:
-        check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
-        check(rc.rollout_is_mode != "mask" or rc.rollout_is_threshold >= 1,
+    from ..algo.rollout_correction import is_bounds
+
+    try:
+        lower, upper = is_bounds(rc.rollout_is_threshold)
+    except (TypeError, ValueError):
+        lower, upper = None, None
+        check(False, f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r} is neither a number nor a range "
+                     "lower_upper (such as 0.5_4.0)", "wrong values")
+    if upper is not None and lower is None:
+        check(upper > 0, f"{key}.rollout_is_threshold must be positive")
+        check(rc.rollout_is_mode != "mask" or upper >= 1,
               f"{key}.rollout_is_mode=mask needs rollout_is_threshold >= 1, or on-policy tokens (weight 1) would be "
               "masked")
+    elif upper is not None:  # IcePop: weights outside [lower, upper] are masked (rollout_is_mode does not apply)
+        check(0 < lower <= 1 <= upper, f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: a range "
+                                       "lower_upper needs 0 < lower <= 1 <= upper, or on-policy tokens (weight 1) "
+                                       "would be masked")
     check(rc.rollout_is_mode in ("truncate", "mask"), f"{key}.rollout_is_mode={rc.rollout_is_mode!r} is not one of "
                                                      "['truncate', 'mask']")
     check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
