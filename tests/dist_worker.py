@@ -8,7 +8,8 @@ records how many parameter all-gathers one generate call makes, for two response
 `fail_checks_on_rank` that rank's one-time fast-path checks fail, a generate call runs first, and every rank saves
 what it decided to OUT/<case>_checks_rank<r>.json. A spec with `rows` runs `rows_of_each_rank` instead; a spec with
 `steps` runs whole multi-turn steps (`multi_turn_steps`): rollouts on each rank, gathered, then learn and validate;
-with `slow_rank` that rank's environments answer the first prompt's episodes late.
+with `slow_rank` that rank's environments answer the first prompt's episodes late; `steps: "single"` runs whole
+single-turn steps (`single_turn_steps`).
 """
 
 import json
@@ -185,11 +186,49 @@ def multi_turn_steps(spec: dict, out: Path) -> None:
     shutdown()
 
 
+def single_turn_steps(spec: dict, out: Path) -> None:
+    """For each case: one whole training step (generate, score, gather, learn). Every rank saves the prompts it
+    generated from (their uids, samples each) to OUT/<case>_generated_rank<r>.json; rank 0 saves the batch, the
+    metrics, the gradients and the updated weights to OUT/<case>.pt."""
+    par = None
+    for name, overrides in spec["cases"].items():
+        cfg = load_config(None, spec["base"] + overrides)
+        par = par or parallel_for(cfg)
+        trainer = RLTrainer(cfg, par)
+        generated, generate = [], trainer.parts.engine.generate
+
+        def recording(batch, sampling):
+            generated.append({"uids": list(batch.meta["uid"]), "n": sampling.n, "greedy": not sampling.do_sample})
+            return generate(batch, sampling)
+
+        trainer.parts.engine.generate = recording
+        batches, learn = [], trainer.learn
+
+        def learning(batch, timing=None):
+            batches.append(batch)
+            return learn(batch, timing)
+
+        trainer.learn = learning
+        steps = {role: record_gradients(obj) for role, obj in trainer.parts.trained.items()}
+        trainer.global_step = 1  # as fit() counts it
+        metrics = trainer.train_step()
+        (out / f"{name}_generated_rank{par.rank}.json").write_text(json.dumps(generated))
+        states = {role: full_model_state(obj.model) for role, obj in trainer.parts.trained.items()}
+        if par.is_main:
+            batch = batches[0]
+            torch.save({"metrics": metrics, "states": states, "steps": steps, "uid": batch.meta["uid"],
+                        "tensors": {k: v for k, v in batch.tensors.items()}}, out / f"{name}.pt")
+        trainer.parts.reward.close()
+    shutdown()
+
+
 def main(spec_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
     if "rows" in spec:
         return rows_of_each_rank(spec, out)
+    if spec.get("steps") == "single":
+        return single_turn_steps(spec, out)
     if spec.get("steps"):
         return multi_turn_steps(spec, out)
     par = None

@@ -80,7 +80,7 @@ def test_unsupported_keys_say_what_to_use():
 
 
 def test_process_layout_is_checked():
-    """Multi-process settings load; layouts that cannot split whole prompt groups evenly are rejected."""
+    """Multi-process settings load; layouts that cannot split the responses evenly over the ranks are rejected."""
     ok = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]
     cfg = load_config(None, ok + ["trainer.nnodes=2", "trainer.n_gpus_per_node=4",
                                   "actor_rollout_ref.actor.fsdp_config.tp_size=2",
@@ -88,9 +88,16 @@ def test_process_layout_is_checked():
                                   "actor_rollout_ref.actor.fsdp_config.param_offload=True"])
     assert cfg.trainer.nnodes == 2 and cfg.actor_rollout_ref.actor.fsdp_config.tp_size == 2
     assert load_config(None, ok + ["trainer.n_gpus_per_node=2", "actor_rollout_ref.model.lora_rank=8"])
-    rejects(ok + ["trainer.n_gpus_per_node=3"], "data.train_batch_size=16 must be divisible by the 3 data-parallel")
+    # fewer prompts than ranks: a prompt's samples are split over ranks, evenly
+    assert load_config(None, ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                              "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=4"])
+    rejects(ok + ["trainer.n_gpus_per_node=3"], "data.train_batch_size=16 x rollout.n=1 responses must be divisible "
+            "by the 3 data-parallel ranks")
     rejects(["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=4",
              "actor_rollout_ref.rollout.n=1"], "ppo_mini_batch_size=2 x rollout.n=1 responses must be divisible by the 4")
+    rejects(["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "trainer.n_gpus_per_node=4",
+             "actor_rollout_ref.rollout.n=2", "algorithm.filter_groups.enable=True"],
+            "data.train_batch_size=2 must be divisible by the 4 data-parallel ranks")
     # fewer prompts per mini-batch than ranks: a group straddles two ranks (its responses split evenly)
     assert load_config(None, ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                               "trainer.n_gpus_per_node=4", "actor_rollout_ref.rollout.n=2"])
@@ -116,7 +123,7 @@ def test_wrong_type_names_key_and_type():
 
 
 @pytest.mark.parametrize("overrides,fragment", [
-    (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
+    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
     (["algorithm.adv_estimator=rloo"], "rollout.n >= 2"),
     (["data.train_batch_size=10", "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "divisible"),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c must be > 1"),
@@ -142,8 +149,6 @@ def test_wrong_type_names_key_and_type():
       "algorithm.rollout_correction.rollout_is_threshold=0.5"], "needs rollout_is_threshold >= 1"),
     (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce"],
      "only ppo_clip"),
-    (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.rollout_is=token"],
-     "weights would all be 1"),
     (["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0"], "clip_cov_ratio"),
     (["actor_rollout_ref.actor.policy_loss.clip_cov_lb=6"], "clip_cov_lb"),
     (["actor_rollout_ref.actor.tau_neg=0"], "tau_pos and tau_neg"),

@@ -161,6 +161,69 @@ def test_a_prompt_group_straddling_two_ranks_gives_the_update_of_one_process(fix
     assert_same_update(one, two, min_cases=3)
 
 
+STRADDLED_STEPS = {
+    # 1 prompt x 4 greedy samples: 2 on each rank; the critic, KL in the reward
+    "ppo_n4": ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "algorithm.use_kl_in_reward=True",
+               "actor_rollout_ref.rollout.n=4"],
+    # 1 prompt x 6, micro-batches of 2: 3 samples on each rank, in generation and in the update
+    "grpo_n6": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
+                "actor_rollout_ref.actor.entropy_coeff=0.01", "actor_rollout_ref.rollout.n=6",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
+    # ReMax's greedy baseline: each rank decodes it for the prompt its samples belong to
+    "remax_n4": ["algorithm.adv_estimator=remax", "actor_rollout_ref.rollout.n=4"],
+}
+
+
+def run_straddled_step(fixed_batch, tiny_model_dir, name: str, nproc: int) -> Path:
+    out = fixed_batch / name
+    out.mkdir(exist_ok=True)
+    (out / "reward.py").write_text(SCORE_BY_LENGTH)
+    base = [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={fixed_batch / 'train.jsonl'}",
+            "data.train_batch_size=1", "data.shuffle=False", "data.max_prompt_length=64",
+            "data.max_response_length=8", "actor_rollout_ref.rollout.do_sample=False",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+            "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.model.dtype=fp32",
+            "actor_rollout_ref.rollout.dtype=fp32", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            f"custom_reward_function.path={out / 'reward.py'}", "reward_model.num_workers=0",
+            "trainer.logger=['jsonl']", f"trainer.default_local_dir={out / 'run'}", f"trainer.n_gpus_per_node={nproc}"]
+    (out / "spec.json").write_text(json.dumps({"base": base, "cases": STRADDLED_STEPS, "out": str(out),
+                                               "steps": "single"}))
+    cmd = ([sys.executable, str(WORKER), str(out / "spec.json")] if nproc == 1 else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER),
+            str(out / "spec.json")])
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, 900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
+
+
+def test_one_prompt_s_samples_straddle_two_ranks_in_generation_and_the_step_equals_one_process(fixed_batch,
+                                                                                              tiny_model_dir):
+    """Fewer prompts per step than data-parallel ranks (1 prompt on 2 ranks): each rank generates its share of the
+    prompt's samples (2 and 2 of 4, 3 and 3 of 6), the gathered batch is laid out as in one process (the prompt's
+    responses together, under its uid), and the greedy step equals one process's: batch, metrics, gradients and
+    weights (actor, and PPO's critic)."""
+    one = run_straddled_step(fixed_batch, tiny_model_dir, "straddled_one", 1)
+    two = run_straddled_step(fixed_batch, tiny_model_dir, "straddled_two", 2)
+    for case, overrides in STRADDLED_STEPS.items():
+        n = int(next(o for o in overrides if "rollout.n=" in o).rsplit("=", 1)[1])
+        sampled = [[c for c in json.loads((two / f"{case}_generated_rank{r}.json").read_text())
+                    if not c["uids"][0].startswith("greedy")] for r in range(2)]  # (not ReMax's baseline)
+        rows = [sum(len(c["uids"]) * c["n"] for c in calls) for calls in sampled]
+        assert rows == [n // 2, n // 2], (case, sampled)
+        assert all(u == "s1-0" for calls in sampled for c in calls for u in c["uids"]), (case, sampled)
+        want, got = torch.load(one / f"{case}.pt", weights_only=False), torch.load(two / f"{case}.pt",
+                                                                                   weights_only=False)
+        assert got["uid"] == want["uid"] == ["s1-0"] * n
+        for key in ("input_ids", "attention_mask", "response_mask", "token_level_scores"):
+            assert torch.equal(got["tensors"][key], want["tensors"][key]), (case, key)
+        if "remax" in case:
+            assert torch.equal(got["tensors"]["reward_baselines"], want["tensors"]["reward_baselines"])
+        for key in METRICS:
+            if key in want["metrics"]:
+                assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-5, abs=1e-6), (case, key)
+        assert_same_training(want, got, case)
+
+
 def test_lora_from_a_saved_adapter_on_two_ranks_equals_one_process(fixed_batch, tiny_model_dir, tmp_path):
     """`model.lora_adapter_path`: rank 0 loads the saved adapter's weights, the other rank builds its structure and
     receives them; the update equals one process's, and starts from the saved weights (not a fresh adapter)."""

@@ -165,7 +165,7 @@ def test_under_torchrun_the_config_takes_its_layout_before_it_is_checked(monkeyp
                                              "actor_rollout_ref.actor.fsdp_config.tp_size=2"])
     cfg = _load(args)  # tp_size=2 fits the 2 processes torchrun started, though the keys were left at 1 x 1
     assert (cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node) == (1, 2)
-    with pytest.raises(ConfigError, match="data.train_batch_size=3 must be divisible by the 2 data-parallel"):
+    with pytest.raises(ConfigError, match="data.train_batch_size=3 x rollout.n=1 responses must be divisible by the 2"):
         _load(Namespace(config=None, overrides=["data.train_batch_size=3", "actor_rollout_ref.actor.ppo_mini_batch_size=3"]))
     with pytest.raises(ConfigError, match="torchrun started 2 processes .* trainer.n_gpus_per_node=4 = 4"):
         _load(Namespace(config=None, overrides=["trainer.n_gpus_per_node=4"]))
@@ -269,3 +269,32 @@ def test_packed_token_budget_bounds_real_tokens():
                                 size=lambda rows: sum(lengths[i] for i in rows))
             assert len(parts) == count and sorted(i for p in parts for i in p) == list(range(len(lengths)))
             assert all(sum(lengths[i] for i in p) <= budget or len(p) == 1 for p in parts)
+
+
+def test_a_step_s_responses_split_over_ranks_whole_prompts_first_then_samples():
+    """Each data-parallel rank's runs of (prompt, first sample, samples): whole prompts when they divide evenly,
+    otherwise a contiguous share of the (prompt, sample) pairs; every pair once, in prompt order over the ranks,
+    as many on each rank. The prompt rows a rank generates from, and where a straddled prompt's first sample lies."""
+    from posttrain.parallel import Parallel, ParallelDims
+    from posttrain.parallel.samples import first_sample_rows, prompt_rows
+
+    def runs(prompts, n, dp):
+        out = []
+        for rank in range(dp):
+            par = Parallel(ParallelDims(dp_shard=dp))
+            par.dp_rank = rank
+            out.append(par.my_samples(prompts, n))
+        return out
+
+    assert runs(4, 3, 2) == [[(0, 0, 3), (1, 0, 3)], [(2, 0, 3), (3, 0, 3)]]
+    assert runs(1, 4, 2) == [[(0, 0, 2)], [(0, 2, 2)]]
+    assert runs(3, 4, 2) == [[(0, 0, 4), (1, 0, 2)], [(1, 2, 2), (2, 0, 4)]]
+    for prompts, n, dp in ((8, 16, 64), (128, 16, 256), (16, 16, 32), (3, 4, 2)):
+        shares = runs(prompts, n, dp)
+        pairs = [(p, s) for share in shares for p, first, count in share for s in range(first, first + count)]
+        assert pairs == [(p, s) for p in range(prompts) for s in range(n)], (prompts, n, dp)
+        assert len({sum(c for *_, c in share) for share in shares}) == 1
+    assert prompt_rows([(0, 0, 3), (1, 0, 3)], 3) == ([0, 1], 3)
+    assert prompt_rows([(1, 2, 2), (2, 0, 4)], 4) == ([1, 1, 2, 2, 2, 2], 1)
+    assert first_sample_rows([(1, 2, 2), (2, 0, 4)], ["a", "b"]) == [(2, "b")]
+    assert first_sample_rows([(0, 0, 4), (1, 0, 2)], ["a", "b"]) == [(0, "a"), (4, "b")]

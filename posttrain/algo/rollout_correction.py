@@ -19,13 +19,25 @@ IS_LEVELS = ("token", "sequence")
 IS_MODES = ("truncate", "mask")  # min(rho, threshold) | rho, or 0 where rho > threshold
 
 
+def is_bounds(threshold: float | str) -> tuple[float | None, float]:
+    """(lower, upper) of `rollout_is_threshold`: a number is the upper bound alone; a string `lower_upper` (verl's
+    IcePop, such as "0.5_4.0") bounds the weights from both sides. ValueError for anything else."""
+    if isinstance(threshold, str) and "_" in threshold:
+        lower, upper = threshold.split("_", 1)
+        return float(lower), float(upper)
+    return None, float(threshold)
+
+
 def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *, level: str,
-                       threshold: float, batch_normalize: bool = False, mode: str = "truncate"
+                       threshold: float | str, batch_normalize: bool = False, mode: str = "truncate"
                        ) -> tuple[Tensor, dict[str, float]]:
     """(B, L) weights min(rho, threshold) * m (`truncate`) or rho * [rho <= threshold] * m (`mask`: a token, or with
     `sequence` a whole response, beyond the threshold gets weight 0 but keeps its place in the loss's normaliser),
     rho = pi_old / pi_rollout per token (`token`) or its product over the response (`sequence`, broadcast to the
-    tokens); `batch_normalize` rescales them to mean 1 over valid tokens (token) or valid responses (sequence)."""
+    tokens); `batch_normalize` rescales them to mean 1 over valid tokens (token) or valid responses (sequence).
+    A range threshold `lower_upper` masks, whatever `mode` says: rho * [lower <= rho <= upper] * m (verl's IcePop)."""
+    lower, threshold = is_bounds(threshold)
+    mode = "mask" if lower is not None else mode
     if level not in IS_LEVELS:
         raise ValueError(f"rollout_is={level!r} is not one of {list(IS_LEVELS)}")
     if mode not in IS_MODES:
@@ -41,7 +53,8 @@ def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, respons
                "rollout_corr/rollout_is_max": float((rho * m).max()) if m.any() else 0.0,
                "rollout_corr/rollout_is_ratio_fraction_high": float(masked_mean((rho > threshold).to(m.dtype), m)),
                "rollout_corr/kl": float(masked_mean(-log_ratio, m))}  # k1 estimate of KL(rollout || old)
-    w = (torch.clamp(rho, max=threshold) if mode == "truncate" else rho * (rho <= threshold)).detach()
+    kept = (rho <= threshold) & (rho >= lower) if lower is not None else rho <= threshold
+    w = (torch.clamp(rho, max=threshold) if mode == "truncate" else rho * kept).detach()
     if batch_normalize:
         if level == "token":
             mean = masked_mean(w, m)

@@ -11,6 +11,11 @@ ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "fre
                     "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")
 
 
+LONE_GRPO = ("algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1: a group of one has mean 0 and "
+             "standard deviation 1 (as in verl), so each response's advantage is its raw score (divided by 1 + 1e-6): "
+             "REINFORCE without a baseline, not a comparison within a group")
+
+
 def _layout_note(cfg: Config) -> str | None:
     """How a Megatron command line's devices are used here, said once."""
     if "megatron" not in (cfg.actor_rollout_ref.actor.strategy, cfg.critic.strategy):
@@ -48,6 +53,14 @@ def config_warnings(cfg: Config) -> list[str]:
     layout = _layout_note(cfg)
     if layout:
         notes.append(layout)
+    if cfg.algorithm.adv_estimator == "grpo" and rollout.n == 1:
+        notes.append(LONE_GRPO)
+    rc = cfg.algorithm.rollout_correction
+    if rc.bypass_mode and rc.rollout_is is not None:
+        notes.append(f"algorithm.rollout_correction.rollout_is={rc.rollout_is} with bypass_mode=True: the rollout's "
+                     "log-probs are the old policy's, so the loss's ratio pi / pi_rollout corrects for the rollout and "
+                     "no importance weights are applied, as in verl's bypass mode with loss_type=ppo_clip (which "
+                     "computes them for its metrics only; posttrain reports no rollout_corr/* metrics then)")
     for why, keys in getattr(cfg, "port_notes", {}).items():
         notes.append(f"{', '.join(keys)}: {why}" if why.startswith("read as") else
                      f"accepted, no effect here: {', '.join(keys)} ({why})")

@@ -64,12 +64,10 @@ def _validate(cfg: Config, check: Checks) -> None:
     except KeyError as e:
         info = None
         check(False, f"algorithm.adv_estimator: {e.args[0]}", "wrong values")
-    if info and info.uses_groups:
-        check(rollout.n >= max(2, info.min_group_size),
+    if info and info.uses_groups and not (alg.adv_estimator == "grpo" and rollout.n == 1):  # grpo: a note says
+        check(rollout.n >= max(2, info.min_group_size),                                     # what n=1 computes
               f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
-              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n}"
-              + ("; a group of one has no baseline: verl then takes the raw score as the advantage, which is "
-                 "REINFORCE without a baseline, not GRPO)" if rollout.n == 1 and alg.adv_estimator == "grpo" else ")"))
+              f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
     if info and info.needs_critic:
         check(cfg.critic.enable is not False,
               f"algorithm.adv_estimator={alg.adv_estimator} needs a critic, but critic.enable=False; "
@@ -335,31 +333,38 @@ def _check_policy_loss(actor, check: Checks) -> None:
 
 
 def _check_rollout_correction(rc, check: Checks) -> None:
-    """Truncated IS (token / sequence) and bypass mode with the configured loss work; the rest is rejected."""
+    """Truncated IS (token / sequence) and bypass mode with the configured loss work (with both, a note says the
+    weights are not applied); the rest is rejected."""
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
-    if isinstance(rc.rollout_is_threshold, str):
-        check(False, f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: a range lower_upper also truncates the "
-                     "weights from below, and posttrain truncates them from above only; give the upper bound alone")
-    else:
-        check(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold must be positive")
-        check(rc.rollout_is_mode != "mask" or rc.rollout_is_threshold >= 1,
+    from ..algo.rollout_correction import is_bounds
+
+    try:
+        lower, upper = is_bounds(rc.rollout_is_threshold)
+    except (TypeError, ValueError):
+        lower, upper = None, None
+        check(False, f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r} is neither a number nor a range "
+                     "lower_upper (such as 0.5_4.0)", "wrong values")
+    if upper is not None and lower is None:
+        check(upper > 0, f"{key}.rollout_is_threshold must be positive")
+        check(rc.rollout_is_mode != "mask" or upper >= 1,
               f"{key}.rollout_is_mode=mask needs rollout_is_threshold >= 1, or on-policy tokens (weight 1) would be "
               "masked")
+    elif upper is not None:  # IcePop: weights outside [lower, upper] are masked (rollout_is_mode does not apply)
+        check(0 < lower <= 1 <= upper, f"{key}.rollout_is_threshold={rc.rollout_is_threshold!r}: a range "
+                                       "lower_upper needs 0 < lower <= 1 <= upper, or on-policy tokens (weight 1) "
+                                       "would be masked")
     check(rc.rollout_is_mode in ("truncate", "mask"), f"{key}.rollout_is_mode={rc.rollout_is_mode!r} is not one of "
                                                      "['truncate', 'mask']")
     check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
                                  "truncated importance sampling (rollout_is=token or sequence) and remove the key")
     check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
                                       "loss on the rollout's log-probs) is supported")
-    check(not (rc.bypass_mode and rc.rollout_is is not None),
-          f"{key}.bypass_mode=True makes the rollout's log-probs the old policy, so rollout_is weights would all "
-          "be 1; set rollout_is=null (the loss's ratio corrects for the rollout) or bypass_mode=False")
 
 
 def _check_layout(cfg: Config, check: Checks) -> None:
-    """Processes, sharding and batch sizes fit together: every data-parallel rank gets whole prompt groups."""
+    """Processes, sharding and batch sizes fit together: every data-parallel rank gets as many responses."""
     from ..algo import estimator_info
 
     arr, tr, d = cfg.actor_rollout_ref, cfg.trainer, cfg.data
@@ -390,14 +395,21 @@ def _check_layout(cfg: Config, check: Checks) -> None:
         if fsdp.mixed_precision.param_dtype is not None:
             check.choice(fsdp.mixed_precision.param_dtype, DTYPES[1:], f"{key}.mixed_precision.param_dtype")
         check.choice(fsdp.mixed_precision.reduce_dtype, DTYPES[1:], f"{key}.mixed_precision.reduce_dtype")
-    if dp > 1:
-        check(d.train_batch_size % dp == 0, f"data.train_batch_size={d.train_batch_size} must be divisible by the "
-                                            f"{dp} data-parallel ranks (each takes whole prompts)")
+    if dp > 1:  # responses are split evenly over the ranks, whole prompt groups where they fit (docs/porting.md)
         n = arr.rollout.n
+        megatron = ("; Megatron's pipeline and context parallel devices are FSDP2 data-parallel ranks here, so there "
+                    "are more of them than in the Megatron layout" if actor.strategy == "megatron" else "")
+        check(d.train_batch_size * n % dp == 0,
+              f"data.train_batch_size={d.train_batch_size} x rollout.n={n} responses must be divisible by the {dp} "
+              "data-parallel ranks (each generates as many: whole prompts where they fit, else a share of a prompt's "
+              f"samples{megatron})")
+        check(not cfg.algorithm.filter_groups.enable or d.train_batch_size % dp == 0,
+              f"algorithm.filter_groups keeps whole prompt groups per data-parallel rank: data.train_batch_size="
+              f"{d.train_batch_size} must be divisible by the {dp} data-parallel ranks")
         check(actor.ppo_mini_batch_size * n % dp == 0,
               f"actor_rollout_ref.actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} x rollout.n={n} responses "
-              f"must be divisible by the {dp} data-parallel ranks (a mini-batch's responses are split over them, "
-              "whole prompt groups where they fit)")
+              f"must be divisible by the {dp} data-parallel ranks (a mini-batch's responses are split evenly over "
+              f"them, whole prompt groups where they fit{megatron})")
         critic_mini = cfg.critic.ppo_mini_batch_size or actor.ppo_mini_batch_size
         if estimator_info(cfg.algorithm.adv_estimator).needs_critic or cfg.critic.enable:
             check(critic_mini * n % dp == 0, f"critic.ppo_mini_batch_size={critic_mini} x rollout.n={n} responses "

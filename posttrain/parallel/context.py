@@ -136,6 +136,25 @@ class Parallel:
         start = self.dp_rank * base + min(self.dp_rank, extra)
         return slice(start, start + base + (1 if self.dp_rank < extra else 0))
 
+    def my_samples(self, prompts: int, n: int) -> list[tuple[int, int, int]]:
+        """This rank's share of a step's `prompts` x `n` responses, as runs (prompt, first sample, samples): whole
+        prompts when they divide evenly over the data-parallel ranks, otherwise a contiguous share of the (prompt,
+        sample) pairs in prompt order, so a prompt's samples may straddle ranks (8 prompts x 16 over 64 ranks: 2
+        samples of one prompt each; the config check makes the pairs divide evenly). Gathered in rank order, the
+        rows are in prompt order either way."""
+        if prompts % self.dims.dp == 0:
+            share = self.my_slice(prompts)
+            return [(p, 0, n) for p in range(share.start, share.stop)]
+        runs: list[tuple[int, int, int]] = []
+        share = self.my_slice(prompts * n)
+        for pair in range(share.start, share.stop):
+            prompt, sample = divmod(pair, n)
+            if runs and runs[-1][0] == prompt:
+                runs[-1] = (prompt, runs[-1][1], runs[-1][2] + 1)
+            else:
+                runs.append((prompt, sample, 1))
+        return runs
+
 
 def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from ..data.batch import Batch
 from ..data.dataset import collate_prompts, epoch_batches
 from ..models.vision import MM_KEY
 from ..parallel import Parallel, shutdown
+from ..parallel.samples import first_sample_rows, prompt_rows
 from ..reward.checks import check_error_rate
 from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
@@ -33,11 +35,14 @@ from .metrics import data_metrics, reward_metrics, timer, validation_metrics
 from .setup import build_rl_parts, parallel_for, preflight
 from .tracking import NullTracker, Tracker
 
-def _to_batch(items, pad_id: int, uid_prefix: str, first_index: int = 0, *, vision: bool = False) -> Batch:
-    """The prompts of `items` as a batch; `vision`: each row's image inputs travel in meta[MM_KEY]."""
+def _to_batch(items, pad_id: int, uid_prefix: str, first_index: int = 0, *, vision: bool = False,
+              indices: list[int] | None = None) -> Batch:
+    """The prompts of `items` as a batch, uids numbered from `first_index` (or by `indices`, one per item);
+    `vision`: each row's image inputs travel in meta[MM_KEY]."""
     prompts, prompt_mask = collate_prompts(items, pad_id)
+    indices = indices if indices is not None else range(first_index, first_index + len(items))
     return Batch({"prompts": prompts, "prompt_mask": prompt_mask},
-                 {"uid": [f"{uid_prefix}-{first_index + i}" for i in range(len(items))],
+                 {"uid": [f"{uid_prefix}-{i}" for i in indices],
                   "data_source": [it.data_source for it in items], "ground_truth": [it.ground_truth for it in items],
                   "extra_info": [it.extra_info for it in items], "raw_prompt": [it.raw_prompt for it in items],
                   "agent_name": [getattr(it, "agent_name", None) for it in items],
@@ -81,23 +86,25 @@ class RLTrainer:
         them, and gather every rank's scored rollouts: the result is the whole batch, the same on every rank. The
         reward extras travel in `meta` under `reward:<name>` so they follow any later row selection."""
         parts, engine = self.parts, self.parts.engine
-        share = self.par.my_slice(len(items))
-        batch = _to_batch(items[share], engine.pad_id, uid_prefix, share.start, vision=parts.vision)
         n, greedy_extras = parts.sampling.n, None
+        runs = self.par.my_samples(len(items), n)  # (prompt, first sample, samples): see Parallel.my_samples
+        rows, per_row = prompt_rows(runs, n)
+        batch = _to_batch([items[p] for p in rows], engine.pad_id, uid_prefix, vision=parts.vision, indices=rows)
         with timer(timing, "gen"), parts.actor.generation():
-            batch = self._rollout(batch, parts.sampling)
+            batch = self._rollout(batch, replace(parts.sampling, n=per_row))
             if parts.info.needs_greedy_baseline:
-                greedy = self._rollout(_to_batch(items[share], engine.pad_id, "greedy", vision=parts.vision),
+                greedy = self._rollout(_to_batch([items[p] for p, _, _ in runs], engine.pad_id, "greedy",
+                                                 vision=parts.vision),
                                        SamplingParams(n=1, do_sample=False, max_new_tokens=parts.max_new,
                                                       ignore_eos=parts.sampling.ignore_eos))
                 baseline, greedy_extras = parts.reward(greedy)
-                batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(n)
+                batch["reward_baselines"] = baseline.sum(-1).repeat_interleave(torch.tensor([c for *_, c in runs]))
         with timer(timing, "reward"):
             batch["token_level_scores"], extras = parts.reward(batch)
         if greedy_extras is not None:  # a greedy response that failed to score counts on its prompt's first row
             for key in ("errors", "timeouts"):
-                for g, failed in enumerate(greedy_extras[key]):
-                    extras[key][g * n] += failed
+                for row, failed in first_sample_rows(runs, greedy_extras[key]):
+                    extras[key][row] += failed
         batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
         out = concat_rollouts(self.par.gather(batch), engine.pad_id)
         check_error_rate(out.meta.get("reward:errors", []), out.meta.get("reward:timeouts", []),

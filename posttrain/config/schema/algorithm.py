@@ -36,8 +36,8 @@ class RolloutCorrectionConfig:
     """truncated importance sampling `pi_old / pi_rollout`: `token` or `sequence` (null = off); `token` is the
     switch of the decoupled objective for asynchronous RL (docs/algorithms.md)"""
     rollout_is_threshold: Union[float, str] = 2.0
-    """upper truncation of the weights (`.inf`: none; a range `lower_upper` is rejected: there is no lower
-    truncation)"""
+    """upper truncation of the weights (`.inf`: none), or a range `lower_upper` such as `0.5_4.0` (verl's IcePop:
+    weights outside [lower, upper] are masked to 0, whatever `rollout_is_mode` says; lower <= 1 <= upper)"""
     rollout_is_mode: str = "truncate"
     """what a weight above `rollout_is_threshold` becomes: `truncate` (the threshold) or `mask` (0: the token, or
     with `sequence` the response, leaves the loss but stays in its normaliser, as AReaL's `behav_imp_weight_cap`;
