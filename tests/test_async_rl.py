@@ -85,6 +85,89 @@ def test_weight_sync_with_a_frozen_base_sends_only_the_trainable_tensors(tmp_pat
     assert not torch.equal(receiver["state"]["0.weight"], sender["state"]["0.weight"])  # never sent
 
 
+PARTIAL_SCRIPT = """
+import math, sys
+import torch
+from posttrain.algo.staleness import staleness_metrics
+from posttrain.data.batch import Batch
+from posttrain.models.load import load_causal_lm, load_tokenizer
+from posttrain.parallel.context import exit_process, shutdown
+from posttrain.parallel.groups import join, recv_object, send_object
+from posttrain.parallel.weight_sync import STOP, WeightSync, trainable_tensors
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.engine import DecodeEngine
+from posttrain.trainer.async_rl import WeightInbox
+
+out, path, swap_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+groups = join(device_name="cpu", timeout_s=120)
+model = load_causal_lm(path)
+tensors = trainable_tensors(model)
+norm = [n for n in tensors if n.endswith("norm.weight") and "layers" not in n][0]
+if groups.trains:
+    sync = WeightSync(tensors, src=0)
+    assert recv_object(1, groups.objects) == "decoding"
+    with torch.no_grad():
+        tensors[norm].zero_()  # version 1: every logit 0, so each token it samples has log-prob -log(V)
+    sync.push(1)
+    batch = recv_object(1, groups.objects)
+    sync.push(STOP)
+    metrics = staleness_metrics(batch["rollout_versions"], batch["response_mask"], trainer_version=1)
+    torch.save({"batch": batch, "metrics": metrics, "vocab": model.config.vocab_size}, f"{out}/result.pt")
+else:
+    engine = DecodeEngine(model, load_tokenizer(path), device=torch.device("cpu"), dtype=torch.float32)
+    inbox = WeightInbox(tensors, 512 << 20, 60)
+    calls = 0
+
+    def between_steps(decoding):
+        global calls
+        calls += 1
+        if calls == swap_at:  # hold this step until the push has landed: it lands mid-generation
+            send_object("decoding", 0, groups.objects)
+            with inbox.cond:
+                inbox.cond.wait_for(lambda: inbox.staged_version >= 1, timeout=60)
+        return inbox.between_steps(decoding)
+
+    engine.between_steps = between_steps
+    prompts = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    torch.manual_seed(0)
+    batch = engine.generate(Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}, {}),
+                            SamplingParams(n=2, max_new_tokens=8, ignore_eos=True, logprobs=True))
+    send_object(Batch({k: batch[k] for k in ("responses", "response_mask", "rollout_versions", "rollout_log_probs")},
+                      {}), 0, groups.objects)
+    inbox.thread.join(60)
+    assert inbox.stopped and inbox.current == 1
+shutdown()
+exit_process(0)
+"""
+
+
+def test_a_push_that_lands_mid_generation_is_decoded_with_and_each_token_keeps_its_version(tmp_path, tiny_model_dir):
+    """Partial rollouts: weights pushed while a batch decodes are swapped in between two decoding steps, so the
+    same rows carry tokens of versions 0 then 1 (`rollout_versions` per token); the tokens after the swap were
+    sampled by the new weights (their recorded behaviour log-prob is -log(V): version 1 makes every logit 0), and
+    the staleness metrics at trainer version 1 count both versions."""
+    import math
+
+    import torch
+
+    script = tmp_path / "partial.py"
+    script.write_text(PARTIAL_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path), str(tiny_model_dir), "3"]  # the 3rd call: before the step that samples token 2
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    got = torch.load(tmp_path / "result.pt", weights_only=False)
+    batch, metrics = got["batch"], got["metrics"]
+    assert batch["response_mask"].shape == (4, 8) and bool(batch["response_mask"].all())
+    assert batch["rollout_versions"].tolist() == [[0, 0, 1, 1, 1, 1, 1, 1]] * 4
+    logprobs = batch["rollout_log_probs"].double()
+    uniform = -math.log(got["vocab"])
+    assert torch.allclose(logprobs[:, 2:], torch.full((4, 6), uniform, dtype=torch.float64), atol=1e-4)
+    assert not torch.allclose(logprobs[:, :2], torch.full((4, 2), uniform, dtype=torch.float64), atol=1e-3)
+    assert metrics["async/staleness_max"] == 1 and metrics["async/staleness_le_0"] == pytest.approx(6 / 8)
+    assert metrics["async/staleness_mean"] == pytest.approx(2 / 8)
+
+
 # ------------------------------------------------------------------ two groups of processes under `posttrain train`
 
 
@@ -170,6 +253,24 @@ def test_staleness_threshold_two_bounds_staleness_by_two(tmp_path, tiny_model_di
     assert all(m["async/staleness_max"] <= 2 for m in steps) and max(m["async/staleness_max"] for m in steps) >= 1
 
 
+def test_partial_rollouts_under_posttrain_train_keep_the_bound_and_mix_versions_within_a_batch(tmp_path,
+                                                                                              tiny_model_dir):
+    """partial_rollout=True with staleness_threshold=1: each batch starts with weights at most one version behind,
+    pushes that land while it decodes are taken between two steps, so the staleness metrics (per token, from
+    learn()) stay within 1 and some batch mixes tokens of two versions (a share of staleness 0 strictly between 0
+    and 1). Generation of 64-token responses outlasts a training step of the tiny model, so pushes land
+    mid-generation."""
+    args = [a for a in _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=4",
+                                  "async_training.staleness_threshold=1", "async_training.partial_rollout=True")
+            if not a.startswith("data.max_response_length")] + ["data.max_response_length=64"]
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/weight_version"] for m in steps] == [0, 1, 2, 3]
+    assert all(m["async/staleness_max"] <= 1 for m in steps)
+    assert any(0 < m["async/staleness_le_0"] < 1 for m in steps), [m["async/staleness_le_0"] for m in steps]
+
+
 FAILING_REWARD = """
 calls = 0
 
@@ -214,12 +315,14 @@ def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_posi
 
 
 def test_settings_async_rl_does_not_support_are_refused_at_load():
-    """Fractions of a batch, partial rollouts, several processes per group and sharded roles are refused before
-    anything starts, each naming its key."""
+    """Fractions of a batch, partial rollouts of multi-turn episodes or LoRA adapters, several processes per group
+    and sharded roles are refused before anything starts, each naming its key."""
     from posttrain.config import ConfigError, load_config
 
     cases = {"async_training.staleness_threshold": ["async_training.staleness_threshold=0.5"],
-             "async_training.partial_rollout": ["async_training.partial_rollout=True"],
+             "multi_turn.enable=True is not": ["async_training.partial_rollout=True",
+                                               "actor_rollout_ref.rollout.multi_turn.enable=True"],
+             "lora_rank > 0 is not": ["async_training.partial_rollout=True", "actor_rollout_ref.model.lora_rank=4"],
              "rollout.n_gpus_per_node=2": ["rollout.n_gpus_per_node=2"],
              "trainer.n_gpus_per_node=2": ["trainer.n_gpus_per_node=2"],
              "param_offload": ["actor_rollout_ref.actor.fsdp_config.param_offload=True"]}
@@ -227,6 +330,7 @@ def test_settings_async_rl_does_not_support_are_refused_at_load():
         with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
             load_config(None, ["rollout.n_gpus_per_node=1", *overrides])
     load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=2"])  # whole numbers: fine
+    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.partial_rollout=True"])
 
 
 def test_sigterm_stops_both_groups_after_a_step_with_a_checkpoint(tmp_path, tiny_model_dir):

@@ -24,7 +24,10 @@ class AsyncTrainingConfig:
     (synchronous, staleness 0); 1 = one-step-off-policy: the batch of step k+1 is generated while step k trains
     (staleness 1). Whole numbers only (verl's fractions of a batch need streaming generation, not built)"""
     partial_rollout: bool = False
-    """episodes in flight when weights change go on with the new weights: not built, only False"""
+    """True: weights pushed while a batch generates are swapped in between two decoding steps, so the responses in
+    flight go on with the new weights (their earlier tokens' keys and values stay those of the old ones); each token
+    keeps the version that sampled it (`rollout_versions`) and its behaviour log-prob. False: a batch is generated
+    with the weights it started with. Not with `rollout.multi_turn.enable` nor LoRA"""
     trigger_parameter_sync_step: int = 1
     """updates between two weight pushes to the generating group: only 1 is built"""
     require_batches: int = 1
