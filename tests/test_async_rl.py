@@ -271,6 +271,49 @@ def test_partial_rollouts_under_posttrain_train_keep_the_bound_and_mix_versions_
     assert any(0 < m["async/staleness_le_0"] < 1 for m in steps), [m["async/staleness_le_0"] for m in steps]
 
 
+def test_trigger_parameter_sync_step_pushes_every_two_steps_and_bounds_generation_by_two_batches(tmp_path,
+                                                                                                 tiny_model_dir):
+    """trigger_parameter_sync_step=2, staleness_threshold=0: weights are pushed after steps 2, 4, ... only, and
+    (1 + 0) x 2 = 2 batches may be generated per push: batches 1-2 with the loaded weights, batches 3-4 with version
+    2 (batch 3 must wait for it), so staleness runs 0, 1, 0, 1 and only step 2 logs a push."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=4",
+                      "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=2")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/rollout_version"] for m in steps] == [0, 0, 2, 2]
+    assert [m["async/staleness_max"] for m in steps] == [0, 1, 0, 1]
+    assert ["async/weight_sync_mb" in m for m in steps] == [False, True, False, False]
+
+
+def test_verl_default_fractional_staleness_generates_no_whole_batch_ahead(tmp_path, tiny_model_dir):
+    """staleness_threshold=0.1 (verl's default) with one step per push: floor(1.1 x 1) = 1 batch per push, so no
+    whole batch is generated ahead and every batch is sampled by the weights it trains at (as threshold 0)."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
+                      "async_training.staleness_threshold=0.1")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/rollout_version"] for m in steps] == [0, 1, 2]
+    assert [m["async/staleness_max"] for m in steps] == [0, 0, 0]
+
+
+def test_require_batches_sizes_the_step_and_total_rollout_steps_counts_the_steps():
+    """verl's fully asynchronous sizes: data.train_batch_size=0 becomes require_batches x ppo_mini_batch_size,
+    rollout.total_rollout_steps prompts make total_rollout_steps // that many steps, a positive batch size that
+    disagrees with require_batches is refused naming both, and hybrid_engine=False is accepted for two groups."""
+    from posttrain.config import ConfigError, load_config
+
+    base = ["rollout.n_gpus_per_node=1", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    cfg = load_config(None, [*base, "data.train_batch_size=0", "async_training.require_batches=3",
+                             "rollout.total_rollout_steps=100", "actor_rollout_ref.hybrid_engine=False"])
+    assert cfg.data.train_batch_size == 12 and cfg.trainer.total_training_steps == 8
+    with pytest.raises(ConfigError, match=r"require_batches=3 x ppo_mini_batch_size=4 .* set it to 12 or 0"):
+        load_config(None, [*base, "data.train_batch_size=8", "async_training.require_batches=3"])
+    with pytest.raises(ConfigError, match="train_batch_size must be positive"):  # synchronous: no such sizing
+        load_config(None, ["data.train_batch_size=0", "async_training.require_batches=3"])
+
+
 FAILING_REWARD = """
 calls = 0
 
@@ -315,11 +358,12 @@ def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_posi
 
 
 def test_settings_async_rl_does_not_support_are_refused_at_load():
-    """Fractions of a batch, partial rollouts of multi-turn episodes or LoRA adapters, several processes per group
+    """A negative threshold, no updates per push, partial rollouts of multi-turn episodes or LoRA adapters, several processes per group
     and sharded roles are refused before anything starts, each naming its key."""
     from posttrain.config import ConfigError, load_config
 
-    cases = {"async_training.staleness_threshold": ["async_training.staleness_threshold=0.5"],
+    cases = {"async_training.staleness_threshold=-0.5": ["async_training.staleness_threshold=-0.5"],
+             "trigger_parameter_sync_step=0": ["async_training.trigger_parameter_sync_step=0"],
              "multi_turn.enable=True is not": ["async_training.partial_rollout=True",
                                                "actor_rollout_ref.rollout.multi_turn.enable=True"],
              "lora_rank > 0 is not": ["async_training.partial_rollout=True", "actor_rollout_ref.model.lora_rank=4"],
@@ -329,7 +373,7 @@ def test_settings_async_rl_does_not_support_are_refused_at_load():
     for needle, overrides in cases.items():
         with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
             load_config(None, ["rollout.n_gpus_per_node=1", *overrides])
-    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=2"])  # whole numbers: fine
+    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=0.1"])  # fractions: fine
     load_config(None, ["rollout.n_gpus_per_node=1", "async_training.partial_rollout=True"])
 
 

@@ -1,15 +1,16 @@
 """Asynchronous RL with two groups of processes (`rollout.n_gpus_per_node` > 0): rank 0 trains, rank 1 generates
-and scores, and generation may run `async_training.staleness_threshold` (L) batches ahead of training.
+and scores, and generation may run ahead of training by A = floor((1 + staleness_threshold) x T) batches per weight
+push, T = `async_training.trigger_parameter_sync_step` (verl's bound, counted in whole batches).
 
-    trainer:   receive batch k -> learn -> push weights version k (to the generator's receiving thread)
-    generator: wait until it holds weights of version >= k - 1 - L, take the newest -> generate batch k -> send it
+    trainer:   receive batch k -> learn -> every T steps push weights version k (to the generator's receiving thread)
+    generator: wait until it holds weights of version >= k - A, take the newest -> generate batch k -> send it
 
 The generator receives weights in a thread of its own, always ready, so a push never waits for a generation; the
 weights it receives are staged and taken between batches (with `async_training.partial_rollout` also between two
 decoding steps of a batch, each token keeping the version that sampled it). It sends batches from another thread, so generating the
-next batch never waits for the trainer to take the last one: the staleness bound alone holds generation back. So with L = 1 batch k+1 is generated while step k trains
-(one-step-off-policy), L = 0 makes the groups take turns, and every batch is trained at most L versions after the
-one that sampled it. Each response token carries that version (`rollout_versions`) and its behaviour log-prob
+next batch never waits for the trainer to take the last one: the staleness bound alone holds generation back. So with
+T = 1 and threshold 1 batch k+1 is generated while step k trains (one-step-off-policy), threshold 0 (or 0.1) makes
+the groups take turns, and every batch starts at most A - 1 versions before the one it trains at. Each response token carries that version (`rollout_versions`) and its behaviour log-prob
 (`rollout_log_probs`); the trainer recomputes the proximal `old_log_probs` and corrects with the truncated IS weight
 behaviour -> proximal (`algorithm.rollout_correction.rollout_is`, on by default here).
 
@@ -21,6 +22,7 @@ flight when a run dies are generated again.
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import threading
@@ -86,7 +88,8 @@ class AsyncTrainer(RLTrainer):
         metrics = super().train_step()
         metrics["async/train_idle_share"] = metrics.get("timing_s/wait_gen", 0.0) / max(metrics["timing_s/step"],
                                                                                           1e-9)
-        if self.global_step < self.parts.total_steps:  # the generator's next batches want these weights
+        every = self.cfg.async_training.trigger_parameter_sync_step
+        if self.global_step < self.parts.total_steps and self.global_step % every == 0:  # the next batches want them
             self.sync.push(self.global_step)
             metrics |= {"timing_s/weight_sync": self.sync.seconds, "async/weight_sync_mb": self.sync.bytes / 2**20,
                         "async/weight_sync_s_per_gb": self.sync.seconds / max(self.sync.bytes, 1) * 2**30}
@@ -218,7 +221,9 @@ class Generator:
     def __init__(self, cfg, groups: Groups):
         self.rl = RLTrainer(cfg, par=groups.par)
         self.cfg, self.groups = cfg, groups
-        self.lag = int(cfg.async_training.staleness_threshold)
+        at = cfg.async_training
+        # batches that may be generated with the weights of the last push, beyond the one they were pushed for
+        self.ahead = math.floor((1 + at.staleness_threshold) * at.trigger_parameter_sync_step + 1e-9)
         self.tensors = trainable_tensors(self.rl.parts.actor.model)
 
     def run(self) -> None:
@@ -247,7 +252,7 @@ class Generator:
             t0 = time.perf_counter()
             if outbox.error is not None:
                 raise RuntimeError(f"sending batches failed: {outbox.error}") from outbox.error
-            newest = inbox.take_newest(need=step - 1 - self.lag)
+            newest = inbox.take_newest(need=step - self.ahead)
             if newest is None:  # the trainer stopped early
                 break
             version, wait_s = newest, time.perf_counter() - t0
