@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -312,6 +313,33 @@ def test_require_batches_sizes_the_step_and_total_rollout_steps_counts_the_steps
         load_config(None, [*base, "data.train_batch_size=8", "async_training.require_batches=3"])
     with pytest.raises(ConfigError, match="train_batch_size must be positive"):  # synchronous: no such sizing
         load_config(None, ["data.train_batch_size=0", "async_training.require_batches=3"])
+
+
+FULLY_ASYNC = Path(__file__).parent / "data" / "fully_async_scripts_2026_08"
+
+
+def test_verl_fully_async_script_trains_two_steps_on_two_processes(tmp_path, tiny_model_dir):
+    """verl's fully asynchronous DAPO script (data.train_batch_size=0, require_batches=4, trigger_parameter_sync_step
+    =4, staleness_threshold=0.1, partial_rollout=True, hybrid_engine=False, rollout.total_rollout_steps) with its
+    paths changed and the size knobs the recorded scripts train with, on one generating and one training process:
+    it loads, a step takes 4 x ppo_mini_batch_size prompts, and two steps train with per-token staleness metrics."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+    from verl_examples import SMALL
+
+    from posttrain.data.preprocess import prepare
+
+    data = str(prepare("gsm8k", None, tmp_path / "gsm8k")["train"][0])
+    record = json.loads((FULLY_ASYNC / "dapo_7b_math_fsdp2_4_4.json").read_text())
+    argv = [a.replace("$MODEL_PATH", str(tiny_model_dir)).replace("$TRAIN_FILES", data).replace("$VAL_FILES", data)
+            for a in record["argv"]]
+    small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL
+             if not s.startswith("data.train_batch_size=")]  # the script's 0: require_batches x mini-batch
+    result = _train([*argv, *small, "rollout.n_gpus_per_node=1", "data.train_max_samples=64"], timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [m for m in _steps(tmp_path / "run") if "actor/pg_loss" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["async/staleness_max"] <= 1 for m in steps)
+    assert "data.train_batch_size=0 -> 16" in result.stderr
 
 
 FAILING_REWARD = """

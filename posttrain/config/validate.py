@@ -447,7 +447,8 @@ def _check_async(cfg: Config, check: Checks) -> None:
     sharded = [key for key, fsdp in (("actor_rollout_ref.actor", actor.fsdp_config), ("actor_rollout_ref.ref",
                                                                                       arr.ref.fsdp_config),
                                      ("critic.model", cfg.critic.model.fsdp_config))
-               if fsdp.param_offload or fsdp.tp_size > 1]
+               if (fsdp.param_offload or fsdp.tp_size > 1)
+               and (key != "actor_rollout_ref.ref" or actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)]  # built?
     check.unsupported(not sharded, f"asynchronous RL (rollout.n_gpus_per_node > 0) with {sharded[0]}.fsdp_config"
                       ".param_offload or tp_size > 1 is not supported: each group runs its model whole in one process"
                       if sharded else "")
