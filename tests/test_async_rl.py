@@ -431,3 +431,80 @@ def test_sigterm_stops_both_groups_after_a_step_with_a_checkpoint(tmp_path, tiny
     saved = sorted(run.glob("global_step_*"))
     assert len(saved) == 1 and "Traceback" not in err, err[-3000:]
     assert f"stopped by SIGTERM after step {saved[0].name.rsplit('_', 1)[1]}" in err
+
+
+def _rank_pids(root: int, rank: int) -> list[int]:
+    """The processes below `root` that the launcher started as `rank` (RANK in their environment)."""
+    from pathlib import Path as P
+
+    def parent(pid) -> int:
+        return int((P("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    found = []
+    for p in P("/proc").iterdir():
+        try:
+            if not p.name.isdigit() or f"RANK={rank}".encode() not in (p / "environ").read_bytes().split(b"\0"):
+                continue
+            q = parent(int(p.name))
+            while q > 1 and q != root:
+                q = parent(q)
+        except (OSError, ValueError):
+            continue
+        if q == root:
+            found.append(int(p.name))
+    return found
+
+
+def _start_and_kill(args, run, rank, ready):
+    """Start `posttrain train`, SIGKILL rank `rank` once `ready(run)` holds; the command's exit code and stderr."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "train", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 240
+    while not ready(run) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    pids = _rank_pids(proc.pid, rank)
+    assert proc.poll() is None and pids, "the run ended before the kill"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("still running 180 s after a rank was killed (a hang?)") from None
+    return proc.returncode, err
+
+
+def test_kill_9_of_the_generating_process_stops_the_run_with_its_own_error(tmp_path, tiny_model_dir):
+    """SIGKILL to the generating process mid-run: the run ends (no hang, well within wait_timeout_s) and the error
+    reported names the killed rank and its signal, not only the trainer's broken connection."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=40", "trainer.save_freq=-1",
+                      "async_training.staleness_threshold=1", "async_training.wait_timeout_s=600")
+    code, err = _start_and_kill(args, tmp_path / "run", 1, lambda run: (run / "metrics.jsonl").is_file())
+    assert code != 0
+    assert "rank 1 failed (exit code -9)" in err, err[-3000:]
+
+
+def test_kill_9_of_the_trainer_resumes_losing_only_the_batches_in_flight(tmp_path, tiny_model_dir):
+    """SIGKILL to the training process after its second checkpoint: the run ends naming rank 0; resumed, it
+    continues with the steps after the last checkpoint saved and ends with the data position of every step
+    trained: the batches in flight were generated again, none skipped."""
+    import torch
+
+    common = ["trainer.save_freq=1", "async_training.staleness_threshold=1", "async_training.wait_timeout_s=600"]
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=40", *common)
+    code, err = _start_and_kill(args, tmp_path / "run", 0, lambda run: (run / "global_step_2" / "extra.pt").is_file())
+    assert code != 0 and "rank 0 failed (exit code -9)" in err, err[-3000:]
+    saved = max(int(p.name.rsplit("_", 1)[1]) for p in (tmp_path / "run").glob("global_step_*")
+                if (p / "extra.pt").is_file())
+    total = saved + 2
+    result = _train(_task_args(tmp_path, tiny_model_dir, f"trainer.total_training_steps={total}", *common,
+                               "trainer.resume_allow_config_change=True"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    resumed = [m["step"] for m in _steps(tmp_path / "run")]
+    assert resumed[-2:] == [saved + 1, saved + 2], resumed
+    extra = torch.load(tmp_path / "run" / f"global_step_{total}" / "extra.pt", weights_only=True)
+    assert extra["data_cursor"] == total and extra["step"] == total
