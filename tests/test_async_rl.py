@@ -386,8 +386,8 @@ def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_posi
 
 
 def test_settings_async_rl_does_not_support_are_refused_at_load():
-    """A negative threshold, no updates per push, partial rollouts of multi-turn episodes or LoRA adapters, several processes per group
-    and sharded roles are refused before anything starts, each naming its key."""
+    """A negative threshold, no updates per push, partial rollouts of multi-turn episodes or LoRA adapters,
+    several processes per group and sharded roles are refused before anything starts, each naming its key."""
     from posttrain.config import ConfigError, load_config
 
     cases = {"async_training.staleness_threshold=-0.5": ["async_training.staleness_threshold=-0.5"],

@@ -7,10 +7,11 @@ push, T = `async_training.trigger_parameter_sync_step` (verl's bound, counted in
 
 The generator receives weights in a thread of its own, always ready, so a push never waits for a generation; the
 weights it receives are staged and taken between batches (with `async_training.partial_rollout` also between two
-decoding steps of a batch, each token keeping the version that sampled it). It sends batches from another thread, so generating the
-next batch never waits for the trainer to take the last one: the staleness bound alone holds generation back. So with
-T = 1 and threshold 1 batch k+1 is generated while step k trains (one-step-off-policy), threshold 0 (or 0.1) makes
-the groups take turns, and every batch starts at most A - 1 versions before the one it trains at. Each response token carries that version (`rollout_versions`) and its behaviour log-prob
+decoding steps of a batch, each token keeping the version that sampled it). It sends batches from another thread, so
+generating the next batch never waits for the trainer to take the last one: the staleness bound alone holds
+generation back. So with T = 1 and threshold 1 batch k+1 is generated while step k trains (one-step-off-policy),
+threshold 0 (or 0.1) makes the groups take turns, and every batch starts at most A - 1 versions before the one it
+trains at. Each response token carries that version (`rollout_versions`) and its behaviour log-prob
 (`rollout_log_probs`); the trainer recomputes the proximal `old_log_probs` and corrects with the truncated IS weight
 behaviour -> proximal (`algorithm.rollout_correction.rollout_is`, on by default here).
 
@@ -222,7 +223,7 @@ class Generator:
         self.rl = RLTrainer(cfg, par=groups.par)
         self.cfg, self.groups = cfg, groups
         at = cfg.async_training
-        # batches that may be generated with the weights of the last push, beyond the one they were pushed for
+        # batch k may be sampled by weights of version >= k - ahead (verl's (1 + threshold) x T, whole batches)
         self.ahead = math.floor((1 + at.staleness_threshold) * at.trigger_parameter_sync_step + 1e-9)
         self.tensors = trainable_tensors(self.rl.parts.actor.model)
 
