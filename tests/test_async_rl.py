@@ -3,6 +3,7 @@
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -83,6 +84,89 @@ def test_weight_sync_with_a_frozen_base_sends_only_the_trainable_tensors(tmp_pat
     assert torch.equal(receiver["state"]["1.weight"], sender["state"]["1.weight"])
     assert receiver["frozen_kept"]
     assert not torch.equal(receiver["state"]["0.weight"], sender["state"]["0.weight"])  # never sent
+
+
+PARTIAL_SCRIPT = """
+import math, sys
+import torch
+from posttrain.algo.staleness import staleness_metrics
+from posttrain.data.batch import Batch
+from posttrain.models.load import load_causal_lm, load_tokenizer
+from posttrain.parallel.context import exit_process, shutdown
+from posttrain.parallel.groups import join, recv_object, send_object
+from posttrain.parallel.weight_sync import STOP, WeightSync, trainable_tensors
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.engine import DecodeEngine
+from posttrain.trainer.async_rl import WeightInbox
+
+out, path, swap_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+groups = join(device_name="cpu", timeout_s=120)
+model = load_causal_lm(path)
+tensors = trainable_tensors(model)
+norm = [n for n in tensors if n.endswith("norm.weight") and "layers" not in n][0]
+if groups.trains:
+    sync = WeightSync(tensors, src=0)
+    assert recv_object(1, groups.objects) == "decoding"
+    with torch.no_grad():
+        tensors[norm].zero_()  # version 1: every logit 0, so each token it samples has log-prob -log(V)
+    sync.push(1)
+    batch = recv_object(1, groups.objects)
+    sync.push(STOP)
+    metrics = staleness_metrics(batch["rollout_versions"], batch["response_mask"], trainer_version=1)
+    torch.save({"batch": batch, "metrics": metrics, "vocab": model.config.vocab_size}, f"{out}/result.pt")
+else:
+    engine = DecodeEngine(model, load_tokenizer(path), device=torch.device("cpu"), dtype=torch.float32)
+    inbox = WeightInbox(tensors, 512 << 20, 60)
+    calls = 0
+
+    def between_steps(decoding):
+        global calls
+        calls += 1
+        if calls == swap_at:  # hold this step until the push has landed: it lands mid-generation
+            send_object("decoding", 0, groups.objects)
+            with inbox.cond:
+                inbox.cond.wait_for(lambda: inbox.staged_version >= 1, timeout=60)
+        return inbox.between_steps(decoding)
+
+    engine.between_steps = between_steps
+    prompts = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    torch.manual_seed(0)
+    batch = engine.generate(Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}, {}),
+                            SamplingParams(n=2, max_new_tokens=8, ignore_eos=True, logprobs=True))
+    send_object(Batch({k: batch[k] for k in ("responses", "response_mask", "rollout_versions", "rollout_log_probs")},
+                      {}), 0, groups.objects)
+    inbox.thread.join(60)
+    assert inbox.stopped and inbox.current == 1
+shutdown()
+exit_process(0)
+"""
+
+
+def test_a_push_that_lands_mid_generation_is_decoded_with_and_each_token_keeps_its_version(tmp_path, tiny_model_dir):
+    """Partial rollouts: weights pushed while a batch decodes are swapped in between two decoding steps, so the
+    same rows carry tokens of versions 0 then 1 (`rollout_versions` per token); the tokens after the swap were
+    sampled by the new weights (their recorded behaviour log-prob is -log(V): version 1 makes every logit 0), and
+    the staleness metrics at trainer version 1 count both versions."""
+    import math
+
+    import torch
+
+    script = tmp_path / "partial.py"
+    script.write_text(PARTIAL_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path), str(tiny_model_dir), "3"]  # the 3rd call: before the step that samples token 2
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    got = torch.load(tmp_path / "result.pt", weights_only=False)
+    batch, metrics = got["batch"], got["metrics"]
+    assert batch["response_mask"].shape == (4, 8) and bool(batch["response_mask"].all())
+    assert batch["rollout_versions"].tolist() == [[0, 0, 1, 1, 1, 1, 1, 1]] * 4
+    logprobs = batch["rollout_log_probs"].double()
+    uniform = -math.log(got["vocab"])
+    assert torch.allclose(logprobs[:, 2:], torch.full((4, 6), uniform, dtype=torch.float64), atol=1e-4)
+    assert not torch.allclose(logprobs[:, :2], torch.full((4, 2), uniform, dtype=torch.float64), atol=1e-3)
+    assert metrics["async/staleness_max"] == 1 and metrics["async/staleness_le_0"] == pytest.approx(6 / 8)
+    assert metrics["async/staleness_mean"] == pytest.approx(2 / 8)
 
 
 # ------------------------------------------------------------------ two groups of processes under `posttrain train`
@@ -170,6 +254,94 @@ def test_staleness_threshold_two_bounds_staleness_by_two(tmp_path, tiny_model_di
     assert all(m["async/staleness_max"] <= 2 for m in steps) and max(m["async/staleness_max"] for m in steps) >= 1
 
 
+def test_partial_rollouts_under_posttrain_train_keep_the_bound_and_mix_versions_within_a_batch(tmp_path,
+                                                                                              tiny_model_dir):
+    """partial_rollout=True with staleness_threshold=1: each batch starts with weights at most one version behind,
+    pushes that land while it decodes are taken between two steps, so the staleness metrics (per token, from
+    learn()) stay within 1 and some batch mixes tokens of two versions (a share of staleness 0 strictly between 0
+    and 1). Generation of 64-token responses outlasts a training step of the tiny model, so pushes land
+    mid-generation."""
+    args = [a for a in _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=4",
+                                  "async_training.staleness_threshold=1", "async_training.partial_rollout=True")
+            if not a.startswith("data.max_response_length")] + ["data.max_response_length=64"]
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/weight_version"] for m in steps] == [0, 1, 2, 3]
+    assert all(m["async/staleness_max"] <= 1 for m in steps)
+    assert any(0 < m["async/staleness_le_0"] < 1 for m in steps), [m["async/staleness_le_0"] for m in steps]
+
+
+def test_trigger_parameter_sync_step_pushes_every_two_steps_and_bounds_generation_by_two_batches(tmp_path,
+                                                                                                 tiny_model_dir):
+    """trigger_parameter_sync_step=2, staleness_threshold=0: weights are pushed after steps 2, 4, ... only, and
+    (1 + 0) x 2 = 2 batches may be generated per push: batches 1-2 with the loaded weights, batches 3-4 with version
+    2 (batch 3 must wait for it), so staleness runs 0, 1, 0, 1 and only step 2 logs a push."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=4",
+                      "async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=2")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/rollout_version"] for m in steps] == [0, 0, 2, 2]
+    assert [m["async/staleness_max"] for m in steps] == [0, 1, 0, 1]
+    assert ["async/weight_sync_mb" in m for m in steps] == [False, True, False, False]
+
+
+def test_verl_default_fractional_staleness_generates_no_whole_batch_ahead(tmp_path, tiny_model_dir):
+    """staleness_threshold=0.1 (verl's default) with one step per push: floor(1.1 x 1) = 1 batch per push, so no
+    whole batch is generated ahead and every batch is sampled by the weights it trains at (as threshold 0)."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
+                      "async_training.staleness_threshold=0.1")
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/rollout_version"] for m in steps] == [0, 1, 2]
+    assert [m["async/staleness_max"] for m in steps] == [0, 0, 0]
+
+
+def test_require_batches_sizes_the_step_and_total_rollout_steps_counts_the_steps():
+    """verl's fully asynchronous sizes: data.train_batch_size=0 becomes require_batches x ppo_mini_batch_size,
+    rollout.total_rollout_steps prompts make total_rollout_steps // that many steps, a positive batch size that
+    disagrees with require_batches is refused naming both, and hybrid_engine=False is accepted for two groups."""
+    from posttrain.config import ConfigError, load_config
+
+    base = ["rollout.n_gpus_per_node=1", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+    cfg = load_config(None, [*base, "data.train_batch_size=0", "async_training.require_batches=3",
+                             "rollout.total_rollout_steps=100", "actor_rollout_ref.hybrid_engine=False"])
+    assert cfg.data.train_batch_size == 12 and cfg.trainer.total_training_steps == 8
+    with pytest.raises(ConfigError, match=r"require_batches=3 x ppo_mini_batch_size=4 .* set it to 12 or 0"):
+        load_config(None, [*base, "data.train_batch_size=8", "async_training.require_batches=3"])
+    with pytest.raises(ConfigError, match="train_batch_size must be positive"):  # synchronous: no such sizing
+        load_config(None, ["data.train_batch_size=0", "async_training.require_batches=3"])
+
+
+FULLY_ASYNC = Path(__file__).parent / "data" / "fully_async_scripts_2026_08"
+
+
+def test_verl_fully_async_script_trains_two_steps_on_two_processes(tmp_path, tiny_model_dir):
+    """verl's fully asynchronous DAPO script (data.train_batch_size=0, require_batches=4, trigger_parameter_sync_step
+    =4, staleness_threshold=0.1, partial_rollout=True, hybrid_engine=False, rollout.total_rollout_steps) with its
+    paths changed and the size knobs the recorded scripts train with, on one generating and one training process:
+    it loads, a step takes 4 x ppo_mini_batch_size prompts, and two steps train with per-token staleness metrics."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+    from verl_examples import SMALL
+
+    from posttrain.data.preprocess import prepare
+
+    data = str(prepare("gsm8k", None, tmp_path / "gsm8k")["train"][0])
+    record = json.loads((FULLY_ASYNC / "dapo_7b_math_fsdp2_4_4.json").read_text())
+    argv = [a.replace("$MODEL_PATH", str(tiny_model_dir)).replace("$TRAIN_FILES", data).replace("$VAL_FILES", data)
+            for a in record["argv"]]
+    small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL
+             if not s.startswith("data.train_batch_size=")]  # the script's 0: require_batches x mini-batch
+    result = _train([*argv, *small, "rollout.n_gpus_per_node=1", "data.train_max_samples=64"], timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [m for m in _steps(tmp_path / "run") if "actor/pg_loss" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["async/staleness_max"] <= 1 for m in steps)
+    assert "data.train_batch_size=0 -> 16" in result.stderr
+
+
 FAILING_REWARD = """
 calls = 0
 
@@ -214,19 +386,23 @@ def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_posi
 
 
 def test_settings_async_rl_does_not_support_are_refused_at_load():
-    """Fractions of a batch, partial rollouts, several processes per group and sharded roles are refused before
-    anything starts, each naming its key."""
+    """A negative threshold, no updates per push, partial rollouts of multi-turn episodes or LoRA adapters,
+    several processes per group and sharded roles are refused before anything starts, each naming its key."""
     from posttrain.config import ConfigError, load_config
 
-    cases = {"async_training.staleness_threshold": ["async_training.staleness_threshold=0.5"],
-             "async_training.partial_rollout": ["async_training.partial_rollout=True"],
+    cases = {"async_training.staleness_threshold=-0.5": ["async_training.staleness_threshold=-0.5"],
+             "trigger_parameter_sync_step=0": ["async_training.trigger_parameter_sync_step=0"],
+             "multi_turn.enable=True is not": ["async_training.partial_rollout=True",
+                                               "actor_rollout_ref.rollout.multi_turn.enable=True"],
+             "lora_rank > 0 is not": ["async_training.partial_rollout=True", "actor_rollout_ref.model.lora_rank=4"],
              "rollout.n_gpus_per_node=2": ["rollout.n_gpus_per_node=2"],
              "trainer.n_gpus_per_node=2": ["trainer.n_gpus_per_node=2"],
              "param_offload": ["actor_rollout_ref.actor.fsdp_config.param_offload=True"]}
     for needle, overrides in cases.items():
         with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
             load_config(None, ["rollout.n_gpus_per_node=1", *overrides])
-    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=2"])  # whole numbers: fine
+    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=0.1"])  # fractions: fine
+    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.partial_rollout=True"])
 
 
 def test_sigterm_stops_both_groups_after_a_step_with_a_checkpoint(tmp_path, tiny_model_dir):
@@ -255,3 +431,80 @@ def test_sigterm_stops_both_groups_after_a_step_with_a_checkpoint(tmp_path, tiny
     saved = sorted(run.glob("global_step_*"))
     assert len(saved) == 1 and "Traceback" not in err, err[-3000:]
     assert f"stopped by SIGTERM after step {saved[0].name.rsplit('_', 1)[1]}" in err
+
+
+def _rank_pids(root: int, rank: int) -> list[int]:
+    """The processes below `root` that the launcher started as `rank` (RANK in their environment)."""
+    from pathlib import Path as P
+
+    def parent(pid) -> int:
+        return int((P("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+    found = []
+    for p in P("/proc").iterdir():
+        try:
+            if not p.name.isdigit() or f"RANK={rank}".encode() not in (p / "environ").read_bytes().split(b"\0"):
+                continue
+            q = parent(int(p.name))
+            while q > 1 and q != root:
+                q = parent(q)
+        except (OSError, ValueError):
+            continue
+        if q == root:
+            found.append(int(p.name))
+    return found
+
+
+def _start_and_kill(args, run, rank, ready):
+    """Start `posttrain train`, SIGKILL rank `rank` once `ready(run)` holds; the command's exit code and stderr."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "posttrain.cli", "train", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 240
+    while not ready(run) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    pids = _rank_pids(proc.pid, rank)
+    assert proc.poll() is None and pids, "the run ended before the kill"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("still running 180 s after a rank was killed (a hang?)") from None
+    return proc.returncode, err
+
+
+def test_kill_9_of_the_generating_process_stops_the_run_with_its_own_error(tmp_path, tiny_model_dir):
+    """SIGKILL to the generating process mid-run: the run ends (no hang, well within wait_timeout_s) and the error
+    reported names the killed rank and its signal, not only the trainer's broken connection."""
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=40", "trainer.save_freq=-1",
+                      "async_training.staleness_threshold=1", "async_training.wait_timeout_s=600")
+    code, err = _start_and_kill(args, tmp_path / "run", 1, lambda run: (run / "metrics.jsonl").is_file())
+    assert code != 0
+    assert "rank 1 failed (exit code -9)" in err, err[-3000:]
+
+
+def test_kill_9_of_the_trainer_resumes_losing_only_the_batches_in_flight(tmp_path, tiny_model_dir):
+    """SIGKILL to the training process after its second checkpoint: the run ends naming rank 0; resumed, it
+    continues with the steps after the last checkpoint saved and ends with the data position of every step
+    trained: the batches in flight were generated again, none skipped."""
+    import torch
+
+    common = ["trainer.save_freq=1", "async_training.staleness_threshold=1", "async_training.wait_timeout_s=600"]
+    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=40", *common)
+    code, err = _start_and_kill(args, tmp_path / "run", 0, lambda run: (run / "global_step_2" / "extra.pt").is_file())
+    assert code != 0 and "rank 0 failed (exit code -9)" in err, err[-3000:]
+    saved = max(int(p.name.rsplit("_", 1)[1]) for p in (tmp_path / "run").glob("global_step_*")
+                if (p / "extra.pt").is_file())
+    total = saved + 2
+    result = _train(_task_args(tmp_path, tiny_model_dir, f"trainer.total_training_steps={total}", *common,
+                               "trainer.resume_allow_config_change=True"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    resumed = [m["step"] for m in _steps(tmp_path / "run")]
+    assert resumed[-2:] == [saved + 1, saved + 2], resumed
+    extra = torch.load(tmp_path / "run" / f"global_step_{total}" / "extra.pt", weights_only=True)
+    assert extra["data_cursor"] == total and extra["step"] == total

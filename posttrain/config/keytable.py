@@ -289,6 +289,8 @@ RULES: list[Rule] = [
     Rule("data.datagen.*", "only", "dynamic data generation is not supported", (None,)),
     Rule("data.sampler.*", "only", "prompts are sampled by posttrain's seeded shuffle (data.shuffle, data.seed)",
          (None,)),
+    Rule("data.gen_batch_size", "note", "a step's prompts are generated together (DAPO's refills draw "
+         "data.train_batch_size prompts each)"),
     Rule("data.dataloader_num_workers", "note", "rows are tokenized once at start-up; no loader workers"),
     Rule("data.filter_overlong_prompts_workers", "note", "rows are tokenized once at start-up in the main process"),
     Rule("data.image_patch_size", "note", VL),

@@ -27,9 +27,28 @@ def normalise(cfg: Config) -> Config:
     lora = arr.model.lora_rank > 0 or arr.model.lora_adapter_path
     if layout_fits and tp > 1 and lora and arr.actor.strategy == "megatron":
         arr.actor.fsdp_config.tp_size = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
+    _async_layout(cfg)
     if cfg.data.environment and arr.rollout.agent.program is None:
         arr.rollout.agent.program = ENVIRONMENT_PROGRAM  # the environment's rollouts are its episodes
     return cfg
+
+
+def _async_layout(cfg: Config) -> None:
+    """verl's fully asynchronous sizes: `data.train_batch_size=0` = require_batches mini-batches per step, and
+    `rollout.total_rollout_steps` prompts in all = that many steps' batches."""
+    at, d, tr = cfg.async_training, cfg.data, cfg.trainer
+    if cfg.rollout.n_gpus_per_node <= 0:
+        return
+    mini = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    if d.train_batch_size == 0 and at.require_batches >= 1 and mini >= 1:
+        d.train_batch_size = at.require_batches * mini
+        _note(cfg, f"data.train_batch_size=0 -> {d.train_batch_size}", "a training step takes "
+              "async_training.require_batches x ppo_mini_batch_size prompts")
+    total = cfg.rollout.total_rollout_steps
+    if total is not None and tr.total_training_steps is None and d.train_batch_size > 0 and total >= d.train_batch_size:
+        tr.total_training_steps = total // d.train_batch_size
+        _note(cfg, f"rollout.total_rollout_steps={total} -> trainer.total_training_steps={tr.total_training_steps}",
+              "prompts in all, over steps of data.train_batch_size prompts")
 
 
 def _note(cfg: Config, what: str, why: str) -> None:

@@ -149,8 +149,9 @@ def _validate(cfg: Config, check: Checks) -> None:
         adapter = Path(str(model.lora_adapter_path)).expanduser() / "adapter_config.json"
         check(adapter.is_file(), f"actor_rollout_ref.model.lora_adapter_path: '{adapter}' does not exist (a saved "
                                  "LoRA adapter is a peft folder with adapter_config.json)", "files, models and packages")
-    check.unsupported(arr.hybrid_engine, "actor_rollout_ref.hybrid_engine=False: posttrain always shares weights "
-                                         "between actor and rollout; remove the key")
+    check.unsupported(arr.hybrid_engine or cfg.rollout.n_gpus_per_node > 0, "actor_rollout_ref.hybrid_engine=False: "
+                      "posttrain shares weights between actor and rollout unless rollout.n_gpus_per_node > 0 "
+                      "(asynchronous RL, where the generating process holds its own); remove the key")
 
     ctok = cfg.critic.model.tokenizer_path
     check(ctok is None or ctok in (model.tokenizer_path, model.path),
@@ -424,11 +425,21 @@ def _check_layout(cfg: Config, check: Checks) -> None:
 def _check_async(cfg: Config, check: Checks) -> None:
     """Asynchronous RL (two groups of processes): what is built, and settings that only mean something there."""
     at, group, arr = cfg.async_training, cfg.rollout, cfg.actor_rollout_ref
-    check.unsupported(not at.partial_rollout, "async_training.partial_rollout=True is not supported yet: a batch is "
-                      "generated with one weight version; set it to False")
-    check.unsupported(at.trigger_parameter_sync_step == 1 and at.require_batches == 1,
-                      "async_training.trigger_parameter_sync_step and require_batches: only 1 is supported (weights "
-                      "are pushed after every update, which trains on the whole step's batch)")
+    if at.partial_rollout:
+        check.unsupported(not arr.rollout.multi_turn.enable, "async_training.partial_rollout=True with "
+                          "actor_rollout_ref.rollout.multi_turn.enable=True is not supported: weights are swapped "
+                          "between the decoding steps of a batch of single-turn responses; set partial_rollout=False")
+        check.unsupported(not arr.model.lora_rank, "async_training.partial_rollout=True with "
+                          "actor_rollout_ref.model.lora_rank > 0 is not supported: decoding runs on a copy with the "
+                          "adapters merged, which a push of the adapters cannot update; set partial_rollout=False")
+    check(at.trigger_parameter_sync_step >= 1 and at.require_batches >= 1, "async_training."
+          f"trigger_parameter_sync_step={at.trigger_parameter_sync_step} and require_batches={at.require_batches} "
+          "must be >= 1")
+    mini = arr.actor.ppo_mini_batch_size
+    check(at.require_batches == 1 or cfg.data.train_batch_size == at.require_batches * mini,
+          f"async_training.require_batches={at.require_batches} x ppo_mini_batch_size={mini} prompts make a "
+          f"training step, but data.train_batch_size={cfg.data.train_batch_size}; set it to "
+          f"{at.require_batches * mini} or 0")
     check(at.wait_timeout_s > 0, f"async_training.wait_timeout_s={at.wait_timeout_s} must be > 0")
     check(arr.rollout.update_weights_bucket_megabytes >= 1, "actor_rollout_ref.rollout.update_weights_bucket_megabytes="
           f"{arr.rollout.update_weights_bucket_megabytes} must be >= 1")
@@ -437,8 +448,7 @@ def _check_async(cfg: Config, check: Checks) -> None:
     if group.n_gpus_per_node == 0:
         return
     st = at.staleness_threshold
-    check.unsupported(st >= 0 and float(st).is_integer(), f"async_training.staleness_threshold={st}: only whole "
-                      "numbers of batches (0, 1, 2, ...) are supported; fractions need streaming generation")
+    check(st >= 0, f"async_training.staleness_threshold={st} must be >= 0")
     tr, actor = cfg.trainer, arr.actor
     check.unsupported(group.nnodes == 1 and group.n_gpus_per_node == 1 and tr.nnodes == 1 and tr.n_gpus_per_node == 1,
                       f"asynchronous RL with rollout.nnodes={group.nnodes} x rollout.n_gpus_per_node="
@@ -449,7 +459,8 @@ def _check_async(cfg: Config, check: Checks) -> None:
     sharded = [key for key, fsdp in (("actor_rollout_ref.actor", actor.fsdp_config), ("actor_rollout_ref.ref",
                                                                                       arr.ref.fsdp_config),
                                      ("critic.model", cfg.critic.model.fsdp_config))
-               if fsdp.param_offload or fsdp.tp_size > 1]
+               if (fsdp.param_offload or fsdp.tp_size > 1)
+               and (key != "actor_rollout_ref.ref" or actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)]  # built?
     check.unsupported(not sharded, f"asynchronous RL (rollout.n_gpus_per_node > 0) with {sharded[0]}.fsdp_config"
                       ".param_offload or tp_size > 1 is not supported: each group runs its model whole in one process"
                       if sharded else "")

@@ -50,7 +50,8 @@ def response_mask_from(responses: torch.Tensor, eos_ids: set[int], pad_id: int, 
 
 class RolloutEngine:
     """generate(batch, sampling) -> batch with `responses` (B*n, L), `response_mask`, `input_ids`, `attention_mask`
-    (and `rollout_log_probs` (B*n, L) with `sampling.logprobs`).
+    (and `rollout_log_probs` (B*n, L) with `sampling.logprobs`; and `rollout_versions` (B*n, L) with a
+    `between_steps` hook).
 
     The input batch holds left-padded `prompts` / `prompt_mask` (B, P) and per-prompt meta; every row is repeated
     `sampling.n` times (consecutively, sharing a `uid`). An engine implements `_generate` on one chunk of rows
@@ -64,6 +65,17 @@ class RolloutEngine:
         eos = model.generation_config.eos_token_id if model.generation_config.eos_token_id is not None else tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos])
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
+        # Partial rollouts (asynchronous RL): `between_steps(decoding_model) -> version` may swap newer weights into
+        # the decoding model; it is called before each chunk of rows and (DecodeEngine) before each decoding step,
+        # and `generate` returns the version that sampled each token as `rollout_versions`.
+        self.between_steps = None
+        self.step_versions: list[int] | None = None  # the current chunk's version per decoding step
+
+    def _weights_version(self, model) -> None:
+        """Between two decoding steps of a chunk: let `between_steps` swap weights, and record the version the next
+        token is sampled with (nothing outside `generate`'s chunks, e.g. in the self-check)."""
+        if self.between_steps is not None and self.step_versions is not None:
+            self.step_versions.append(int(self.between_steps(model)))
 
     @torch.no_grad()
     def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
@@ -72,9 +84,16 @@ class RolloutEngine:
         images = out.meta.get(MM_KEY)
         with inference_weights(self.model, self.dtype) as model, attention_backends(torch.device(self.device)):
             self.prepare(model)
-            parts = [self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk], sampling,
-                                    images=images[i:i + chunk] if images is not None else None)
-                     for i in range(0, len(out), chunk)]
+            parts, versions = [], []
+            for i in range(0, len(out), chunk):
+                self.step_versions = []
+                self._weights_version(model)  # token 0 (the prefill's) and tokens until the next swap
+                try:
+                    parts.append(self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk],
+                                                sampling, images=images[i:i + chunk] if images is not None else None))
+                finally:
+                    steps, self.step_versions = self.step_versions, None
+                versions.append(steps)
         width = max(p.shape[1] for p, _ in parts)
         pad = torch.nn.functional.pad
         responses = torch.cat([pad(p, (0, width - p.shape[1]), value=self.pad_id) for p, _ in parts])
@@ -83,6 +102,9 @@ class RolloutEngine:
         out["responses"], out["response_mask"] = responses, mask
         if sampling.logprobs:
             out["rollout_log_probs"] = torch.cat([pad(lp, (0, width - lp.shape[1])) for _, lp in parts]) * mask
+        if self.between_steps is not None:
+            out["rollout_versions"] = torch.cat([_token_versions(v, len(p), width) for v, (p, _) in
+                                                 zip(versions, parts)]) * mask.long()
         out["input_ids"] = torch.cat([out["prompts"], responses], dim=1)
         out["attention_mask"] = torch.cat([out["prompt_mask"], mask], dim=1)
         return out
@@ -101,6 +123,13 @@ class RolloutEngine:
         """(rows, max_new) tokens for `rows` prompts (each repeated `s.n` times, consecutively), and their (rows,
         max_new) sampling log-probs when `s.logprobs` (else None)."""
         raise TypeError(f"{type(self).__name__} must implement _generate()")
+
+
+def _token_versions(step_versions: list[int], rows: int, width: int) -> torch.Tensor:
+    """(rows, width): token t of every row was sampled by step_versions[t] (the last one for any later step; an
+    engine that records no steps samples the whole chunk with the version before it)."""
+    v = (step_versions + step_versions[-1:] * width)[:width]
+    return torch.tensor(v, dtype=torch.long).expand(rows, width).clone()
 
 
 def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:

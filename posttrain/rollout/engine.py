@@ -306,6 +306,7 @@ class DecodeEngine(RolloutEngine):
                         keep = (~finished).nonzero().squeeze(1)
                         token, finished = token[keep], finished[keep]
                         state.keep(keep)
+                self._weights_version(model)  # partial rollouts: newer weights may arrive between two steps
                 logits = self._step(forward, state, token, graph)
         if graph is not None:
             self.graphs_recorded = graph.recorded

@@ -1,14 +1,17 @@
 """Asynchronous RL with two groups of processes (`rollout.n_gpus_per_node` > 0): rank 0 trains, rank 1 generates
-and scores, and generation may run `async_training.staleness_threshold` (L) batches ahead of training.
+and scores, and generation may run ahead of training by A = floor((1 + staleness_threshold) x T) batches per weight
+push, T = `async_training.trigger_parameter_sync_step` (verl's bound, counted in whole batches).
 
-    trainer:   receive batch k -> learn -> push weights version k (to the generator's receiving thread)
-    generator: wait until it holds weights of version >= k - 1 - L, take the newest -> generate batch k -> send it
+    trainer:   receive batch k -> learn -> every T steps push weights version k (to the generator's receiving thread)
+    generator: wait until it holds weights of version >= k - A, take the newest -> generate batch k -> send it
 
 The generator receives weights in a thread of its own, always ready, so a push never waits for a generation; the
-weights it receives are staged and taken between batches. It sends batches from another thread, so generating the
-next batch never waits for the trainer to take the last one: the staleness bound alone holds generation back. So with L = 1 batch k+1 is generated while step k trains
-(one-step-off-policy), L = 0 makes the groups take turns, and every batch is trained at most L versions after the
-one that sampled it. Each response token carries that version (`rollout_versions`) and its behaviour log-prob
+weights it receives are staged and taken between batches (with `async_training.partial_rollout` also between two
+decoding steps of a batch, each token keeping the version that sampled it). It sends batches from another thread, so
+generating the next batch never waits for the trainer to take the last one: the staleness bound alone holds
+generation back. So with T = 1 and threshold 1 batch k+1 is generated while step k trains (one-step-off-policy),
+threshold 0 (or 0.1) makes the groups take turns, and every batch starts at most A - 1 versions before the one it
+trains at. Each response token carries that version (`rollout_versions`) and its behaviour log-prob
 (`rollout_log_probs`); the trainer recomputes the proximal `old_log_probs` and corrects with the truncated IS weight
 behaviour -> proximal (`algorithm.rollout_correction.rollout_is`, on by default here).
 
@@ -20,6 +23,7 @@ flight when a run dies are generated again.
 
 from __future__ import annotations
 
+import math
 import queue
 import sys
 import threading
@@ -85,7 +89,8 @@ class AsyncTrainer(RLTrainer):
         metrics = super().train_step()
         metrics["async/train_idle_share"] = metrics.get("timing_s/wait_gen", 0.0) / max(metrics["timing_s/step"],
                                                                                           1e-9)
-        if self.global_step < self.parts.total_steps:  # the generator's next batches want these weights
+        every = self.cfg.async_training.trigger_parameter_sync_step
+        if self.global_step < self.parts.total_steps and self.global_step % every == 0:  # the next batches want them
             self.sync.push(self.global_step)
             metrics |= {"timing_s/weight_sync": self.sync.seconds, "async/weight_sync_mb": self.sync.bytes / 2**20,
                         "async/weight_sync_s_per_gb": self.sync.seconds / max(self.sync.bytes, 1) * 2**30}
@@ -101,15 +106,16 @@ class AsyncTrainer(RLTrainer):
 
 class WeightInbox:
     """The generator's receiving side: a thread that waits for each push and stages it; `take_newest` copies the
-    newest staged weights into the model between batches (never while a batch generates). Costs two copies of the
-    trainable tensors: the one a push is received into, and the staged one."""
+    newest staged weights into the model between batches, and with partial rollouts `between_steps` does so between
+    two decoding steps. Costs two copies of the trainable tensors: the one a push is received into, and the staged
+    one. `current` is the version the model holds."""
 
-    def __init__(self, model_tensors: dict, bucket_bytes: int, timeout_s: float):
+    def __init__(self, model_tensors: dict, bucket_bytes: int, timeout_s: float, current: int = 0):
         self.model = model_tensors
         self.incoming = {n: t.detach().clone() for n, t in model_tensors.items()}
         self.staged = {n: t.detach().clone() for n, t in model_tensors.items()}
         self.sync = WeightSync(self.incoming, src=TRAINER, bucket_bytes=bucket_bytes)
-        self.timeout_s = timeout_s
+        self.timeout_s, self.current = timeout_s, current
         self.cond = threading.Condition()
         self.staged_version, self.stopped, self.error = -1, False, None
         self.thread = threading.Thread(target=self._receive_all, name="weight-inbox", daemon=True)
@@ -137,27 +143,51 @@ class WeightInbox:
                 self.error = error
                 self.cond.notify_all()
 
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"receiving weights failed: {self.error}") from self.error
+
     @torch.no_grad()
-    def take_newest(self, current: int, need: int) -> int | None:
-        """Wait until weights of version >= `need` are staged (or held already: `current`), copy the newest into
-        the model, and return its version; None once the trainer said STOP."""
+    def take_newest(self, need: int) -> int | None:
+        """Wait until weights of version >= `need` are staged (or held already), copy the newest into the model,
+        and return its version; None once the trainer said STOP."""
         deadline = time.monotonic() + self.timeout_s
         with self.cond:
-            while max(self.staged_version, current) < need and not self.stopped and self.error is None:
+            while max(self.staged_version, self.current) < need and not self.stopped and self.error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"no weights of version {need} from the trainer within "
                                        f"async_training.wait_timeout_s={self.timeout_s:g} s")
                 self.cond.wait(left)
-            if self.error is not None:
-                raise RuntimeError(f"receiving weights failed: {self.error}") from self.error
+            self._raise_error()
             if self.stopped:
                 return None
-            if self.staged_version > current:
+            if self.staged_version > self.current:
                 for name, t in self.staged.items():
                     self.model[name].copy_(t)
-                return self.staged_version
-            return current
+                self.current = self.staged_version
+            return self.current
+
+    @torch.no_grad()
+    def between_steps(self, decoding) -> int:
+        """Partial rollouts: newer staged weights, if any, into the model and into `decoding` (the engine's
+        decoding weights: the model itself or its copy in the compute dtype, same names); never waits. Returns
+        the version the next token is sampled with."""
+        with self.cond:
+            self._raise_error()
+            if self.staged_version > self.current and not self.stopped:
+                for name, t in self.staged.items():
+                    self.model[name].copy_(t)
+                held = {id(t) for t in self.model.values()}
+                if not any(id(p) in held for p in decoding.parameters()):  # a copy: copy by name
+                    params = dict(decoding.named_parameters())
+                    missing = [n for n in self.model if n not in params]
+                    if missing:
+                        raise RuntimeError(f"partial rollout: the decoding weights have no tensor {missing[0]}")
+                    for name, t in self.model.items():
+                        params[name].copy_(t)
+                self.current = self.staged_version
+            return self.current
 
 
 class Outbox:
@@ -192,7 +222,9 @@ class Generator:
     def __init__(self, cfg, groups: Groups):
         self.rl = RLTrainer(cfg, par=groups.par)
         self.cfg, self.groups = cfg, groups
-        self.lag = int(cfg.async_training.staleness_threshold)
+        at = cfg.async_training
+        # batch k may be sampled by weights of version >= k - ahead (verl's (1 + threshold) x T, whole batches)
+        self.ahead = math.floor((1 + at.staleness_threshold) * at.trigger_parameter_sync_step + 1e-9)
         self.tensors = trainable_tensors(self.rl.parts.actor.model)
 
     def run(self) -> None:
@@ -212,14 +244,16 @@ class Generator:
         start = recv_object(TRAINER, self.groups.objects)
         bucket, timeout = _bucket_bytes(self.cfg), self.cfg.async_training.wait_timeout_s
         version = WeightSync(self.tensors, src=TRAINER, bucket_bytes=bucket).receive()  # the trainer's, at the start
-        inbox = WeightInbox(self.tensors, bucket, timeout)
+        inbox = WeightInbox(self.tensors, bucket, timeout, current=version)
+        if self.cfg.async_training.partial_rollout:
+            rl.parts.engine.between_steps = inbox.between_steps
         outbox = Outbox(self.groups.objects)
         rl.data_cursor = start["data_cursor"]
         for step in range(start["first"], start["last"] + 1):
             t0 = time.perf_counter()
             if outbox.error is not None:
                 raise RuntimeError(f"sending batches failed: {outbox.error}") from outbox.error
-            newest = inbox.take_newest(version, need=step - 1 - self.lag)
+            newest = inbox.take_newest(need=step - self.ahead)
             if newest is None:  # the trainer stopped early
                 break
             version, wait_s = newest, time.perf_counter() - t0
@@ -228,7 +262,8 @@ class Generator:
             t0 = time.perf_counter()
             batch, metrics = rl._training_batch(timing)
             metrics |= rl._program_counts()
-            batch["rollout_versions"] = batch["response_mask"].long() * version
+            if "rollout_versions" not in batch:  # partial rollouts: the engine's, per token
+                batch["rollout_versions"] = batch["response_mask"].long() * version
             gen_s = time.perf_counter() - t0
             outbox.put((batch, metrics | {f"timing_s/{k}": v for k, v in timing.items()},
                         {"version": version, "data_cursor": rl.data_cursor, "gen_s": gen_s, "wait_s": wait_s}))

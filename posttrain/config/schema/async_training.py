@@ -4,6 +4,7 @@ generate and score while the others train (docs/architecture.md, "Asynchronous R
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -14,21 +15,34 @@ class RolloutGroupConfig:
     """processes that only generate and score, beside the `trainer.n_gpus_per_node` that train; 0 = none: every
     process generates and trains in turn (synchronous RL). > 0 turns on asynchronous RL (`async_training.*`);
     built: 1 generating process beside 1 training process"""
+    total_rollout_steps: Optional[int] = None
+    """with `rollout.n_gpus_per_node` > 0: prompts to generate in all (verl's fully asynchronous count); when
+    `trainer.total_training_steps` is unset the run trains total_rollout_steps // data.train_batch_size steps"""
 
 
 @dataclass
 class AsyncTrainingConfig:
     staleness_threshold: float = 1.0
-    """with `rollout.n_gpus_per_node` > 0: how many versions old the weights that sample a batch may be when it
-    trains (batch k waits for weights of version >= k-1-N, and takes the newest). 0 = the two groups take turns
-    (synchronous, staleness 0); 1 = one-step-off-policy: the batch of step k+1 is generated while step k trains
-    (staleness 1). Whole numbers only (verl's fractions of a batch need streaming generation, not built)"""
+    """with `rollout.n_gpus_per_node` > 0: how far generation may run ahead of the weights it holds, as a share of
+    the batches trained between two weight pushes (verl's: at most (1 + threshold) x trigger_parameter_sync_step
+    batches are generated per push). Batch k waits for weights of version >= k - floor((1 + threshold) x
+    trigger_parameter_sync_step), and takes the newest; a step's batch is the unit (no streaming of single samples),
+    so a fraction generates ahead only the whole batches it covers. With trigger_parameter_sync_step=1: 0 = the two
+    groups take turns (staleness 0); 1 = one-step-off-policy (the batch of step k+1 is generated while step k
+    trains); 0.1 = 0"""
     partial_rollout: bool = False
-    """episodes in flight when weights change go on with the new weights: not built, only False"""
+    """True: weights pushed while a batch generates are swapped in between two decoding steps, so the responses in
+    flight go on with the new weights (their earlier tokens' keys and values stay those of the old ones); each token
+    keeps the version that sampled it (`rollout_versions`) and its behaviour log-prob. False: a batch is generated
+    with the weights it started with (`rollout.name=hf` swaps between chunks of rows only). Not with
+    `rollout.multi_turn.enable` nor LoRA"""
     trigger_parameter_sync_step: int = 1
-    """updates between two weight pushes to the generating group: only 1 is built"""
+    """with `rollout.n_gpus_per_node` > 0: training steps (updates on one batch each) between two weight pushes to
+    the generating process"""
     require_batches: int = 1
-    """mini-batches the trainer takes at once: only 1 is built (the trainer takes the whole step's batch)"""
+    """with `rollout.n_gpus_per_node` > 0: mini-batches (`actor_rollout_ref.actor.ppo_mini_batch_size` prompts each)
+    one training step takes; `data.train_batch_size=0` (verl's fully asynchronous scripts) sets the batch to
+    require_batches x ppo_mini_batch_size, and a positive one must equal it unless require_batches=1"""
     wait_timeout_s: float = 1800.0
     """the longest any process waits for the other group (a batch, a weight push) before the run stops with an
     error; a process that dies stops the run at once"""
