@@ -18,7 +18,7 @@ import torch
 
 from posttrain.agents.episode import Episode
 from posttrain.agents.program import ProgramRunner, printed_reward
-from posttrain.agents.rollout import episodes_batch, run_episodes
+from posttrain.agents.rollout import episodes_batch, require_samples, run_episodes
 from posttrain.agents.settings import AgentSettings
 from posttrain.agents.trajectories import trajectories
 from posttrain.config import ConfigError, load_config
@@ -265,8 +265,14 @@ def test_a_row_gives_as_many_samples_as_its_program_made_all_under_its_uid(tiny_
     assert out["responses"].tolist() == [[5, E, 0], [6, 7, E]]
     assert out["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
     assert out["rollout_log_probs"].tolist() == [[-0.5, -0.5, 0.0], [-0.5, -0.5, -0.5]]
-    with pytest.raises(RuntimeError, match="no sample from any of the 2 episodes"):
-        run_episodes(runner_for(lambda row, url, key: 1.0, tiny_tokenizer), batch, SamplingParams(max_new_tokens=8))
+    # no sample on this rank: a batch of no row with the same fields (other ranks may have samples); no sample
+    # gathered from any rank: an error
+    empty = run_episodes(runner_for(lambda row, url, key: 1.0, tiny_tokenizer), batch,
+                         SamplingParams(max_new_tokens=8, logprobs=True))
+    assert len(empty) == 0 and set(empty.tensors) == set(out.tensors) and empty["responses"].shape == (0, 1)
+    assert require_samples(out, 2) is out
+    with pytest.raises(RuntimeError, match="no sample on any rank from the episodes of this step's 2 prompts"):
+        require_samples(empty, 2)
 
 
 def test_a_program_reward_replaces_the_scorer_for_its_sample(tiny_tokenizer):
