@@ -178,7 +178,8 @@ def cmd_eval(args) -> int:
         num_workers=args.num_workers, seed=args.seed, device=args.device, dtype=args.dtype,
         trust_remote_code=args.trust_remote_code, missing_chat_template=args.missing_chat_template,
         multi_turn=args.multi_turn, tool_config_path=args.tool_config, function_tool_path=args.function_tools,
-        agent=args.agent, max_assistant_turns=args.max_assistant_turns))
+        agent=args.agent, max_assistant_turns=args.max_assistant_turns, program=args.program,
+        environment=args.environment, program_timeout_s=args.program_timeout))
     _table_console().print(results_table(metrics))
     agent = {k: v for k, v in metrics.items() if k.startswith("val-agent/")}
     if agent:
@@ -339,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="accuracy of a model on a dataset: mean@n, maj@n, pass@k per data_source")
     p.add_argument("model", help="a checkpoint (RUN_DIR/global_step_N), a run folder (its latest checkpoint), a "
                                  "Hugging Face folder (e.g. from `posttrain export`) or a hub id")
-    p.add_argument("--data", nargs="+", required=True, help="parquet/jsonl files in the RL data layout")
+    p.add_argument("--data", nargs="+", default=[], help="parquet/jsonl files in the RL data layout")
     p.add_argument("--output", "-o", default="eval_samples.jsonl",
                    help="JSONL of every sample; the metrics go beside it as <name>.metrics.json")
     p.add_argument("--n", type=int, default=1, help="samples per prompt (mean@n, maj@n, pass@k)")
@@ -371,6 +372,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "implies --multi-turn")
     p.add_argument("--max-assistant-turns", type=int, default=None,
                    help="the most policy turns of an episode; implies --multi-turn")
+    p.add_argument("--program", default=None,
+                   help="an agent program plays each sample against a server over the model, as in training "
+                   "(rollout.agent.program: module:function, file.py:function or a command line)")
+    p.add_argument("--environment", default=None,
+                   help="a verifiers taskset (data.environment=verifiers:...) in place of --data: its last "
+                   "--max-samples tasks (those training holds out), played by its own program")
+    p.add_argument("--program-timeout", type=float, default=None,
+                   help="seconds per program run (rollout.agent.program_timeout_s; default: training's)")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("serve", help="an OpenAI-compatible server (chat and text completions) over a model: "

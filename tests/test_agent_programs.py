@@ -18,7 +18,7 @@ import torch
 
 from posttrain.agents.episode import Episode
 from posttrain.agents.program import ProgramRunner, printed_reward
-from posttrain.agents.rollout import episodes_batch, run_episodes
+from posttrain.agents.rollout import episodes_batch, require_samples, run_episodes
 from posttrain.agents.settings import AgentSettings
 from posttrain.agents.trajectories import trajectories
 from posttrain.config import ConfigError, load_config
@@ -265,8 +265,14 @@ def test_a_row_gives_as_many_samples_as_its_program_made_all_under_its_uid(tiny_
     assert out["responses"].tolist() == [[5, E, 0], [6, 7, E]]
     assert out["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
     assert out["rollout_log_probs"].tolist() == [[-0.5, -0.5, 0.0], [-0.5, -0.5, -0.5]]
-    with pytest.raises(RuntimeError, match="no sample from any of the 2 episodes"):
-        run_episodes(runner_for(lambda row, url, key: 1.0, tiny_tokenizer), batch, SamplingParams(max_new_tokens=8))
+    # no sample on this rank: a batch of no row with the same fields (other ranks may have samples); no sample
+    # gathered from any rank: an error
+    empty = run_episodes(runner_for(lambda row, url, key: 1.0, tiny_tokenizer), batch,
+                         SamplingParams(max_new_tokens=8, logprobs=True))
+    assert len(empty) == 0 and set(empty.tensors) == set(out.tensors) and empty["responses"].shape == (0, 1)
+    assert require_samples(out, 2) is out
+    with pytest.raises(RuntimeError, match="no sample on any rank from the episodes of this step's 2 prompts"):
+        require_samples(empty, 2)
 
 
 def test_a_program_reward_replaces_the_scorer_for_its_sample(tiny_tokenizer):
@@ -395,3 +401,56 @@ def test_a_program_over_the_server_trains_on_what_the_policy_decoded(tiny_model_
         for ep in mine:
             policy = [lp for lp, m in zip(ep.logprobs, ep.mask) if m]
             assert all(math.isfinite(lp) and lp <= 0 for lp in policy) and len(ep.logprobs) == len(ep.tokens)
+
+
+# ------------------------------------------------------------------ posttrain eval with agent programs
+
+EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples"
+
+
+def known_reward_program(row, base_url, api_key):
+    """One call to the server; reward 1 on the held-out rows of even index, else 0."""
+    from openai import OpenAI
+
+    OpenAI(base_url=base_url, api_key=api_key, max_retries=0).chat.completions.create(
+        model="policy", messages=row["prompt"], max_tokens=2)
+    return float(row["extra_info"]["index"] % 2 == 0)
+
+
+def test_eval_runs_agent_programs_on_the_eval_rows_and_reports_their_accuracy(tiny_model_dir, tmp_path):
+    """`posttrain eval --program` plays each held-out row of the tool task with the program, as training does: the
+    calculator agent's runs are counted and each sample carries its conversation; a program whose rewards are known
+    (1 on even rows) gives exactly that accuracy, so the accuracy is the program's reward, not a single response's."""
+    from posttrain.data.synthetic_tools import write_task
+    from posttrain.trainer.evaluate import EvalArgs, run_eval
+
+    test = write_task(tmp_path / "task", train=2, dev=0, held_out=3)["test"]
+    common = dict(model=str(tiny_model_dir), data_files=[str(test)], max_new_tokens=8, num_workers=0, quiet=True)
+    out = tmp_path / "calculator.jsonl"
+    metrics = run_eval(EvalArgs(**common, output=str(out),
+                                program=f"{EXAMPLES}/agent_programs/calculator_agent.py:run"))
+    assert metrics["val-agent/programs"] == 3
+    samples = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(samples) == metrics["val-agent/program_samples"]
+    assert all(s["messages"][-1]["role"] == "assistant" and s["score"] in (0.0, 1.0) for s in samples)
+    assert metrics["val-core/synthetic/calculator/acc/mean@1"] == pytest.approx(
+        sum(s["score"] for s in samples) / len(samples))
+
+    known = run_eval(EvalArgs(**common, output=str(tmp_path / "known.jsonl"),
+                              program=f"{__file__}:known_reward_program"))
+    assert known["val-core/synthetic/calculator/acc/mean@1"] == pytest.approx(2 / 3)  # rows 0 and 2 of 3
+    assert known["val-agent/programs"] == 3 and known["val-agent/program_samples"] == 3
+
+
+def test_eval_refuses_programs_with_the_loop_s_flags_or_without_their_data(tmp_path):
+    from posttrain.trainer.evaluate import EvalArgs, check_eval_args
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("{}\n")
+    with pytest.raises(ConfigError, match="--tool-config with --program: these set up posttrain's episode loop"):
+        check_eval_args(EvalArgs(model="m", data_files=[str(data)], program="x.y:z", tool_config_path=str(data)))
+    with pytest.raises(ConfigError) as e:
+        check_eval_args(EvalArgs(model="m", data_files=[str(data)], environment="verifiers:x"))
+    assert "--environment with --data" in str(e.value) and "--environment needs --max-samples" in str(e.value)
+    with pytest.raises(ConfigError, match="--program: .*no_such_module"):
+        check_eval_args(EvalArgs(model="m", data_files=[str(data)], program="no_such_module:play"))

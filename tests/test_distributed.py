@@ -673,3 +673,93 @@ def test_a_signal_on_one_rank_of_a_tensor_parallel_pair_stops_both(tmp_path):
     answers = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert sorted(a["agreed"] for a in answers) == [15, 15]
     assert sorted(a["dp_max"] for a in answers) == [0, 1]  # the data-parallel max alone would not have agreed
+
+
+# ------------------------------------------------------------------ agent programs over ranks
+
+RANKED_PROGRAM = '''
+import os
+from openai import OpenAI
+
+def play(row, base_url, api_key):
+    """One chat call; the reward: 1 for an even row index, plus 0.5 when the answer has a digit. Raises on the
+    ranks listed in FAIL_RANKS."""
+    if os.environ.get("RANK", "0") in os.environ.get("FAIL_RANKS", "").split(","):
+        raise RuntimeError("this rank's harness is down")
+    reply = OpenAI(base_url=base_url, api_key=api_key, max_retries=0).chat.completions.create(
+        model="policy", messages=row["prompt"], max_tokens=4)
+    text = reply.choices[0].message.content or ""
+    return float(row["extra_info"]["index"] % 2 == 0) + 0.5 * any(c.isdigit() for c in text)
+'''
+
+
+def program_run(tmp_path: Path, model_dir, name: str, *, processes: int, fail_ranks: str = "", steps: int = 2,
+                estimator: str = "grpo"):
+    """`posttrain train` of the agent program above on 2 prompts a step (greedy, 2 runs each) in `processes`
+    processes: (the finished process, the run folder)."""
+    from posttrain.data.dataset import layout_row
+
+    rows = [layout_row("synthetic/arithmetic", f"{a}+1=", str(a + 1), {"index": a}) for a in range(2 * steps)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "ranked_program.py").write_text(RANKED_PROGRAM)
+    run = tmp_path / name
+    args = [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={tmp_path / 'train.jsonl'}",
+            "data.train_batch_size=2", "data.shuffle=False", "data.max_prompt_length=64", "data.max_response_length=8",
+            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.do_sample=False",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", f"algorithm.adv_estimator={estimator}",
+            "actor_rollout_ref.model.enable_gradient_checkpointing=False", "actor_rollout_ref.model.dtype=fp32",
+            "actor_rollout_ref.rollout.dtype=fp32",
+            f"actor_rollout_ref.rollout.agent.program={tmp_path / 'ranked_program.py'}:play",
+            "actor_rollout_ref.rollout.agent.program_timeout_s=60", "reward_model.num_workers=0",
+            f"trainer.total_training_steps={steps}", "trainer.val_before_train=False",
+            f"trainer.n_gpus_per_node={processes}", "trainer.logger=['jsonl']", f"trainer.default_local_dir={run}",
+            f"trainer.rollout_data_dir={run / 'rollouts'}"]
+    result = run_processes([sys.executable, "-m", "posttrain.cli", "train", *args],
+                           {**os.environ, "OMP_NUM_THREADS": "1", "FAIL_RANKS": fail_ranks}, timeout=600)
+    return result, run
+
+
+def test_a_rank_whose_programs_all_fail_trains_on_the_other_ranks_samples_with_the_failures_counted(
+        tmp_path, tiny_model_dir):
+    """Two processes, every program run on rank 1 raises: no rank waits at the batch gather for ever. Each step
+    trains on rank 0's samples (its prompt's two runs) and counts rank 1's two runs as failed."""
+    result, run = program_run(tmp_path, tiny_model_dir, "run", processes=2, fail_ranks="1")
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["agent/programs"] == 4 and m["agent/program_errors/raised"] == 2, m
+        assert m["agent/program_samples"] == 2, m
+    for step, first_prompt in ((1, 0), (2, 2)):  # rank 0 holds the first prompt of each step's two
+        dumped = [json.loads(line) for line in (run / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+        assert [d["ground_truth"] for d in dumped] == [str(first_prompt + 1)] * 2, dumped
+
+
+def test_programs_that_fail_on_every_rank_stop_the_run_with_one_error_on_each_rank(tmp_path, tiny_model_dir):
+    """Two processes, every program run raises: the run ends (no hang) and both ranks name the cause."""
+    result, _ = program_run(tmp_path, tiny_model_dir, "run", processes=2, fail_ranks="0,1", steps=1)
+    assert result.returncode != 0
+    assert result.stderr.count("no sample on any rank") >= 2, result.stderr[-4000:]
+
+
+def test_two_processes_equal_one_on_greedy_agent_programs(tmp_path, lively_model_dir):
+    """Greedy agent programs in two processes give the gathered batch (each sample's uid, response and score, in
+    order) and the update (loss, gradient norm, rewards) of one process: each rank serves its share of the prompts
+    and the gather puts them back in prompt order. The rewards differ across prompts and REINFORCE++ normalises
+    over the batch, so the update is not zero. fp32 throughout, as the other equal-one tests (`dtype=auto` may pick
+    bf16, autocast in one process and FSDP's mixed precision when sharded: close, not equal)."""
+    one, one_dir = program_run(tmp_path, lively_model_dir, "one", processes=1, estimator="reinforce_plus_plus")
+    two, two_dir = program_run(tmp_path, lively_model_dir, "two", processes=2, estimator="reinforce_plus_plus")
+    assert one.returncode == 0, one.stderr[-4000:]
+    assert two.returncode == 0, two.stderr[-4000:]
+    for step in (1, 2):
+        want = (one_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()
+        got = (two_dir / "rollouts" / f"{step}.jsonl").read_text().splitlines()
+        assert len(want) == 4 and got == want
+        assert len({json.loads(line)["score"] for line in want}) > 1
+    metrics = lambda run: [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    for want, got in zip(metrics(one_dir), metrics(two_dir), strict=True):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean",
+                    "critic/advantages/mean", "response_length/mean", "agent/programs", "agent/program_samples"):
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), key
+        assert want["actor/grad_norm"] > 0

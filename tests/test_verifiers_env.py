@@ -440,3 +440,21 @@ def test_grpo_trains_two_steps_on_a_tool_environment(tool_model_dir, tmp_path):
         assert m.get("agent/program_errors", 0) == 0 and m["agent/program_scored_by_reward_function"] == 0
         assert m["actor/pg_loss"] == m["actor/pg_loss"]
     assert metrics[-1]["val-agent/programs"] == 1
+
+
+def test_eval_plays_an_environment_s_held_out_tasks_with_its_program(tiny_model_dir, tmp_path):
+    """`posttrain eval --environment` evaluates the tasks training holds out (the last --max-samples), each played
+    by the environment's program and scored by its rubric (no scorer for its data_source is needed)."""
+    from posttrain.trainer.evaluate import EvalArgs, run_eval
+
+    out = tmp_path / "env.jsonl"
+    metrics = run_eval(EvalArgs(model=str(tiny_model_dir), data_files=[], environment=CALCULATOR_TASKSET,
+                                max_samples=2, max_new_tokens=8, num_workers=0, quiet=True, output=str(out)))
+    _, held_out = verifiers_env.environment_rows(CALCULATOR_TASKSET, val_size=2)
+    samples = [json.loads(line) for line in out.read_text().splitlines()]
+    assert metrics["val-agent/programs"] == 2
+    held_out_prompts = [json.dumps(r["prompt"], sort_keys=True) for r in held_out]
+    assert {json.dumps(s["prompt"], sort_keys=True) for s in samples} <= set(held_out_prompts)
+    assert len(samples) == metrics["val-agent/program_samples"] >= 1
+    assert metrics["val-core/verifiers/acc/mean@1"] == pytest.approx(
+        sum(s["score"] > 0 for s in samples) / len(samples))

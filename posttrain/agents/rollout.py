@@ -27,32 +27,43 @@ def run_episodes(runner, batch: Batch, sampling: SamplingParams) -> Batch:
     none included) for `batch`'s prompts, as a batch whose rows carry their prompt's meta (its `uid` among them):
     `prompts` / `prompt_mask` the episodes' own prompts (rendered with their tools), `responses` every token after
     the prompt, `response_mask` 1 on policy tokens, `response_attention_mask` 1 on every real token,
-    `rollout_log_probs` with `sampling.logprobs`; meta `episode` (the Episode objects) and `env_reward`."""
+    `rollout_log_probs` with `sampling.logprobs`; meta `episode` (the Episode objects) and `env_reward`.
+    Agent programs that all failed give a batch of no row: the other ranks may have samples to train on, so the
+    decision waits for the gathered batch (`require_samples`) rather than raising on this rank alone."""
     rows = rows_of(batch)
     episodes = runner.run(rows, sampling.n, sampling)
-    if not episodes:
-        raise RuntimeError(f"no sample from any of the {len(rows) * sampling.n} episodes of this step's "
-                           f"{len(rows)} prompts (agent programs: every run failed or made no call; the warnings "
-                           "above and the agent/program_* counts say why)")
     source = {id(row): i for i, row in enumerate(rows)}
     return episodes_batch(batch.select([source[id(e.row)] for e in episodes]), episodes, runner.engine.pad_id,
                           logprobs=sampling.logprobs)
 
 
+def require_samples(gathered: Batch, prompts: int) -> Batch:
+    """`gathered` (every rank's samples of a step), or a RuntimeError when it holds none: every rank holds the same
+    gathered batch, so every rank stops here with this same error. A batch with rows trains on them; the runs that
+    gave none are counted (agent/program_errors, agent/program_no_calls)."""
+    if len(gathered) == 0:
+        raise RuntimeError(f"no sample on any rank from the episodes of this step's {prompts} prompts (agent "
+                           "programs: every run failed or made no call; the warnings above and the agent/program_* "
+                           "counts say why)")
+    return gathered
+
+
 def episodes_batch(out: Batch, episodes: list[Episode], pad_id: int, *, logprobs: bool) -> Batch:
-    """`out` (one row per episode, in order) with the episodes' tensors and meta set."""
-    P = max(len(e.prompt_ids) for e in episodes)
-    L = max(1, max(len(e.tokens) for e in episodes))
-    prompts = torch.tensor([[pad_id] * (P - len(e.prompt_ids)) + e.prompt_ids for e in episodes], dtype=torch.long)
-    prompt_mask = torch.tensor([[0] * (P - len(e.prompt_ids)) + [1] * len(e.prompt_ids) for e in episodes])
+    """`out` (one row per episode, in order) with the episodes' tensors and meta set; no episode: no row."""
+    B = len(episodes)
+    P = max((len(e.prompt_ids) for e in episodes), default=0)
+    L = max(1, max((len(e.tokens) for e in episodes), default=0))
+    table = lambda xs, width, dtype: torch.tensor(xs, dtype=dtype).reshape(B, width)  # noqa: E731  (B=0 too)
+    prompts = table([[pad_id] * (P - len(e.prompt_ids)) + e.prompt_ids for e in episodes], P, torch.long)
+    prompt_mask = table([[0] * (P - len(e.prompt_ids)) + [1] * len(e.prompt_ids) for e in episodes], P, torch.long)
     right = lambda xs, fill: [x + [fill] * (L - len(x)) for x in xs]  # noqa: E731
-    responses = torch.tensor(right([e.tokens for e in episodes], pad_id), dtype=torch.long)
-    mask = torch.tensor(right([e.mask for e in episodes], 0), dtype=torch.long)
-    real = torch.tensor(right([[1] * len(e.tokens) for e in episodes], 0), dtype=torch.long)
+    responses = table(right([e.tokens for e in episodes], pad_id), L, torch.long)
+    mask = table(right([e.mask for e in episodes], 0), L, torch.long)
+    real = table(right([[1] * len(e.tokens) for e in episodes], 0), L, torch.long)
     out["prompts"], out["prompt_mask"] = prompts, prompt_mask
     out["responses"], out["response_mask"], out["response_attention_mask"] = responses, mask, real
     if logprobs:
-        out["rollout_log_probs"] = torch.tensor(right([e.logprobs for e in episodes], 0.0), dtype=torch.float32) * mask
+        out["rollout_log_probs"] = table(right([e.logprobs for e in episodes], 0.0), L, torch.float32) * mask
     out["input_ids"] = torch.cat([prompts, responses], dim=1)
     out["attention_mask"] = torch.cat([prompt_mask, real], dim=1)
     out.meta["episode"] = list(episodes)

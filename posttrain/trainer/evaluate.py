@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,12 @@ class EvalArgs:
     function_tool_path: str | None = None  # a file of @function_tool functions (multi_turn.function_tool_path)
     agent: str | None = None  # the environment of rows without agent_name (rollout.agent.default_agent_loop)
     max_assistant_turns: int | None = None
+    # agent programs (docs/agents.md): each sample is a run of `program` against a server over the model, as in
+    # training (rollout.agent.program); `environment` (data.environment) takes the place of data_files: its last
+    # `max_samples` tasks (those training holds out with data.val_max_samples), played by its own program
+    program: str | None = None
+    environment: str | None = None
+    program_timeout_s: float | None = None  # None: as training's default (rollout.agent.program_timeout_s)
 
 
 def check_eval_args(a: EvalArgs) -> None:
@@ -70,8 +77,9 @@ def check_eval_args(a: EvalArgs) -> None:
         problems.append(f"--top-p={a.top_p!r} must lie in (0, 1]")
     if a.num_workers is not None and a.num_workers < 0:
         problems.append(f"--num-workers={a.num_workers!r} must be >= 0")
-    if not a.data_files:
-        problems.append("--data names no file")
+    problems += _program_problems(a)
+    if not a.data_files and a.environment is None:
+        problems.append("--data names no file (or give --environment)")
     for f in a.data_files:
         if not Path(f).is_file():
             problems.append(f"--data: '{f}' does not exist (or is not a file)")
@@ -93,6 +101,66 @@ def check_eval_args(a: EvalArgs) -> None:
         raise ConfigError(problems[0])
     if problems:
         raise ConfigError(f"{len(problems)} problems; nothing was started:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def _program_problems(a: EvalArgs) -> list[str]:
+    """--program / --environment: one of them, with data of their own kind, and none of the loop's flags (a program
+    runs its tools itself)."""
+    from ..tools.targets import is_callable_target, load_callable
+
+    if a.program is None and a.environment is None:
+        return []
+    problems = []
+    if a.program is not None and a.environment is not None:
+        problems.append("--program with --environment: an environment plays its tasks with its own program; "
+                        "give one of them")
+    loop = [flag for flag, value in (("--multi-turn", a.multi_turn), ("--tool-config", a.tool_config_path),
+                                     ("--function-tools", a.function_tool_path), ("--agent", a.agent),
+                                     ("--max-assistant-turns", a.max_assistant_turns)) if value]
+    if loop:
+        problems.append(f"{', '.join(loop)} with {'--program' if a.program is not None else '--environment'}: "
+                        "these set up posttrain's episode loop; an agent program runs its own turns and tools")
+    if a.program is not None and not a.program.strip():
+        problems.append("--program is empty: name a function (module:function or file.py:function) or a command")
+    elif a.program is not None and is_callable_target(a.program):
+        try:
+            load_callable(a.program)
+        except ValueError as e:
+            problems.append(f"--program: {e}")
+    if a.environment is not None:
+        if not a.environment.startswith("verifiers:") or a.environment == "verifiers:":
+            problems.append(f"--environment={a.environment!r}: expected 'verifiers:<module or taskset id>'")
+        if a.data_files:
+            problems.append("--environment with --data: the environment's tasks are the data; give one of them")
+        if a.max_samples < 1:
+            problems.append("--environment needs --max-samples N >= 1: its last N tasks are evaluated (those "
+                            "training holds out with data.val_max_samples=N)")
+    if a.program_timeout_s is not None and not (math.isfinite(a.program_timeout_s) and a.program_timeout_s > 0):
+        problems.append(f"--program-timeout={a.program_timeout_s!r} must be positive")
+    return problems
+
+
+def program_runner(args: EvalArgs, engine, tokenizer):
+    """The ProgramRunner of --program / --environment (training's runner, on the eval rows), else None."""
+    from ..agents.program import ProgramRunner
+    from ..agents.settings import AgentSettings
+    from ..config.normalise import ENVIRONMENT_PROGRAM
+
+    program = ENVIRONMENT_PROGRAM if args.environment is not None else args.program
+    if program is None:
+        return None
+    timeout = {} if args.program_timeout_s is None else {"program_timeout_s": args.program_timeout_s}
+    return ProgramRunner(engine, tokenizer, AgentSettings(program=program, **timeout))
+
+
+def environment_files(args: EvalArgs, folder: Path) -> list[str]:
+    """--environment's held-out tasks as a JSONL file in `folder`: its last --max-samples tasks."""
+    from ..agents.verifiers_env import environment_rows
+
+    _, rows = environment_rows(args.environment, val_size=args.max_samples)
+    path = folder / "tasks.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return [str(path)]
 
 
 def load_model_for_eval(source: str, *, trust_remote_code: bool = False):
@@ -174,24 +242,27 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
     lm, tok_dir, loaded = load_model_for_eval(args.model, trust_remote_code=args.trust_remote_code)
     tokenizer = load_tokenizer(tok_dir, args.trust_remote_code, key="MODEL")
     processor = load_vision_processor(tok_dir, tokenizer, trust_remote_code=args.trust_remote_code, key="MODEL")
-    agents = agent_settings_for(args, loaded)
+    agents = agent_settings_for(args, loaded) if args.program is None and args.environment is None else None
     episode_data = {}
     if agents is not None:  # prompts rendered with the tools the episodes offer
         try:
             episode_data = {"tools": toolbox_for(agents).schemas() or None, "agent_names": ENVIRONMENTS}
         except ToolLoadError as e:  # a tool file that does not load: named, not a traceback
             raise ConfigError(str(e)) from None
-    data = RLDataset(args.data_files, tokenizer, prompt_key=args.prompt_key, max_prompt_length=args.max_prompt_length,
-                     max_samples=args.max_samples, missing_chat_template=args.missing_chat_template,
-                     processor=processor, **episode_data)
+    with tempfile.TemporaryDirectory(prefix="posttrain-environment-") as folder:  # read whole while it exists
+        files = environment_files(args, Path(folder)) if args.environment is not None else args.data_files
+        data = RLDataset(files, tokenizer, prompt_key=args.prompt_key, max_prompt_length=args.max_prompt_length,
+                         max_samples=args.max_samples, missing_chat_template=args.missing_chat_template,
+                         processor=processor, **episode_data)
     scorer = FileFunction(args.reward_fn, args.reward_fn_name) if args.reward_fn else None
     workers = auto_workers() if args.num_workers is None else args.num_workers
     reward = RewardManager(tokenizer, compute_score=scorer, num_workers=workers)
-    reward.check_data_sources(it.data_source for it in data.items)
+    if args.environment is None:  # an environment's program scores its episodes
+        reward.check_data_sources(it.data_source for it in data.items)
     engine = DecodeEngine(PolicyModel(lm.to(device)), tokenizer, device=device, dtype=compute_dtype(args.dtype, device))
     sampling = SamplingParams(n=args.n, do_sample=args.temperature > 0, temperature=args.temperature or 1.0,
                               top_p=args.top_p, top_k=args.top_k, max_new_tokens=args.max_new_tokens)
-    runner = EpisodeRunner(engine, tokenizer, agents) if agents is not None else None
+    runner = EpisodeRunner(engine, tokenizer, agents) if agents is not None else program_runner(args, engine, tokenizer)
     rows, episodes = [], []
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -215,6 +286,8 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
                                  [r["score"] for r in rows], [r["answer"] for r in rows])
     if episodes:  # named as training's validation names them
         metrics |= {f"val-{k}": v for k, v in episode_metrics(episodes).items()}
+    if runner is not None and hasattr(runner, "take_metrics"):  # agent programs: runs, failures, samples
+        metrics |= {f"val-{k}": v for k, v in runner.take_metrics().items()}
     summary = {"model": loaded, "data": [str(p) for p in args.data_files], "prompts": len(data), "n": args.n,
                "temperature": args.temperature, "samples": str(out), "metrics": metrics}
     metrics_path(out).write_text(json.dumps(summary, indent=1))

@@ -13,7 +13,7 @@ import torch
 
 from ..agents.episode_log import episodes_file, write_episodes
 from ..agents.metrics import episode_metrics
-from ..agents.rollout import run_episodes
+from ..agents.rollout import require_samples, run_episodes
 from ..algo import compute_advantage
 from ..algo.kl import apply_kl_in_reward, kl_penalty
 from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff
@@ -106,7 +106,7 @@ class RLTrainer:
                 for row, failed in first_sample_rows(runs, greedy_extras[key]):
                     extras[key][row] += failed
         batch.meta.update({f"reward:{k}": v for k, v in extras.items()})
-        out = concat_rollouts(self.par.gather(batch), engine.pad_id)
+        out = require_samples(concat_rollouts(self.par.gather(batch), engine.pad_id), len(items))
         check_error_rate(out.meta.get("reward:errors", []), out.meta.get("reward:timeouts", []),
                          self.cfg.reward_model.max_error_rate,
                          responses=len(out) + (len(out) // n if greedy_extras is not None else 0))
