@@ -417,6 +417,13 @@ def known_reward_program(row, base_url, api_key):
     return float(row["extra_info"]["index"] % 2 == 0)
 
 
+def failing_on_odd_rows_program(row, base_url, api_key):
+    """Reward 1 on the held-out rows of even index; the runs of odd rows fail."""
+    if row["extra_info"]["index"] % 2:
+        raise RuntimeError("this run fails")
+    return known_reward_program(row, base_url, api_key)
+
+
 def test_eval_runs_agent_programs_on_the_eval_rows_and_reports_their_accuracy(tiny_model_dir, tmp_path):
     """`posttrain eval --program` plays each held-out row of the tool task with the program, as training does: the
     calculator agent's runs are counted and each sample carries its conversation; a program whose rewards are known
@@ -440,6 +447,14 @@ def test_eval_runs_agent_programs_on_the_eval_rows_and_reports_their_accuracy(ti
                               program=f"{__file__}:known_reward_program"))
     assert known["val-core/synthetic/calculator/acc/mean@1"] == pytest.approx(2 / 3)  # rows 0 and 2 of 3
     assert known["val-agent/programs"] == 3 and known["val-agent/program_samples"] == 3
+
+    # a failed run counts as a wrong answer: 2 of 3 rows right, not 2 of the 2 that gave a sample
+    failing = run_eval(EvalArgs(**common, output=str(tmp_path / "failing.jsonl"),
+                                program=f"{__file__}:failing_on_odd_rows_program"))
+    assert failing["val-core/synthetic/calculator/acc/mean@1"] == pytest.approx(2 / 3)
+    assert failing["val-agent/program_errors"] == 1
+    rows = [json.loads(line) for line in (tmp_path / "failing.jsonl").read_text().splitlines()]
+    assert [r.get("failed", False) for r in sorted(rows, key=lambda r: r["index"])] == [False, True, False]
 
 
 def test_eval_refuses_programs_with_the_loop_s_flags_or_without_their_data(tmp_path):

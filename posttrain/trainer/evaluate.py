@@ -11,6 +11,8 @@ environment's reward added), its conversation goes to the samples file, and `val
 
 from __future__ import annotations
 
+from collections import Counter
+
 import dataclasses
 import json
 import math
@@ -280,6 +282,7 @@ def run_eval(args: EvalArgs) -> dict[str, float]:
                 bar.advance(len(items))
     finally:
         reward.close()
+    rows += _failed_runs(data, rows, args.n)
     with out.open("w") as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows))
     metrics = validation_metrics([r["data_source"] for r in rows], [r["index"] for r in rows],
@@ -320,6 +323,21 @@ def _answer(data_source: str, text: str):
         return extract_answer_for(data_source, text)
     except (KeyError, ValueError):
         return None
+
+
+def _failed_runs(data, rows: list[dict], n: int) -> list[dict]:
+    """A row for each of the `n` samples of a prompt that gave none (an agent program's run that failed): score 0,
+    so failing runs count as wrong answers and every prompt weighs the same (`failed: true` marks them). Training
+    drops such runs (the failure may be the harness's); an evaluation that dropped them would rate a program better
+    the more often it fails."""
+    got = Counter(r["index"] for r in rows)
+    out = []
+    for i in range(len(data)):
+        it = data[i]
+        out += [{"index": i, "sample": None, "data_source": it.data_source, "prompt": it.raw_prompt,
+                 "ground_truth": str(it.ground_truth), "response": None, "answer": None, "score": 0.0, "acc": 0.0,
+                 "failed": True}] * (n - got[i])
+    return out
 
 
 def _sample_rows(meta: dict, extras: dict, n: int) -> list[dict]:
