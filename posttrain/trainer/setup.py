@@ -199,6 +199,7 @@ def _teachers(cfg, par: Parallel, distill) -> Teachers:
         model = prepare_model(build, par, ShardSettings(param_dtype=dtype, reduce_dtype=torch.float32,
                                                         offload=ref.param_offload,
                                                         reshard_after_forward=ref.reshard_after_forward))
+        model.requires_grad_(False)  # never trained (and so free to compute whole rows under sequence parallel)
         runners[t.name] = ModelRunner(model, par, dtype=dtype, balance_batch=cfg.trainer.balance_batch)
         keys[t.name] = t.key
     return Teachers(runners, keys, arr.ref, teacher_key=cfg.distillation.teacher_key,
