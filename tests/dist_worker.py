@@ -3,7 +3,8 @@
 `python tests/dist_worker.py SPEC.json`: for each case of the spec, build the trainer's roles from the case's
 overrides, run `RLTrainer.learn` on the fixed batch of the spec (old/ref log-probs, values, advantages, critic and
 actor updates), and rank 0 saves the metrics, the full gradients and learning rate of every optimizer step, the
-full updated weights and the shapes of its own parameter shards to OUT/<case>.pt. With `count_gathers` it also
+full updated weights, the shapes of its own parameter shards and how many all-to-alls it ran (sequence
+parallel's head exchanges) to OUT/<case>.pt. With `count_gathers` it also
 records how many parameter all-gathers one generate call makes, for two response lengths. With
 `fail_checks_on_rank` that rank's one-time fast-path checks fail, a generate call runs first, and every rank saves
 what it decided to OUT/<case>_checks_rank<r>.json. A spec with `rows` runs `rows_of_each_rank` instead; a spec with
@@ -27,12 +28,12 @@ from posttrain.trainer.setup import parallel_for
 
 
 class CountAllGathers(TorchDispatchMode):
-    def __init__(self):
+    def __init__(self, collective: str = "allgather"):
         super().__init__()
-        self.count = 0
+        self.count, self.collective = 0, collective
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if str(func).startswith("c10d.") and "allgather" in str(func):
+        if str(func).startswith("c10d.") and self.collective in str(func):
             self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -245,7 +246,8 @@ def main(spec_path: str) -> None:
                 trainer.parts.engine.generate(batch.select(range(par.dp_rank, len(batch), 8)),
                                               SamplingParams(n=2, max_new_tokens=3))
         steps = {role: record_gradients(obj) for role, obj in trainer.parts.trained.items()}
-        metrics = trainer.learn(batch)
+        with CountAllGathers("alltoall") as all_to_all:
+            metrics = trainer.learn(batch)
         if "fail_checks_on_rank" in spec:
             parts = trainer.parts
             models = {"actor": parts.actor, "reference": parts.reference, "critic": parts.critic}
@@ -261,7 +263,7 @@ def main(spec_path: str) -> None:
             shards = {role: {name: tuple(p.to_local().shape) for name, p in obj.model.named_parameters()
                              if hasattr(p, "to_local")} for role, obj in trainer.parts.trained.items()}
             torch.save({"metrics": metrics, "states": states, "steps": steps, "shared": shared,
-                        "local_shapes": shards,
+                        "local_shapes": shards, "all_to_all": all_to_all.count,
                         "old_log_probs": batch.get("old_log_probs"),
                         "ref_log_probs": batch.get("ref_log_probs"), "values": batch.get("values"),
                         **{k: batch.get(k) for k in ("teacher_log_probs", "teacher_topk_log_probs",

@@ -79,6 +79,26 @@ def test_unsupported_keys_say_what_to_use():
     rejects(["algorithm.use_pf_ppo=True"], "is not supported", "PF-PPO")
 
 
+def test_sequence_parallel_layout_is_checked():
+    """ulysses_sequence_parallel_size loads where it runs (dp = world / sp, every role on the actor's layout) and is
+    refused with its reason where it does not: with tensor parallel, with fsdp_size, padded rows, another size for
+    ref or critic, a size that does not divide the processes; a verl fsdp_config key other than 1 names the key."""
+    sp = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    ok = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=4",
+          f"{sp}=2"]
+    cfg = load_config(None, ok + ["actor_rollout_ref.ref.ulysses_sequence_parallel_size=2"])
+    assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+    rejects(ok + ["actor_rollout_ref.actor.fsdp_config.tp_size=2"], "tp_size=2: not supported", "use one of them")
+    rejects(ok + ["actor_rollout_ref.actor.fsdp_config.fsdp_size=2"], "fsdp_size=2: not supported")
+    rejects(ok + ["actor_rollout_ref.model.use_remove_padding=False"], "use_remove_padding=True")
+    rejects(ok + ["critic.model.use_remove_padding=False"], "critic.model.use_remove_padding=True")
+    rejects(ok + ["critic.ulysses_sequence_parallel_size=4"], "critic.ulysses_sequence_parallel_size=4",
+            "actor's sequence-parallel layout")
+    rejects(ok[:-1] + [f"{sp}=3"], "ulysses_sequence_parallel_size=3 must divide the 4 processes")
+    rejects(ok + ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"],
+            "fsdp_config.ulysses_sequence_parallel_size")
+
+
 def test_process_layout_is_checked():
     """Multi-process settings load; layouts that cannot split the responses evenly over the ranks are rejected."""
     ok = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8"]

@@ -113,6 +113,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def test_sequence_parallel_training_in_two_processes_follows_one_process(small_task, tmp_path):
+    """`posttrain train` with ulysses_sequence_parallel_size=2 on 2 processes (gradient checkpointing on, so each
+    layer's all-to-alls also run in the recompute) trains 2 GRPO steps with the numbers of one process and saves a
+    checkpoint."""
+    args = ("trainer.total_training_steps=2", "actor_rollout_ref.model.enable_gradient_checkpointing=True")
+    one, two = tmp_path / "one", tmp_path / "sp2"
+    result = posttrain("train", *train_args(small_task, one, *args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = posttrain("train", *train_args(small_task, two, *args, "trainer.n_gpus_per_node=2", "trainer.save_freq=2",
+                                            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    want, got = metrics(one), metrics(two)
+    assert [m["step"] for m in got] == [1, 2]
+    assert sorted(p.name for p in (two / "global_step_2" / "actor").glob("*.distcp")) == \
+        ["__0_0.distcp", "__1_0.distcp"]  # FSDP shards over the data x sequence ranks: one shard per rank
+    for w, g in zip(want, got):
+        for key in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
+            assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-6), (g["step"], key)
+
+
 def test_two_nodes_by_torchrun(small_task, tmp_path):
     """Two launches of `torchrun --nnodes=2` (here both on 127.0.0.1) join one 2-process job."""
     run, port = tmp_path / "nodes", free_port()

@@ -129,6 +129,25 @@ def test_parallel_dims():
         ParallelDims.of(8, tp=3)
     with pytest.raises(ConfigError, match="fsdp_size=3 must divide the 4 data-parallel"):
         ParallelDims.of(8, fsdp_size=3, tp=2)
+    dims = ParallelDims.of(8, sp=2)
+    assert (dims.dp_shard, dims.sp, dims.dp, dims.world) == (4, 2, 4, 8)
+    with pytest.raises(ConfigError, match="with fsdp_config.tp_size=2: not supported"):
+        ParallelDims.of(8, tp=2, sp=2)
+
+
+def test_sequence_parallel_refuses_models_it_cannot_split():
+    """Heads that do not divide over the sequence-parallel ranks, and layers that are not full attention, are
+    refused at load with the reason."""
+    from types import SimpleNamespace
+
+    from posttrain.parallel.ulysses import check_model
+
+    check_model(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), 2)
+    with pytest.raises(ValueError, match="num_key_value_heads=2 is not divisible"):
+        check_model(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), 4)
+    with pytest.raises(ValueError, match="sliding_attention"):
+        check_model(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2,
+                                    layer_types=["full_attention", "sliding_attention"]), 2)
 
 
 def test_the_reported_failure_is_the_rank_that_broke_first():

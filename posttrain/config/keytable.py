@@ -45,8 +45,8 @@ ENVIRONMENTS = ("custom agent loop and interaction classes are not loaded: write
                 "actor_rollout_ref.rollout.agent.default_agent_loop")
 OWN_ENGINE = "posttrain's engine serves the episodes in the training processes; no separate server or manager"
 VL = "vision-language rows are read as the model's own image processor decides (images only, no video)"
-NO_SP = ("sequence parallelism is not supported: each device holds whole sequences (use_dynamic_bsz and gradient "
-         "checkpointing bound the memory), and the devices train as FSDP2 data-parallel ranks")
+NO_SP = ("another engine's sequence-parallel key; posttrain's is actor_rollout_ref.actor."
+         "ulysses_sequence_parallel_size (Ulysses, FSDP2)")
 TRANSFORMERS = "posttrain computes log-probs and entropy in chunks on the transformers model itself"
 
 
@@ -136,7 +136,8 @@ RULES: list[Rule] = [
     Rule("**.fsdp_config.entropy_from_logits_with_chunking", "note", TRANSFORMERS),
     Rule("**.fsdp_config.use_torch_compile", "note", "posttrain runs eagerly (compile time outweighs the gain at "
          "these sizes; docs/performance.md)"),
-    Rule("**.fsdp_config.ulysses_sequence_parallel_size", "note", NO_SP),
+    Rule("**.fsdp_config.ulysses_sequence_parallel_size", "only", "set the role's ulysses_sequence_parallel_size "
+         "(actor_rollout_ref.actor.ulysses_sequence_parallel_size holds the layout)", (1,)),
 
     # ---- actor / ref / critic
     *_roles("entropy_checkpointing", "note", TRANSFORMERS, roles=ACTOR_REF),
@@ -147,7 +148,8 @@ RULES: list[Rule] = [
     *_roles("router_replay.mode", "only", "MoE router replay is not supported", ("disabled",), roles=ACTOR_REF),
     *_roles("router_replay.record_file", "only", "MoE router replay is not supported", (None,), roles=ACTOR_REF),
     *_roles("router_replay.replay_file", "only", "MoE router replay is not supported", (None,), roles=ACTOR_REF),
-    *_roles("ulysses_sequence_parallel_size", "note", NO_SP),
+    Rule("reward_model.ulysses_sequence_parallel_size", "note", "the reward model computes whole rows on each "
+         "rank"),
     *_roles("data_loader_seed", "note", "the mini-batch shuffle (actor.shuffle) is seeded by trainer.seed",
             roles=TRAINED),
     Rule("actor_rollout_ref.actor.checkpoint.async_save", "only", "checkpoints are written synchronously and "

@@ -376,7 +376,24 @@ def _check_layout(cfg: Config, check: Checks) -> None:
     if not check(tp >= 1 and world >= 1 and world % tp == 0, f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} "
                  f"must divide the {world} processes (trainer.nnodes x trainer.n_gpus_per_node)"):
         return
-    dp = world // tp
+    sp = actor.ulysses_sequence_parallel_size
+    for key, value in (("actor_rollout_ref.ref", arr.ref.ulysses_sequence_parallel_size),
+                       ("critic", cfg.critic.ulysses_sequence_parallel_size)):
+        check(value in (None, sp), f"{key}.ulysses_sequence_parallel_size={value}: every role uses the actor's "
+                                   f"sequence-parallel layout ({sp}); remove the key")
+    from ..errors import ConfigError
+    from ..parallel.context import check_sequence_parallel
+
+    try:
+        check_sequence_parallel(world, sp=sp, tp=tp, fsdp_size=fsdp_size)
+    except ConfigError as error:
+        check(False, str(error))
+        return
+    for key, packs in (("actor_rollout_ref.model", arr.model.use_remove_padding),
+                       ("critic.model", cfg.critic.model.use_remove_padding)):
+        check(sp == 1 or packs, f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp} splits packed rows: "
+                                f"it needs {key}.use_remove_padding=True")
+    dp = world // (tp * sp)
     check(tp == 1 or (arr.model.lora_rank == 0 and not arr.model.lora_adapter_path),
           f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} with tp_size={tp}: LoRA runs with FSDP2 sharding "
           "alone; set actor_rollout_ref.actor.fsdp_config.tp_size=1 (the frozen base shards over every rank)")

@@ -359,6 +359,7 @@ def _packed_stats(model, base, decoder, project, params, softcap, input_ids, att
     when `prompts` groups the rows (shared_prompt.packed_shared_prompt_hidden)."""
     from .packed import mask_off, pack, predictors
     from .shared_prompt import ATTENTION_NAME, packed_shared_prompt_hidden
+    from ..parallel.ulysses import active_group, on_this_share, split, sum_over_group
 
     if base.config._attn_implementation != ATTENTION_NAME:
         raise ValueError(f"packed rows need the model's attention implementation set to {ATTENTION_NAME}")
@@ -374,6 +375,20 @@ def _packed_stats(model, base, decoder, project, params, softcap, input_ids, att
         hidden, valid, at = packed_shared_prompt_hidden(run, input_ids, attention_mask, L, *prompts)
     else:
         rows = pack(input_ids, attention_mask)
+        group = active_group()
+        if group is not None:
+            if router is not None:
+                raise ValueError("sequence parallel: a MoE model's router loss is not supported (each rank sees "
+                                 "a share of the tokens); set ulysses_sequence_parallel_size=1")
+            ids, positions, packing, start = split(rows, group)
+            with mask_off():
+                hidden = run(None, input_ids=ids, attention_mask=None, position_ids=positions, packed=packing)[0]
+            valid, at = predictors(rows, L)
+            mine, at = on_this_share(valid, at, start, hidden.shape[0])
+            out = _response_stats(hidden.index_select(0, at), input_ids[:, -L:], mine, project, params, softcap,
+                                  **stats)
+            return tuple(None if o is None else tuple(sum_over_group(v, group, hidden) for v in o)
+                         if isinstance(o, tuple) else sum_over_group(o, group, hidden) for o in out)
         with mask_off():
             hidden = run(torch.ones_like(rows.input_ids), input_ids=rows.input_ids, attention_mask=None,
                          position_ids=rows.position_ids, packed=rows.packing)[0]

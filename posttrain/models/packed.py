@@ -29,11 +29,13 @@ _PACKED_CALL = contextvars.ContextVar("posttrain_packed_call", default=False)
 @dataclass
 class Packing:
     """Where each row lies in the packed row: `starts` (rows + 1,) cumulative offsets (int32, on the device),
-    `bounds` the same as Python ints, `longest` the longest row."""
+    `bounds` the same as Python ints, `longest` the longest row; `sequence_group`: the process group this rank
+    holds a share of the row for (Ulysses sequence parallel, models/ulysses.py), or None."""
 
     starts: torch.Tensor
     bounds: list[int]
     longest: int
+    sequence_group: object = None
 
 
 @dataclass

@@ -15,6 +15,7 @@ from torch import nn
 
 from .logprobs import _unwrap, keeps_one_logit, response_logprobs
 from .shared_prompt import each_row_its_own_prompt, shared_prompt_hidden, switch_on_if_equal
+from ..parallel.ulysses import active_group
 from .vision import forward_inputs, is_vision_config
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ class PolicyModel(nn.Module):
         kwargs = dict(temperature=temperature, chunk_size=chunk_size, with_entropy=with_entropy, router=router,
                       extra_tokens=extra_tokens)
         packed = packed and self.packs()
+        if packed and active_group() is not None:
+            prompts = None  # a sequence-parallel call shares no prompts
         # the one-time check first: every rank of a sharded model runs it in the same call, whatever its rows
         if prompts is None or not self._shares_prompts(packed) or each_row_its_own_prompt(self, prompts,
                                                                                            len(input_ids)):
@@ -144,6 +147,8 @@ class ValueModel(nn.Module):
         PolicyModel), or the rows run padding-free with `packed` (where `packs()`; 0 where the response is
         padding). A vision-language backbone takes each row's image inputs in `images` (vision.py)."""
         if response_length is not None and packed and self.packs():
+            if active_group() is not None:
+                prompts = None  # a sequence-parallel call shares no prompts
             if prompts is not None and (not self._shares_prompts(packed=True)
                                         or each_row_its_own_prompt(self, prompts, len(input_ids))):
                 prompts = None
@@ -161,12 +166,21 @@ class ValueModel(nn.Module):
     def _packed_values(self, input_ids, attention_mask, response_length: int, prompts=None) -> torch.Tensor:
         from .packed import mask_off, pack, predictors
         from .shared_prompt import ATTENTION_NAME, packed_shared_prompt_hidden
+        from ..parallel.ulysses import active_group, on_this_share, split, sum_over_group
 
         if self.backbone.config._attn_implementation != ATTENTION_NAME:
             raise ValueError(f"packed rows need the model's attention implementation set to {ATTENTION_NAME}")
         if prompts is not None:
             hidden, valid, at = packed_shared_prompt_hidden(lambda _weights, **inputs: self._hidden(**inputs),
                                                             input_ids, attention_mask, response_length, *prompts)
+        elif active_group() is not None:  # this rank's share of the row (ulysses.py)
+            rows, group = pack(input_ids, attention_mask), active_group()
+            ids, positions, packing, start = split(rows, group)
+            with mask_off():
+                hidden = self._hidden(input_ids=ids, attention_mask=None, position_ids=positions, packed=packing)[0]
+            mine, at = on_this_share(*predictors(rows, response_length), start, hidden.shape[0])
+            values = self.value_head(hidden.index_select(0, at)).squeeze(-1)
+            return sum_over_group(values.new_zeros(mine.shape).masked_scatter(mine, values), group, hidden)
         else:
             rows = pack(input_ids, attention_mask)
             with mask_off():

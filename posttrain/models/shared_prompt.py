@@ -83,6 +83,14 @@ def shared_prompt_attention(module, query, key, value, attention_mask, dropout: 
     if packed is not None:  # a padding-free call (packed.py)
         if sliding_window is not None or softcap is not None or kwargs.get("s_aux") is not None:
             raise RuntimeError("packed attention runs full attention only (no sliding window, softcap or sinks)")
+        if packed.sequence_group is not None:  # this rank's share of the row (ulysses.py)
+            if shared_prompt is not None:
+                raise RuntimeError("a sequence-parallel call shares no prompts")
+            from ..parallel.ulysses import attention as sequence_parallel_attention
+
+            return sequence_parallel_attention(
+                lambda q, k, v: packed_attention(module, q, k, v, packed, dropout=dropout, scaling=scaling),
+                query, key, value, packed)
         if shared_prompt is not None and shared_prompt.attend:  # packed responses after their packed prompts
             ctx, layer = shared_prompt, module.layer_idx
             return attention_after_prompt(query, key, value, ctx.stored.keys[layer], ctx.stored.values[layer],

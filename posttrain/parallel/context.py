@@ -25,12 +25,15 @@ _joined_process_group = False  # this process has run collectives: see exit_proc
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """world = dp_replicate x dp_shard x tp. FSDP shards over dp_shard and replicates over dp_replicate (HSDP);
-    tensor parallel splits each layer over tp; the data-parallel degree dp = dp_replicate x dp_shard."""
+    """world = dp_replicate x dp_shard x sp x tp. FSDP shards over dp_shard (x sp) and replicates over
+    dp_replicate (HSDP); tensor parallel splits each layer over tp; Ulysses sequence parallel splits each sequence
+    over sp (models/ulysses.py); the data-parallel degree dp = dp_replicate x dp_shard. The ranks of one sp or tp
+    group hold the same rows."""
 
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    sp: int = 1
 
     @property
     def dp(self) -> int:
@@ -38,19 +41,36 @@ class ParallelDims:
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.sp * self.tp
 
     @classmethod
-    def of(cls, world: int, *, fsdp_size: int = -1, tp: int = 1) -> "ParallelDims":
-        """Split `world` processes: tp per tensor-parallel group, then FSDP groups of `fsdp_size` (-1 = all)."""
+    def of(cls, world: int, *, fsdp_size: int = -1, tp: int = 1, sp: int = 1) -> "ParallelDims":
+        """Split `world` processes: tp per tensor-parallel group, sp per sequence-parallel group, then FSDP groups
+        of `fsdp_size` (-1 = all)."""
         if tp < 1 or world % tp:
             raise ConfigError(f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} must divide the {world} processes")
-        dp = world // tp
+        check_sequence_parallel(world, sp=sp, tp=tp, fsdp_size=fsdp_size)
+        dp = world // (tp * sp)
         shard = dp if fsdp_size in (-1, 0) else fsdp_size
         if shard < 1 or dp % shard:
             raise ConfigError(f"fsdp_config.fsdp_size={fsdp_size} must divide the {dp} data-parallel processes "
                               f"({world} processes / tp_size {tp})")
-        return cls(dp // shard, shard, tp)
+        return cls(dp // shard, shard, tp, sp)
+
+
+def check_sequence_parallel(world: int, *, sp: int, tp: int, fsdp_size: int) -> None:
+    """Refuse the layouts sequence parallel does not run: with tensor parallel (both split the attention heads over
+    ranks; one split of them is supported), with HSDP (FSDP shards over every data x sequence rank), or an sp that
+    does not divide the processes."""
+    key = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
+    if sp < 1 or world % sp:
+        raise ConfigError(f"{key}={sp} must divide the {world} processes")
+    if sp > 1 and tp > 1:
+        raise ConfigError(f"{key}={sp} with fsdp_config.tp_size={tp}: not supported (both split the attention heads "
+                          "over ranks); use one of them")
+    if sp > 1 and fsdp_size not in (-1, 0):
+        raise ConfigError(f"{key}={sp} with fsdp_config.fsdp_size={fsdp_size}: not supported (FSDP shards over "
+                          "every data x sequence-parallel rank); remove fsdp_size")
 
 
 class Parallel:
@@ -64,10 +84,14 @@ class Parallel:
         self.distributed = mesh is not None
         self.rank = dist.get_rank() if self.distributed else rank or 0
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.sp_group = None
         if self.distributed:
             names = ("dp_replicate", "dp_shard")
             self.dp_mesh = mesh[names]._flatten("dp") if dims.dp_replicate > 1 else mesh["dp_shard"]
             self.fsdp_mesh = mesh[names] if dims.dp_replicate > 1 else mesh["dp_shard"]
+            if dims.sp > 1:  # FSDP's gradient sum over the sequence shards adds each rank's tokens' gradients
+                self.fsdp_mesh = mesh[("dp_shard", "sp")]._flatten("dp_shard_sp")
+                self.sp_group = mesh["sp"].get_group()
             self.tp_mesh = mesh["tp"]
             self.dp_rank = self.dp_mesh.get_local_rank()
             self._dp_group = self.dp_mesh.get_group()
@@ -198,7 +222,7 @@ def join_process_group(backend: str, *, timeout, device: torch.device) -> None:
     dist.init_process_group(backend, timeout=timeout)
 
 
-def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1,
+def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1, sp: int = 1,
                   need_sharding: bool = False) -> Parallel:
     """Join the job torchrun started (WORLD_SIZE > 1), or stay a plain single process.
 
@@ -212,9 +236,9 @@ def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1
                           "False); use trainer.device=auto or cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
-    if world == 1 and not need_sharding and tp == 1:
+    if world == 1 and not need_sharding and tp == 1 and sp == 1:
         return Parallel(device=torch.device("cuda") if use_cuda else device)
-    dims = ParallelDims.of(world, fsdp_size=fsdp_size, tp=tp)
+    dims = ParallelDims.of(world, fsdp_size=fsdp_size, tp=tp, sp=sp)
     if not dist.is_initialized():
         global _joined_process_group
         _joined_process_group = True
@@ -227,8 +251,8 @@ def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1
             dist.init_process_group(backend)
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device.type, (dims.dp_replicate, dims.dp_shard, dims.tp),
-                            mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    mesh = init_device_mesh(device.type, (dims.dp_replicate, dims.dp_shard, dims.sp, dims.tp),
+                            mesh_dim_names=("dp_replicate", "dp_shard", "sp", "tp"))
     return Parallel(dims, device=device, mesh=mesh)
 
 

@@ -112,6 +112,10 @@ def parallelize(model: nn.Module, par: Parallel, settings: ShardSettings) -> nn.
 
     if par.dims.tp > 1:
         apply_tensor_parallel(model, par)
+    if par.dims.sp > 1:
+        from .ulysses import check_model
+
+        check_model(base_model(model).config, par.dims.sp)
     mp = MixedPrecisionPolicy(param_dtype=settings.param_dtype, reduce_dtype=settings.reduce_dtype)
     offload = CPUOffloadPolicy(pin_memory=par.device.type == "cuda") if settings.offload else OffloadPolicy()
     for layer in decoder_layers(model):

@@ -18,6 +18,7 @@ from ..models.load import attention_backends, autocast, eval_mode
 from ..models.shared_prompt import leading_padding, prompt_groups
 from ..models.vision import MM_KEY
 from ..parallel import Parallel, balance, clip_grad_norm, is_sharded
+from ..parallel.ulysses import sequence_parallel
 
 
 def group_rows(uids) -> list[list[int]]:
@@ -87,13 +88,27 @@ class ModelRunner:
         """Whether micro-batches run padding-free (`use_remove_padding`, models/packed.py): asked for, and the
         model passed its one-time check — run here, through the model's own forward on a two-token row, so that
         every rank of a sharded model makes the call at the same point (the micro-batch split needs the answer)."""
-        if not self.remove_padding or not callable(getattr(self.model, "packs", None)):
+        if not callable(getattr(self.model, "packs", None)):
+            return False
+        if not self.remove_padding:
+            self._check_split(False)
             return False  # a model without a packed path (the reward model decides for itself)
         if getattr(self.model, "packed_ok", None) is None:
             ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
             with torch.no_grad(), eval_mode(self.model), self.autocast():
                 self.model(ids, torch.ones_like(ids), 1, packed=True)
-        return bool(getattr(self.model, "packed_ok", False))
+        packs = bool(getattr(self.model, "packed_ok", False))
+        self._check_split(packs)
+        return packs
+
+    def _check_split(self, packs: bool) -> None:
+        """A trained model under sequence parallel must run packed rows, which are what is split: otherwise each
+        rank of the group computes whole rows and FSDP adds their gradients, sp times the gradient. (A forward-only
+        model computes whole rows correctly, only without the memory saving.)"""
+        if self.par.sp_group is not None and not packs and any(p.requires_grad for p in self.model.parameters()):
+            raise ValueError(f"ulysses_sequence_parallel_size={self.par.dims.sp}: {type(self.model).__name__} does "
+                             "not run packed rows, which sequence parallel splits (it needs "
+                             "actor_rollout_ref.model.use_remove_padding=True and a text model)")
 
     @property
     def device(self) -> torch.device:
@@ -104,7 +119,8 @@ class ModelRunner:
         """Sharded models compute in FSDP's param dtype (MixedPrecisionPolicy); a plain one under autocast. On a
         GPU, attention without cuDNN's per-shape plans (`attention_backends`)."""
         with attention_backends(self.device), (contextlib.nullcontext() if self.sharded
-                                                else autocast(self.device, self.dtype)):
+                                                else autocast(self.device, self.dtype)), \
+                sequence_parallel(self.par.sp_group):
             yield
 
     def backward(self, loss: torch.Tensor) -> None:

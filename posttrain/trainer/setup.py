@@ -75,12 +75,13 @@ def teacher_key(t) -> str:
 
 
 def parallel_for(cfg) -> Parallel:
-    """This process's layout: torchrun's world (or one process), the actor's fsdp_size and tp_size. One process
-    still shards (FSDP2 over itself) when a trained model is to be offloaded to CPU memory."""
+    """This process's layout: torchrun's world (or one process), the actor's fsdp_size, tp_size and
+    ulysses_sequence_parallel_size. One process still shards (FSDP2 over itself) when a trained model is to be
+    offloaded to CPU memory."""
     actor_fsdp = cfg.actor_rollout_ref.actor.fsdp_config
     offload = actor_fsdp.param_offload or (needs_critic(cfg) and cfg.critic.model.fsdp_config.param_offload)
     return init_parallel(device_name=cfg.trainer.device, fsdp_size=actor_fsdp.fsdp_size, tp=actor_fsdp.tp_size,
-                         need_sharding=offload)
+                         sp=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size, need_sharding=offload)
 
 
 def shard_settings(fsdp_cfg, compute: torch.dtype) -> ShardSettings:
@@ -198,6 +199,7 @@ def _teachers(cfg, par: Parallel, distill) -> Teachers:
         model = prepare_model(build, par, ShardSettings(param_dtype=dtype, reduce_dtype=torch.float32,
                                                         offload=ref.param_offload,
                                                         reshard_after_forward=ref.reshard_after_forward))
+        model.requires_grad_(False)  # never trained (and so free to compute whole rows under sequence parallel)
         runners[t.name] = ModelRunner(model, par, dtype=dtype, balance_batch=cfg.trainer.balance_batch)
         keys[t.name] = t.key
     return Teachers(runners, keys, arr.ref, teacher_key=cfg.distillation.teacher_key,

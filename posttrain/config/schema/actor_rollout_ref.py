@@ -163,6 +163,12 @@ class ActorConfig:
     """`C` of `seq-mean-token-sum-norm` (null = `data.max_response_length`)"""
     entropy_coeff: float = 0.0
     """entropy bonus coefficient"""
+    ulysses_sequence_parallel_size: int = 1
+    """Ulysses sequence parallel: each packed micro-batch is split along the sequence over this many ranks, which
+    hold the same rows; around attention an all-to-all gives each rank the whole sequence for heads / sp heads.
+    Activation memory per rank falls by about sp (docs/scaling.md). Needs `model.use_remove_padding`, attention
+    and key/value heads divisible by it, full attention, text models; not with tp_size > 1 or fsdp_size. The same
+    layout holds for ref and critic"""
     use_kl_loss: bool = False
     """add `kl_loss_coef * agg(kl(logp, logp_ref))` to the actor loss (loads the reference)"""
     kl_loss_coef: float = 0.001
@@ -192,6 +198,8 @@ class RefConfig:
     """token-budget micro-batches"""
     log_prob_max_token_len_per_gpu: int = 16384
     """token-budget micro-batches"""
+    ulysses_sequence_parallel_size: Optional[int] = None
+    """null = the actor's; any other value must equal it (one layout for every role)"""
     fsdp_config: FSDPConfig = field(default_factory=lambda: FSDPConfig(param_offload=False))
     """param_offload: keep the reference weights in CPU memory between uses (FSDP2 CPU offload when sharded; in one
     plain process on a GPU the model moves in and out per step; nothing to move on a CPU run)

@@ -43,6 +43,8 @@ class CriticConfig:
     """token-budget micro-batches"""
     ppo_max_token_len_per_gpu: int = 32768
     """token-budget micro-batches"""
+    ulysses_sequence_parallel_size: Optional[int] = None
+    """null = the actor's; any other value must equal it (one layout for every role)"""
     ppo_epochs: Optional[int] = None
     """null = the actor's"""
     shuffle: bool = False
