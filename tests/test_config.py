@@ -82,7 +82,7 @@ def test_unsupported_keys_say_what_to_use():
 def test_sequence_parallel_layout_is_checked():
     """ulysses_sequence_parallel_size loads where it runs (dp = world / sp, every role on the actor's layout) and is
     refused with its reason where it does not: with tensor parallel, with fsdp_size, padded rows, another size for
-    ref or critic, a size that does not divide the processes; a verl fsdp_config key other than 1 names the key."""
+    ref or critic, a size that does not divide the processes; verl's newer fsdp_config key sets the role's."""
     sp = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
     ok = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "trainer.n_gpus_per_node=4",
           f"{sp}=2"]
@@ -95,8 +95,9 @@ def test_sequence_parallel_layout_is_checked():
     rejects(ok + ["critic.ulysses_sequence_parallel_size=4"], "critic.ulysses_sequence_parallel_size=4",
             "actor's sequence-parallel layout")
     rejects(ok[:-1] + [f"{sp}=3"], "ulysses_sequence_parallel_size=3 must divide the 4 processes")
-    rejects(ok + ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"],
-            "fsdp_config.ulysses_sequence_parallel_size")
+    # the newest verl tree's place for the key (the role's own is deprecated there) sets the role's key
+    newer = load_config(None, ok[:-1] + ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"])
+    assert newer.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
 
 
 def test_process_layout_is_checked():

@@ -136,6 +136,11 @@ RULES: list[Rule] = [
     Rule("**.fsdp_config.entropy_from_logits_with_chunking", "note", TRANSFORMERS),
     Rule("**.fsdp_config.use_torch_compile", "note", "posttrain runs eagerly (compile time outweighs the gain at "
          "these sizes; docs/performance.md)"),
+    # the newest tree's place for the sequence-parallel size (the role's own key is deprecated there)
+    Rule("actor_rollout_ref.*.fsdp_config.ulysses_sequence_parallel_size", "map", "the role's sequence-parallel size",
+         target="actor_rollout_ref.{0}.ulysses_sequence_parallel_size"),
+    Rule("critic.model.fsdp_config.ulysses_sequence_parallel_size", "map", "the critic's sequence-parallel size",
+         target="critic.ulysses_sequence_parallel_size"),
     Rule("**.fsdp_config.ulysses_sequence_parallel_size", "only", "set the role's ulysses_sequence_parallel_size "
          "(actor_rollout_ref.actor.ulysses_sequence_parallel_size holds the layout)", (1,)),
 
