@@ -664,3 +664,46 @@ def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_mode
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
     if "_rm_" in name or "skyworkrm" in name:
         assert all("reward/rm_score/mean" in r for r in rows if "actor/pg_loss" in r)
+
+
+DAPO = ROOT / "tests" / "data" / "dapo_scripts_2026_01"
+
+
+@pytest.mark.parametrize("name", ["dapo__run_dapo_qwen2.5_32b.json", "dapo__test_dapo_7b_math.json"])
+def test_dapo_long_response_script_trains_two_steps_with_sequence_parallel_on_two_processes(
+        name, tiny_model_dir, gsm8k_file, tmp_path):
+    """verl's DAPO recipe scripts that split each sequence over Ulysses ranks (sequence-parallel size 8 on 128 GPUs,
+    4 on 64) keep their own keys (dynamic sampling, overlong buffer, token-mean loss, dynamic batch sizes) and,
+    with the recorded scripts' size knobs, the tiny model and GSM8K data, train 2 steps on 2 CPU processes with
+    sequence-parallel size 2, the script's intent at the size 2 processes hold. As recorded, the 32B script loads;
+    the 7B one is refused by name (its fsdp_size=32 asks for HSDP, which sequence parallel does not run)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from verl_examples import SMALL
+
+    _, _, overrides = _script_argv(name, str(tiny_model_dir), gsm8k_file, folder=DAPO)
+    sp = {a.split("=")[0]: int(a.split("=")[1]) for a in overrides if "ulysses_sequence_parallel_size" in a}
+    assert sp and all(v >= 4 for v in sp.values())  # the scripts split sequences: the reduction keeps that
+    config_file, base = hydra_config(None, "")
+    if "fsdp_size=32" in " ".join(overrides):  # at its own size: HSDP groups of 32 with sequence parallel
+        with pytest.raises(ConfigError, match="ulysses_sequence_parallel_size=4 with fsdp_config.fsdp_size=32"):
+            load_config(config_file, base + overrides)
+    else:
+        load_config(config_file, base + overrides)  # as recorded, only the paths changed
+    run = tmp_path / "run"
+    small = [s.replace("STEPS", "2").replace("RUN_DIR", str(run)) for s in SMALL]
+    two = ["trainer.n_gpus_per_node=2", "data.train_max_samples=16", "trainer.save_freq=2",
+           *(f"{key}=2" for key in sp)]
+    result = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", *overrides, *small, *two],
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "actor/pg_loss" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(v) for r in steps for v in r.values() if isinstance(v, float))
+    # the layout the run built: one data-parallel rank whose sequences are split over both processes (a trained
+    # model that cannot split its rows is refused under that layout, so the run finishing means they were split)
+    assert result.stderr.count("note: Ulysses sequence parallel: each sequence is split over 2 ranks (2 processes = "
+                               "1 data-parallel x 2 sequence-parallel)") == 1, result.stderr[-3000:]
+    assert sorted(p.name for p in (run / "global_step_2" / "actor").glob("*.distcp")) == \
+        ["__0_0.distcp", "__1_0.distcp"]  # FSDP shards over the data x sequence ranks

@@ -80,8 +80,12 @@ def parallel_for(cfg) -> Parallel:
     offloaded to CPU memory."""
     actor_fsdp = cfg.actor_rollout_ref.actor.fsdp_config
     offload = actor_fsdp.param_offload or (needs_critic(cfg) and cfg.critic.model.fsdp_config.param_offload)
-    return init_parallel(device_name=cfg.trainer.device, fsdp_size=actor_fsdp.fsdp_size, tp=actor_fsdp.tp_size,
-                         sp=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size, need_sharding=offload)
+    par = init_parallel(device_name=cfg.trainer.device, fsdp_size=actor_fsdp.fsdp_size, tp=actor_fsdp.tp_size,
+                        sp=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size, need_sharding=offload)
+    if par.sp_group is not None and par.is_main:  # the log says which layout the run trained with
+        print(f"note: Ulysses sequence parallel: each sequence is split over {par.dims.sp} ranks ({par.world} "
+              f"processes = {par.dp} data-parallel x {par.dims.sp} sequence-parallel)", file=sys.stderr)
+    return par
 
 
 def shard_settings(fsdp_cfg, compute: torch.dtype) -> ShardSettings:
