@@ -51,11 +51,10 @@ NOT_LOADING_2026 = {
     "grpo_trainer/run_qwen3_5_2b_openr1_fsdp.sh": ["reward_score/openr1mm.py"],
     "grpo_trainer/run_qwen3_5_2b_video_fsdp.sh": ["reward_score/tinyllava_video_r1.py"],
     "grpo_trainer/run_qwen3_5_397b_megatron.sh": [DP],
-    "grpo_trainer/run_qwen3_vl_30b_a3b_fsdp.sh": ["rejection sampling"],
     "mtp_trainer/run_mimo_7b_mtp_megatron.sh": ["multi-token prediction"],
     "mtp_trainer/run_mimo_7b_mtp_rl_vllm_sgl_megatron.sh": ["multi-token prediction"],
     "rollout_correction/run_qwen2_5_7b_fsdp.sh": ["loss_type='reinforce'"],
-    "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": ["rejection sampling"],
+    "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": ["rejection sampling in bypass mode"],
     "router_replay/run_qwen3_30b_a3b_megatron.sh": [REPLAY, DP],
     "router_replay/run_qwen3_5_35b_a3b_veomni.sh": [REPLAY],
 }
@@ -620,7 +619,7 @@ def test_newest_tree_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_fi
     """The 90 main_ppo scripts of the newest tree: the count docs/porting.md reports load, and each of the others
     fails at load with one message naming its reasons."""
     loaded, failed = _load_recorded(NEWEST, str(tiny_model_dir), gsm8k_file, saved_adapter)
-    assert (len(loaded), len(loaded) + len(failed)) == (69, 90)
+    assert (len(loaded), len(loaded) + len(failed)) == (70, 90)
     assert set(failed) == set(NOT_LOADING_2026), sorted(set(failed) ^ set(NOT_LOADING_2026))
     for script, fragments in NOT_LOADING_2026.items():
         for fragment in fragments:

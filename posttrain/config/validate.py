@@ -334,8 +334,8 @@ def _check_policy_loss(actor, check: Checks) -> None:
 
 
 def _check_rollout_correction(rc, check: Checks) -> None:
-    """Truncated IS (token / sequence) and bypass mode with the configured loss work (with both, a note says the
-    weights are not applied); the rest is rejected."""
+    """Truncated IS (token / sequence), rejection sampling (not in bypass mode) and bypass mode with the
+    configured loss work (bypass with IS: a note says the weights are not applied); the rest is rejected."""
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
@@ -358,8 +358,16 @@ def _check_rollout_correction(rc, check: Checks) -> None:
                                        "would be masked")
     check(rc.rollout_is_mode in ("truncate", "mask"), f"{key}.rollout_is_mode={rc.rollout_is_mode!r} is not one of "
                                                      "['truncate', 'mask']")
-    check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
-                                 "truncated importance sampling (rollout_is=token or sequence) and remove the key")
+    if rc.rollout_rs is not None:
+        from ..algo.rollout_correction import rs_bounds
+
+        try:
+            rs_bounds(rc.rollout_rs, rc.rollout_rs_threshold)
+        except ValueError as e:
+            check(False, f"{key}.{e}", "wrong values")
+        check(not rc.bypass_mode, f"{key}.rollout_rs={rc.rollout_rs!r} with bypass_mode=True: rejection sampling "
+                                  "in bypass mode (verl's, inside the loss against the current policy) is not "
+                                  "supported; it works with bypass_mode=False")
     check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
                                       "loss on the rollout's log-probs) is supported")
 

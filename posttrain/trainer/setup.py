@@ -281,12 +281,12 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
             reward.check_data_sources(it.data_source for it in data.items)
     r, rc, a = arr.rollout, cfg.algorithm.rollout_correction, arr.actor
     max_new = r.response_length or cfg.data.max_response_length
-    rollout_logprobs = r.calculate_log_probs or rc.rollout_is is not None or rc.bypass_mode
+    rollout_logprobs = r.calculate_log_probs or rc.rollout_is is not None or rc.rollout_rs is not None or rc.bypass_mode
     info = estimator_info(cfg.algorithm.adv_estimator)
     # bypass mode: the rollout's log-probs are the old policy's, so no pass computes them
     needs_old_log_prob = info.needs_sum_pi_squared or not rc.bypass_mode and (
         a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size or cfg.algorithm.use_kl_in_reward
-        or r.calculate_log_probs or rc.rollout_is is not None)
+        or r.calculate_log_probs or rc.rollout_is is not None or rc.rollout_rs is not None)
     parts = RLParts(
         run_dir=run_dir, tokenizer=tokenizer, train_data=train_data, val_data=val_data, vision=vision,
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, rule_reward=rule_reward, reward=reward,
