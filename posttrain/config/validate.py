@@ -199,7 +199,7 @@ def _validate(cfg: Config, check: Checks) -> None:
         check(rm.forward_max_token_len_per_gpu > 0, "reward_model.forward_max_token_len_per_gpu must be positive")
     if rm.judge.enable:
         _check_judge(rm, check)
-    check.choice(rm.reward_manager, ("naive", "batch", "prime", "dapo"), "reward_model.reward_manager")
+    check.choice(rm.reward_manager, ("naive", "batch", "prime", "dapo", "gdpo"), "reward_model.reward_manager")
     check(rm.num_workers is None or rm.num_workers >= 0,
           "reward_model.num_workers must be >= 0 (0 = score in the training process; null = from the CPU cores)")
     check(rm.reward_manager != "prime" or rm.num_workers != 0,
