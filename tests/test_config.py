@@ -151,8 +151,6 @@ def test_wrong_type_names_key_and_type():
      "one upper bound, not a range"),
     (["algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=1.6_0.6"],
      "needs 0 < lower <= upper"),
-    (["algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=0.6_1.6",
-      "algorithm.rollout_correction.bypass_mode=True"], "rejection sampling in bypass mode"),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_mode=clip"],
      "rollout_is_mode='clip'"),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_mode=mask",

@@ -52,8 +52,7 @@ NOT_LOADING_2026 = {
     "grpo_trainer/run_qwen3_5_397b_megatron.sh": [DP],
     "mtp_trainer/run_mimo_7b_mtp_megatron.sh": ["multi-token prediction"],
     "mtp_trainer/run_mimo_7b_mtp_rl_vllm_sgl_megatron.sh": ["multi-token prediction"],
-    "rollout_correction/run_qwen2_5_7b_fsdp.sh": ["loss_type='reinforce'"],
-    "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": ["rejection sampling in bypass mode"],
+    "rollout_correction/run_qwen2_5_7b_fsdp.sh": ["loss_type='reinforce'", "rollout.n >= 2"],
     "router_replay/run_qwen3_30b_a3b_megatron.sh": [REPLAY, DP],
     "router_replay/run_qwen3_5_35b_a3b_veomni.sh": [REPLAY],
 }
@@ -633,7 +632,7 @@ def test_newest_tree_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_fi
     """The 90 main_ppo scripts of the newest tree: the count docs/porting.md reports load, and each of the others
     fails at load with one message naming its reasons."""
     loaded, failed = _load_recorded(NEWEST, str(tiny_model_dir), gsm8k_file, saved_adapter)
-    assert (len(loaded), len(loaded) + len(failed)) == (71, 90)
+    assert (len(loaded), len(loaded) + len(failed)) == (72, 90)
     assert set(failed) == set(NOT_LOADING_2026), sorted(set(failed) ^ set(NOT_LOADING_2026))
     for script, fragments in NOT_LOADING_2026.items():
         for fragment in fragments:

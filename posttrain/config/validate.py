@@ -334,8 +334,8 @@ def _check_policy_loss(actor, check: Checks) -> None:
 
 
 def _check_rollout_correction(rc, check: Checks) -> None:
-    """Truncated IS (token / sequence), rejection sampling (not in bypass mode) and bypass mode with the
-    configured loss work (bypass with IS: a note says the weights are not applied); the rest is rejected."""
+    """Truncated IS (token / sequence), rejection sampling and bypass mode with the configured loss work (bypass
+    with IS: a note says the weights are not applied); the rest is rejected."""
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
@@ -365,9 +365,6 @@ def _check_rollout_correction(rc, check: Checks) -> None:
             rs_bounds(rc.rollout_rs, rc.rollout_rs_threshold)
         except ValueError as e:
             check(False, f"{key}.{e}", "wrong values")
-        check(not rc.bypass_mode, f"{key}.rollout_rs={rc.rollout_rs!r} with bypass_mode=True: rejection sampling "
-                                  "in bypass mode (verl's, inside the loss against the current policy) is not "
-                                  "supported; it works with bypass_mode=False")
     check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
                                       "loss on the rollout's log-probs) is supported")
 

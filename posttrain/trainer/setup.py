@@ -90,6 +90,12 @@ def shard_settings(fsdp_cfg, compute: torch.dtype) -> ShardSettings:
                          reshard_after_forward=fsdp_cfg.reshard_after_forward)
 
 
+def _bypass_rejection(rc) -> tuple | None:
+    """(rollout_rs, rollout_rs_threshold) for the actor's loss in bypass mode (verl judges there, against the
+    current policy); None otherwise (outside bypass mode the trainer masks once per step, against the old policy)."""
+    return (rc.rollout_rs, rc.rollout_rs_threshold) if rc.bypass_mode and rc.rollout_rs is not None else None
+
+
 def _moves_adam(fsdp_cfg) -> bool:
     """optimizer_offload alone: Adam's state goes to CPU memory between steps. With param_offload it lives there
     already (FSDP2 steps the optimizer on the CPU)."""
@@ -133,7 +139,8 @@ class Roles:
         distill = distill_settings(cfg).check() if cfg.distillation.enabled else None
         self.actor = Actor(actor_runner, a, temperature=temperature, max_response_length=cfg.data.max_response_length,
                            total_steps=total_steps, seed=tr.seed, offload_optimizer=_moves_adam(a.fsdp_config),
-                           max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row, distill=distill)
+                           max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row, distill=distill,
+                           rejection=_bypass_rejection(cfg.algorithm.rollout_correction))
         self.teachers = _teachers(cfg, par, distill) if distill is not None else None
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:

@@ -45,7 +45,8 @@ class RolloutCorrectionConfig:
     rollout_rs: Optional[str] = None
     """rejection sampling (null = off): comma-separated `token_k1|k2|k3`, `seq_sum_k1|k2|k3`, `seq_mean_k1|k2|k3`,
     `seq_max_k2|k3`; a token (`token_*`) or response (`seq_*`) whose divergence between old and rollout policy is
-    out of bounds leaves the response mask (advantages, losses, normalisers), as verl; not with `bypass_mode`"""
+    out of bounds leaves the response mask (advantages, losses, normalisers), as verl; with `bypass_mode`, judged
+    in the policy loss against the current policy (rejected tokens leave that loss, not its normaliser)"""
     rollout_rs_threshold: Any = None
     """bounds of `rollout_rs`: one for all options or one per option (comma-separated); a `k1` option takes a ratio
     range `lower_upper` such as `0.6_1.6` (u alone: 1/u to u), the others an upper bound"""
