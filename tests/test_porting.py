@@ -654,12 +654,14 @@ def tiny_reward_model(tmp_path_factory):
                                   "ppo_trainer__run_qwen2-7b_rm_seq_balance.json",
                                   "grpo_trainer__run_qwen2_5-3b_gsm8k_grpo_lora_from_adapter.json",
                                   "2026_08/grpo_trainer__run_mistral_nemo_12b_skyworkrm_fsdp.json",
-                                  "2026_08/gdpo_trainer__run_qwen3_8b_fsdp.json"])
+                                  "2026_08/gdpo_trainer__run_qwen3_8b_fsdp.json",
+                                  "2026_08/rollout_correction__run_qwen2_5_7b_fsdp_multi_rs.json"])
 def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_model, gsm8k_file, saved_adapter, tmp_path,
                                           tracking_installed):
     """The script's own keys plus small batch sizes on the tiny models: two steps run and log metrics (two score with
     a reward model, the newest tree's through its top-level reward block; one continues from a saved LoRA
-    adapter)."""
+    adapter; the gdpo one scores with the user's copy of verl's reward file through the gdpo reward manager; the
+    multi_rs one rejects tokens in bypass mode's loss)."""
     sys.path.insert(0, str(ROOT / "tools"))
     from verl_examples import SMALL
 
@@ -678,5 +680,7 @@ def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_mode
     if "gdpo" in name:  # the scorer's two components reached the advantage (the stand-in needs experiment_name)
         assert all(r["reward/errors"] == 0 and "reward/format_reward/mean" in r and "reward/accuracy_reward/mean" in r
                    for r in rows if "actor/pg_loss" in r)
+    if "multi_rs" in name:  # bypass mode's rejection sampling ran in the loss (token_k1, seq_max_k2)
+        assert all("rollout_corr/rollout_rs_seq_max_k2_masked_fraction" in r for r in rows if "actor/pg_loss" in r)
     if "_rm_" in name or "skyworkrm" in name:
         assert all("reward/rm_score/mean" in r for r in rows if "actor/pg_loss" in r)
