@@ -655,6 +655,38 @@ def rollout_is_weights(OLD, ROLL, M, level, threshold, normalize=False, mode="tr
     return w
 
 
+def rollout_rejection_keep(OLD, ROLL, M, specs):
+    """Rejection sampling, written out: specs [(option, lower, upper)]; per token d = log(old / rollout) clamped to
+    +-20, k1 = -d, k2 = d^2 / 2, k3 = e^d - 1 - d; a token option judges each token, seq_sum / seq_mean / seq_max
+    the sum / mean / max over the response's tokens; k1 must lie in [log lower, log upper], others <= upper.
+    Returns the keep mask times M (a token is kept if every option keeps it)."""
+    B_, L = len(M), len(M[0])
+    keep = [[float(M[i][t]) for t in range(L)] for i in range(B_)]
+    for name, lower, upper in specs:
+        for i in range(B_):
+            toks = []
+            for t in range(L):
+                d = clamp(OLD[i][t] - ROLL[i][t], -20.0, 20.0)
+                toks.append({"k1": -d, "k2": 0.5 * d * d, "k3": math.exp(d) - 1.0 - d}[name[-2:]])
+            valid = [toks[t] for t in range(L) if M[i][t]]
+            if name.startswith("seq_sum"):
+                stats = [sum(valid)] * L
+            elif name.startswith("seq_mean"):
+                stats = [sum(valid) / len(valid) if valid else 0.0] * L
+            elif name.startswith("seq_max"):
+                stats = [max(valid) if valid else 0.0] * L
+            else:
+                stats = toks
+            for t in range(L):
+                if name.endswith("k1"):
+                    ok = math.log(lower) <= stats[t] <= math.log(upper)
+                else:
+                    ok = stats[t] <= upper
+                if not ok:
+                    keep[i][t] = 0.0
+    return keep
+
+
 # ----------------------------------------------------------------------------- asynchronous RL
 
 

@@ -377,6 +377,67 @@ def test_decoupled_objective_hand():
     assert close(masked, -(1 * 1 + 0 + 3 * math.exp(-0.5)) / 3, 1e-12)
 
 
+# ----------------------------------------------------------------------------- rejection sampling (rollout_rs)
+
+
+RS = [("token_k1", "0.6_1.6", [("token_k1", 0.6, 1.6)]),
+      ("token_k1,seq_max_k2", "0.6_1.6,0.15", [("token_k1", 0.6, 1.6), ("seq_max_k2", None, 0.15)]),
+      ("seq_sum_k1", "0.5_2.0", [("seq_sum_k1", 0.5, 2.0)]),
+      ("seq_mean_k1", 1.1, [("seq_mean_k1", 1 / 1.1, 1.1)]),
+      ("seq_mean_k3", 0.06, [("seq_mean_k3", None, 0.06)]),
+      ("token_k2,seq_sum_k3", 0.05, [("token_k2", None, 0.05), ("seq_sum_k3", None, 0.05)]),
+      ("token_k3,seq_max_k3", "0.1,0.3", [("token_k3", None, 0.1), ("seq_max_k3", None, 0.3)])]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("rs", RS, ids=[r[0] for r in RS])
+@pytest.mark.parametrize("layout", ref.LAYOUTS)
+def test_rejection_sampling_keeps_what_the_written_out_rule_keeps(seed, rs, layout):
+    """rollout_rs masks a token (token_*) or a whole response (seq_*) whose divergence k1 / k2 / k3 between old and
+    rollout log-probs is out of bounds, every listed option having to keep it; the thresholds as verl reads them (a
+    k1 number u is the range 1/u to u). Float64 plain loops, on batches where some tokens are kept and some not."""
+    from posttrain.algo.rollout_correction import rollout_rejection_mask
+
+    options, threshold, specs = rs
+    _, PROX, BEHAV, _, M = stale_batch(seed, layout)
+    keep, metrics = rollout_rejection_mask(t(PROX), t(BEHAV), t(M), options=options, threshold=threshold)
+    expected = ref.rollout_rejection_keep(PROX, BEHAV, M, specs)
+    assert torch.equal(keep, t(expected))
+    n = sum(map(sum, M))
+    assert close(metrics["rollout_corr/rollout_rs_masked_fraction"], (n - sum(map(sum, expected))) / n, 1e-8)  # (mean: + 1e-8 in the denominator)
+
+
+def test_rejection_sampling_binds_in_the_parametrised_batches():
+    """The batches above both keep and reject tokens for every option set (else the comparison proves little)."""
+    from posttrain.algo.rollout_correction import rollout_rejection_mask
+
+    for options, threshold, _ in RS:
+        fractions = []
+        for seed in range(3):
+            _, PROX, BEHAV, _, M = stale_batch(seed, "holes")
+            _, metrics = rollout_rejection_mask(t(PROX), t(BEHAV), t(M), options=options, threshold=threshold)
+            fractions.append(metrics["rollout_corr/rollout_rs_masked_fraction"])
+        assert 0 < max(fractions) and min(fractions) < 1, (options, fractions)
+
+
+def test_rejection_sampling_hand():
+    """log(old / rollout) = 0, 1, -0.4 on one response: token_k1 (k1 = 0, -1, 0.4) in [log 0.6, log 1.6] keeps the
+    first and last tokens; seq_max_k2 (max d^2 / 2 = 0.5) keeps the response at 2.5 and rejects it at 0.4, with
+    verl's metric names."""
+    from posttrain.algo.rollout_correction import rollout_rejection_mask
+
+    old, roll, m = t([[0.0, 0.0, 0.0, 0.0]]), t([[0.0, -1.0, 0.4, 0.0]]), t([[1.0, 1.0, 1.0, 0.0]])
+    keep, metrics = rollout_rejection_mask(old, roll, m, options="token_k1,seq_max_k2", threshold="0.6_1.6,2.5")
+    assert keep.tolist() == [[1.0, 0.0, 1.0, 0.0]]
+    assert close(metrics["rollout_corr/rollout_rs_token_k1_masked_fraction"], 1 / 3, 1e-8)
+    assert close(metrics["rollout_corr/rollout_rs_token_k1_fraction_low"], 1 / 3, 1e-8)  # k1 = -1 < log 0.6
+    assert close(metrics["rollout_corr/rollout_rs_seq_max_k2_max"], 0.5, 1e-12)
+    assert metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == 1.0
+    keep, metrics = rollout_rejection_mask(old, roll, m, options="token_k1,seq_max_k2", threshold="0.6_1.6,0.4")
+    assert keep.tolist() == [[0.0, 0.0, 0.0, 0.0]]
+    assert close(metrics["rollout_corr/rollout_rs_masked_fraction"], 1.0, 1e-8)
+
+
 @pytest.mark.parametrize("name", sorted(POLICY_LOSSES.names()))
 @pytest.mark.parametrize("cap", CAPS)
 @pytest.mark.parametrize("layout", ref.LAYOUTS)

@@ -274,6 +274,60 @@ def test_decoupled_objective_masks_stale_tokens_and_logs_staleness(tmp_path, tin
     assert metrics["async/staleness_le_0"] == pytest.approx(1 - share) and metrics["async/staleness_le_2"] == 1.0
 
 
+def test_rejection_sampling_takes_rejected_tokens_out_of_the_response_mask(tmp_path, tiny_model_dir):
+    """rollout_rs=token_k1 (0.6_1.6), not in bypass mode: a token whose rollout log-prob is 1 nat above the
+    trainer's (k1 = 1 > log 1.6) leaves the response mask before the advantages and the update, as in verl, while
+    the forwards still attend to it (the original mask becomes response_attention_mask); the step trains."""
+    cfg = three_prompt_config(tmp_path, tiny_model_dir, "return float(len(args[1]) % 2)", [
+        "algorithm.adv_estimator=grpo", "algorithm.rollout_correction.rollout_rs=token_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.6_1.6",
+        "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32"])
+    trainer = RLTrainer(cfg)
+    batch, _ = trainer._training_batch({})
+    m = batch["response_mask"].clone()
+    off = torch.zeros_like(m, dtype=torch.bool)
+    off[:, 1] = True
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] + off.float()
+    trainer.global_step = 1  # past critic_warmup: the actor updates
+    metrics = trainer.learn(batch)
+    assert torch.equal(batch["response_attention_mask"], m)
+    assert torch.equal(batch["response_mask"].bool(), m.bool() & ~off)
+    assert (batch["advantages"][off & m.bool()] == 0).all()
+    share = float((off & m.bool()).sum() / m.sum())
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(share, abs=1e-6)
+    assert math.isfinite(metrics["actor/pg_loss"])
+
+
+def test_bypass_mode_rejection_sampling_drops_tokens_from_the_policy_loss_only(tmp_path, tiny_model_dir):
+    """bypass_mode with rollout_rs (verl judges in the loss, against the current policy): tokens whose rollout
+    log-prob is 1 nat above the current policy's (k1 = 1 > log 1.6) add nothing to the policy loss, which keeps the
+    mini-batch's token count as normaliser: the same update from the same weights with those tokens' advantages set
+    to 0 instead gives the same pg_loss; the response mask itself is unchanged."""
+    keys = ["algorithm.adv_estimator=grpo", "algorithm.rollout_correction.bypass_mode=True",
+            "actor_rollout_ref.model.dtype=fp32", "actor_rollout_ref.rollout.dtype=fp32"]
+    rs = ["algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=0.6_1.6"]
+    score = "return float(len(args[1]) % 2)"
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    trainer = RLTrainer(three_prompt_config(tmp_path / "a", tiny_model_dir, score, keys + rs))
+    batch, _ = trainer._training_batch({})
+    m = batch["response_mask"].clone()
+    off = torch.zeros_like(m, dtype=torch.bool)
+    off[:, 1] = True
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] + off.float()
+    trainer._rollout_correction(batch)  # bypass: the rollout's log-probs are the old policy's
+    batch["advantages"] = (torch.randn(m.shape, generator=torch.Generator().manual_seed(0)) + 0.5) * m
+    metrics = trainer.parts.actor.update(batch)
+    assert torch.equal(batch["response_mask"], m)
+    share = float((off & m.bool()).sum() / m.sum())
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(share, abs=1e-6)
+    plain = RLTrainer(three_prompt_config(tmp_path / "b", tiny_model_dir, score, keys))
+    zeroed = batch.select(list(range(len(batch))))
+    zeroed["advantages"] = batch["advantages"] * ~off
+    expected = plain.parts.actor.update(zeroed)
+    assert metrics["actor/pg_loss"] == pytest.approx(expected["actor/pg_loss"], rel=1e-5)
+    assert abs(metrics["actor/pg_loss"]) > 0.05
+
+
 def test_teachers_route_rows_by_their_key_and_refuse_a_row_without_one():
     """Several teachers: a row goes to the teacher whose key equals its `teacher_key` field; a row naming no
     teacher, or rows without that field, stop the step with the values and keys in the message."""

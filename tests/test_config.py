@@ -95,6 +95,9 @@ def test_sequence_parallel_layout_is_checked():
     rejects(ok + ["critic.ulysses_sequence_parallel_size=4"], "critic.ulysses_sequence_parallel_size=4",
             "actor's sequence-parallel layout")
     rejects(ok[:-1] + [f"{sp}=3"], "ulysses_sequence_parallel_size=3 must divide the 4 processes")
+    # verl counts fsdp_size over every rank: all of them with sequence parallel is one shard group (posttrain's -1)
+    whole = load_config(None, ok + ["actor_rollout_ref.actor.fsdp_config.fsdp_size=4"])
+    assert whole.actor_rollout_ref.actor.fsdp_config.fsdp_size == -1
     # the newest verl tree's place for the key (the role's own is deprecated there) sets the role's key
     newer = load_config(None, ok[:-1] + ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"])
     assert newer.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
@@ -163,7 +166,15 @@ def test_wrong_type_names_key_and_type():
     (["algorithm.rollout_correction.rollout_is=geometric"], "rollout_is='geometric'"),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=0"],
      "rollout_is_threshold"),
-    (["algorithm.rollout_correction.rollout_rs=token_k1"], "rejection sampling is not supported"),
+    (["algorithm.rollout_correction.rollout_rs=token_k1"], "rollout_rs_threshold=None must be a number"),
+    (["algorithm.rollout_correction.rollout_rs=token_k4", "algorithm.rollout_correction.rollout_rs_threshold=2"],
+     "each option must be one of"),
+    (["algorithm.rollout_correction.rollout_rs='token_k1,seq_max_k2'",
+      "algorithm.rollout_correction.rollout_rs_threshold='0.6_1.6,2.5,3'"], "one per option (2)"),
+    (["algorithm.rollout_correction.rollout_rs=seq_max_k2", "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0"],
+     "one upper bound, not a range"),
+    (["algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=1.6_0.6"],
+     "needs 0 < lower <= upper"),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_mode=clip"],
      "rollout_is_mode='clip'"),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_mode=mask",

@@ -107,6 +107,22 @@ def test_scorer_acc_is_kept():
     assert extras["acc"] == [0.0, 1.0]
 
 
+def test_gdpo_manager_adds_the_run_name_to_extra_info():
+    """reward_manager=gdpo calls the scorer per response as naive does, with trainer.experiment_name added to each
+    row's extra_info as `experiment_name` (verl's gdpo manager; its example scorer picks the chat template by it);
+    the row's own dict is left unchanged. `naive` adds nothing."""
+    def by_name(data_source, solution_str, ground_truth, extra_info):
+        return {"score": float("qwen" in extra_info.get("experiment_name", "")), "seen": float(len(extra_info))}
+
+    own = [{"index": 0}, {}]
+    gdpo = RewardManager(FakeTokenizer(), compute_score=by_name, manager="gdpo", experiment_name="qwen3_8b_gdpo")
+    scores, extras = gdpo(make_batch([[0], [1]], [[1], [1]], extras=own))
+    assert scores.sum(-1).tolist() == [1.0, 1.0] and extras["seen"] == [2.0, 1.0] and own == [{"index": 0}, {}]
+    naive = RewardManager(FakeTokenizer(), compute_score=by_name, experiment_name="qwen3_8b_gdpo")
+    assert naive(make_batch([[0]], [[1]]))[0].sum().item() == 0.0
+    assert load_config(None, ["reward_model.reward_manager=gdpo"]).reward_model.reward_manager == "gdpo"
+
+
 # ---------------------------------------------------------------- values that are not rewards
 
 NOT_REWARDS = [math.nan, math.inf, -math.inf, None, "1.0", [1.0], {"acc": 1.0}, {"score": math.nan},

@@ -9,6 +9,8 @@ each token's policy loss; they change the measure, not the objective.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -84,3 +86,86 @@ def rollout_probs_diff(old_log_probs: Tensor, rollout_log_probs: Tensor, respons
     if diff.numel() > 1 and float(old.std()) > 0 and float(rollout.std()) > 0:
         out["training/rollout_actor_probs_pearson_corr"] = float(torch.corrcoef(torch.stack([old, rollout]))[0, 1])
     return out
+
+
+# ---- rejection sampling (`rollout_rs`): masks tokens or whole responses whose divergence is out of bounds
+RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
+              "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+
+
+def rs_bounds(options: str, threshold: float | str) -> list[tuple[str, float | None, float]]:
+    """[(option, lower, upper)] of `rollout_rs` (comma-separated options) and `rollout_rs_threshold` (one threshold
+    for all, or one per option, comma-separated), as verl parses them: a `k1` option takes a ratio range
+    `lower_upper` (a number u alone means 1/u_u); the others one positive upper bound. ValueError otherwise."""
+    names = list(dict.fromkeys(o.strip() for o in str(options).split(",") if o.strip()))
+    bad = [o for o in names if o not in RS_OPTIONS]
+    if not names or bad:
+        raise ValueError(f"rollout_rs={options!r}: each option must be one of {list(RS_OPTIONS)}")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, str)):
+        raise ValueError(f"rollout_rs_threshold={threshold!r} must be a number or a string")
+    specs = [s.strip() for s in str(threshold).split(",") if s.strip()]
+    if len(specs) not in (1, len(names)):
+        raise ValueError(f"rollout_rs_threshold={threshold!r}: give one threshold, or one per option ({len(names)})")
+    out = []
+    for name, spec in zip(names, specs * len(names) if len(specs) == 1 else specs):
+        if name.endswith("k1"):
+            lower, upper = (float(x) for x in spec.split("_", 1)) if "_" in spec else (1 / float(spec), float(spec))
+            if not 0 < lower <= upper:
+                raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: needs 0 < lower <= upper")
+        else:
+            if "_" in spec:
+                raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: one upper bound, not a range")
+            lower, upper = None, float(spec)
+            if upper <= 0:
+                raise ValueError(f"rollout_rs_threshold {spec!r} for {name}: must be positive")
+        out.append((name, lower, upper))
+    return out
+
+
+def rollout_rejection_mask(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
+                           options: str, threshold: float | str) -> tuple[Tensor, dict[str, float]]:
+    """(B, L) keep mask (1 kept, 0 rejected, times `response_mask`) and metrics of verl's rejection sampling. With
+    r = log(pi_old / pi_rollout) clamped to +-20, the per-token divergences are k1 = -r, k2 = r^2 / 2,
+    k3 = e^r - 1 - r; `token_*` judges each token, `seq_sum_*` / `seq_mean_*` / `seq_max_*` the sum / mean / max
+    over a response's tokens (the whole response is kept or rejected). A `k1` statistic must lie in
+    [log lower, log upper], the others at most upper; a token stays only if every option keeps it. verl then uses
+    the mask as the response mask: rejected tokens leave the advantages, the losses and their normalisers."""
+    m = response_mask.to(old_log_probs.dtype)
+    r = torch.clamp(old_log_probs - rollout_log_probs.to(old_log_probs.dtype), -SAFETY_BOUND, SAFETY_BOUND)
+    div = {"k1": -r, "k2": 0.5 * r ** 2, "k3": r.exp() - 1.0 - r}
+    valid_seq = m.sum(-1) > 0
+    keep = torch.ones_like(m)
+    metrics = {}
+    for name, lower, upper in rs_bounds(options, threshold):
+        tok = div[name[-2:]]
+        if name.startswith("seq_sum"):
+            stat = (tok * m).sum(-1, keepdim=True)
+        elif name.startswith("seq_mean"):
+            stat = (tok * m).sum(-1, keepdim=True) / (m.sum(-1, keepdim=True) + 1e-8)
+        elif name.startswith("seq_max"):
+            stat = tok.masked_fill(m == 0, float("-inf")).amax(-1, keepdim=True)
+            stat = torch.where(torch.isinf(stat), torch.zeros_like(stat), stat)
+        else:
+            stat = tok
+        lo, hi = (math.log(lower), math.log(upper)) if lower is not None else (None, upper)
+        ok = (stat <= hi) & (stat >= lo) if lo is not None else stat <= hi
+        ok = ok.expand_as(m).to(m.dtype)
+        keep = keep * ok
+        p = f"rollout_corr/rollout_rs_{name}"
+        per = stat.expand_as(m)
+        if name.startswith("token"):
+            vals = per[m.bool()]
+        else:
+            vals = stat.squeeze(-1)[valid_seq]
+        metrics |= {f"{p}_mean": float(masked_mean(per, m)), f"{p}_max": float(vals.max()) if vals.numel() else 0.0,
+                    f"{p}_min": float(vals.min()) if vals.numel() else 0.0,
+                    f"{p}_fraction_high": float((vals > hi).to(m.dtype).mean()) if vals.numel() else 0.0,
+                    f"{p}_fraction_low": float((vals < lo).to(m.dtype).mean()) if lo is not None and vals.numel()
+                    else 0.0,
+                    f"{p}_masked_fraction": float(masked_mean(1 - ok, m)),
+                    f"{p}_seq_masked_fraction": float(((1 - ok) * m).amax(-1)[valid_seq].mean()) if valid_seq.any()
+                    else 0.0}
+    metrics["rollout_corr/rollout_rs_masked_fraction"] = float(masked_mean(1 - keep, m))
+    metrics["rollout_corr/rollout_rs_seq_masked_fraction"] = float(((1 - keep) * m).amax(-1).mean()) if m.numel() \
+        else 0.0
+    return keep * m, metrics

@@ -340,7 +340,8 @@ RULES: list[Rule] = [
     Rule("algorithm.pf_ppo.*", "note", "PF-PPO is not supported"),
 
 
-    Rule("algorithm.rollout_correction.rollout_rs_threshold_lower", "only", "rejection sampling is not supported",
+    Rule("algorithm.rollout_correction.rollout_rs_threshold_lower", "only", "a k1 option takes its range in "
+         "rollout_rs_threshold (lower_upper)",
          (None,)),
     Rule("algorithm.rollout_correction.rollout_token_veto_threshold", "only", "the token veto is not supported",
          (None,)),

@@ -27,10 +27,25 @@ def normalise(cfg: Config) -> Config:
     lora = arr.model.lora_rank > 0 or arr.model.lora_adapter_path
     if layout_fits and tp > 1 and lora and arr.actor.strategy == "megatron":
         arr.actor.fsdp_config.tp_size = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
+    if layout_fits:
+        _whole_shard_with_sequence_parallel(cfg, world // tp)
     _async_layout(cfg)
     if cfg.data.environment and arr.rollout.agent.program is None:
         arr.rollout.agent.program = ENVIRONMENT_PROGRAM  # the environment's rollouts are its episodes
     return cfg
+
+
+def _whole_shard_with_sequence_parallel(cfg: Config, ranks: int) -> None:
+    """verl counts `fsdp_size` over every rank, sequence-parallel ones included; a size equal to all of them (8 of 8
+    processes with Ulysses 2) is one group over every rank: posttrain's -1 (its fsdp_size counts data-parallel ranks,
+    and sequence parallel shards over every data x sequence rank)."""
+    arr = cfg.actor_rollout_ref
+    if arr.actor.ulysses_sequence_parallel_size <= 1 or arr.actor.fsdp_config.fsdp_size != ranks:
+        return
+    for fsdp in (arr.actor.fsdp_config, arr.ref.fsdp_config, cfg.critic.model.fsdp_config):
+        if fsdp.fsdp_size == ranks:
+            fsdp.fsdp_size = -1
+    _note(cfg, f"fsdp_config.fsdp_size={ranks} -> -1", "with sequence parallel, a shard group of every rank")
 
 
 def _async_layout(cfg: Config) -> None:

@@ -199,7 +199,7 @@ def _validate(cfg: Config, check: Checks) -> None:
         check(rm.forward_max_token_len_per_gpu > 0, "reward_model.forward_max_token_len_per_gpu must be positive")
     if rm.judge.enable:
         _check_judge(rm, check)
-    check.choice(rm.reward_manager, ("naive", "batch", "prime", "dapo"), "reward_model.reward_manager")
+    check.choice(rm.reward_manager, ("naive", "batch", "prime", "dapo", "gdpo"), "reward_model.reward_manager")
     check(rm.num_workers is None or rm.num_workers >= 0,
           "reward_model.num_workers must be >= 0 (0 = score in the training process; null = from the CPU cores)")
     check(rm.reward_manager != "prime" or rm.num_workers != 0,
@@ -334,8 +334,8 @@ def _check_policy_loss(actor, check: Checks) -> None:
 
 
 def _check_rollout_correction(rc, check: Checks) -> None:
-    """Truncated IS (token / sequence) and bypass mode with the configured loss work (with both, a note says the
-    weights are not applied); the rest is rejected."""
+    """Truncated IS (token / sequence), rejection sampling and bypass mode with the configured loss work (bypass
+    with IS: a note says the weights are not applied); the rest is rejected."""
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
@@ -358,8 +358,13 @@ def _check_rollout_correction(rc, check: Checks) -> None:
                                        "would be masked")
     check(rc.rollout_is_mode in ("truncate", "mask"), f"{key}.rollout_is_mode={rc.rollout_is_mode!r} is not one of "
                                                      "['truncate', 'mask']")
-    check(rc.rollout_rs is None, f"{key}.rollout_rs={rc.rollout_rs!r}: rejection sampling is not supported; use "
-                                 "truncated importance sampling (rollout_is=token or sequence) and remove the key")
+    if rc.rollout_rs is not None:
+        from ..algo.rollout_correction import rs_bounds
+
+        try:
+            rs_bounds(rc.rollout_rs, rc.rollout_rs_threshold)
+        except ValueError as e:
+            check(False, f"{key}.{e}", "wrong values")
     check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
                                       "loss on the rollout's log-probs) is supported")
 

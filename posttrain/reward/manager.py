@@ -24,7 +24,7 @@ from .checks import unpack
 from .pool import CRASH, ERROR, OK, TIMEOUT, ScorerPool
 from .registry import BatchCall, FileFunction, RegisteredScorers, default_compute_score, require_scorer
 
-MANAGERS = ("naive", "batch", "prime", "dapo")
+MANAGERS = ("naive", "batch", "prime", "dapo", "gdpo")
 INVALID = "invalid"
 
 
@@ -115,7 +115,7 @@ class RewardManager:
 
     def __init__(self, tokenizer, *, compute_score: Callable | None = None, manager: str = "naive",
                  num_workers: int = 0, timeout_s: float = 10.0, overlong: tuple[int, int, float] | None = None,
-                 log_overlong: bool = False):
+                 log_overlong: bool = False, experiment_name: str = ""):
         if manager not in MANAGERS:
             raise ValueError(f"reward manager must be one of {MANAGERS}, got {manager!r}")
         if manager == "prime" and num_workers < 1:
@@ -125,6 +125,7 @@ class RewardManager:
         self.compute_score = compute_score or default_compute_score
         self.manager, self.num_workers, self.timeout_s = manager, num_workers, timeout_s
         self.overlong, self.log_overlong = overlong, log_overlong
+        self.experiment_name = experiment_name  # what `gdpo` adds to each row's extra_info, as verl's gdpo manager
         self._pool: ScorerPool | None = None  # workers start at the first call and stay for the next ones
         if num_workers > 0:  # built now so that a scorer that cannot go to a worker fails before training
             self._pool = ScorerPool(BatchCall(compute_score) if manager == "batch"
@@ -141,7 +142,8 @@ class RewardManager:
         overlong = (cfg.data.max_response_length, ob.len, ob.penalty_factor) if ob.enable else None
         workers = auto_workers() if rm.num_workers is None else rm.num_workers
         return cls(tokenizer, compute_score=fn, manager=rm.reward_manager, num_workers=workers,
-                   timeout_s=rm.timeout_s, overlong=overlong, log_overlong=ob.log)
+                   timeout_s=rm.timeout_s, overlong=overlong, log_overlong=ob.log,
+                   experiment_name=cfg.trainer.experiment_name)
 
     def check_data_sources(self, sources) -> None:
         """Fail before training when a data_source has no scorer (a custom function handles every source)."""
@@ -155,7 +157,10 @@ class RewardManager:
         its conversation as `extra_info["messages"]`. An agent program's own reward stands for its sample's score:
         the scorer is not called for it."""
         texts = response_texts(self.tokenizer, batch)
-        rows = list(zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], scorer_extra_info(batch)))
+        infos = scorer_extra_info(batch)
+        if self.manager == "gdpo":  # verl's gdpo manager: the naive call, with the run's name in extra_info
+            infos = [{**(info or {}), "experiment_name": self.experiment_name} for info in infos]
+        rows = list(zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], infos))
         given = own_rewards(batch)
         scored = [i for i, r in enumerate(given) if r is None]
         outcomes = [(OK, r) for r in given]

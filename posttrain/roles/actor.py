@@ -13,6 +13,7 @@ from collections import defaultdict
 import torch
 
 from ..algo import LossSettings, agg_loss, agg_norm, get_policy_loss, kl_penalty
+from ..algo.rollout_correction import rollout_rejection_mask
 from ..algo.distill import DistillSettings, combine, distillation_term, forward_kl_topk, reverse_kl_estimate
 from ..algo.stats import masked_mean
 from ..data.batch import Batch
@@ -31,7 +32,7 @@ COUNTS = ("actor/empty_mini_batches",)  # summed over the step's updates; every 
 class Actor:
     def __init__(self, runner: ModelRunner, cfg, *, temperature: float, max_response_length: int, total_steps: int,
                  seed: int = 0, offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5,
-                 distill: DistillSettings | None = None):
+                 distill: DistillSettings | None = None, rejection: tuple | None = None):
         self.runner, self.model, self.cfg = runner, runner.model, cfg
         self.temperature = temperature
         self.norm_const = cfg.loss_scale_factor or max_response_length
@@ -44,6 +45,9 @@ class Actor:
         self.nonfinite = NonFiniteGuard("actor", max_nonfinite_in_a_row)
         self.moe = moe_spec(base_model(self.model))  # None for a dense model
         self.distill = distill  # on-policy distillation's loss settings, or None
+        # bypass mode's rejection sampling (rollout_rs, rollout_rs_threshold), or None: as verl, judged inside the
+        # loss against the current policy; rejected tokens leave the policy loss, not its normaliser
+        self.rejection = rejection
 
     def generation(self):
         """Around a generate call: the sharded policy gathered once (see parallel.gathered_for_generation)."""
@@ -116,8 +120,13 @@ class Actor:
             old = mb["old_log_probs"].to(runner.device) if "old_log_probs" in mb else logp.detach()
             weights = mb["rollout_is_weights"].to(runner.device) if "rollout_is_weights" in mb else None
             advantages = mb["advantages"].to(runner.device)
-            pg_loss, metrics = self.policy_loss(logp, old, advantages, mask,
+            pg_mask, rs_metrics = mask, {}
+            if self.rejection is not None:
+                pg_mask, rs_metrics = rollout_rejection_mask(logp.detach(), old, mask, options=self.rejection[0],
+                                                             threshold=self.rejection[1])
+            pg_loss, metrics = self.policy_loss(logp, old, advantages, pg_mask,
                                                 settings=self.loss_settings, norm=norm, rollout_is_weights=weights)
+            metrics = metrics | rs_metrics
             loss, distill_loss = pg_loss, None
             if self.distill is not None:
                 student_topk = out[2] if topk_ids is not None else None

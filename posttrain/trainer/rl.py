@@ -16,7 +16,7 @@ from ..agents.metrics import episode_metrics
 from ..agents.rollout import require_samples, run_episodes
 from ..algo import compute_advantage
 from ..algo.kl import apply_kl_in_reward, kl_penalty
-from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff
+from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff, rollout_rejection_mask
 from ..algo.staleness import staleness_metrics
 from ..config import ConfigError, to_dict
 from ..data.batch import Batch
@@ -255,8 +255,8 @@ class RLTrainer:
 
     def _rollout_correction(self, batch: Batch) -> dict[str, float]:
         """Bypass mode: the rollout's log-probs become the old policy's. Otherwise the gap between the rollout's
-        and the trainer's probabilities as metrics, and with `rollout_is`, truncated IS weights pi_old / pi_rollout
-        that the policy loss multiplies in."""
+        and the trainer's probabilities as metrics, with `rollout_is` truncated IS weights pi_old / pi_rollout
+        that the policy loss multiplies in, and with `rollout_rs` the rejected tokens taken out of the response mask."""
         rc = self.cfg.algorithm.rollout_correction
         if rc.bypass_mode:
             batch["old_log_probs"] = batch["rollout_log_probs"]
@@ -264,12 +264,21 @@ class RLTrainer:
         if "rollout_log_probs" not in batch or "old_log_probs" not in batch:
             return {}
         metrics = rollout_probs_diff(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
-        if rc.rollout_is is None:
-            return metrics
-        batch["rollout_is_weights"], is_metrics = rollout_is_weights(
-            batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"].float(), level=rc.rollout_is,
-            threshold=rc.rollout_is_threshold, batch_normalize=rc.rollout_is_batch_normalize, mode=rc.rollout_is_mode)
-        return metrics | is_metrics
+        if rc.rollout_is is not None:
+            batch["rollout_is_weights"], is_metrics = rollout_is_weights(
+                batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"].float(),
+                level=rc.rollout_is, threshold=rc.rollout_is_threshold, batch_normalize=rc.rollout_is_batch_normalize,
+                mode=rc.rollout_is_mode)
+            metrics |= is_metrics
+        if rc.rollout_rs is not None:  # as verl: the rejected tokens leave the response mask; forwards still see them
+            keep, rs_metrics = rollout_rejection_mask(batch["old_log_probs"], batch["rollout_log_probs"],
+                                                      batch["response_mask"], options=rc.rollout_rs,
+                                                      threshold=rc.rollout_rs_threshold)
+            if "response_attention_mask" not in batch:
+                batch["response_attention_mask"] = batch["response_mask"]
+            batch["response_mask"] = keep.to(batch["response_mask"].dtype)
+            metrics |= rs_metrics
+        return metrics
 
     def _reward_components(self, batch: Batch) -> torch.Tensor | None:
         """(B, K) reward components for gdpo, from the keys the reward function returned (algorithm.gdpo_reward_keys);

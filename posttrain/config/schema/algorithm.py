@@ -43,9 +43,13 @@ class RolloutCorrectionConfig:
     with `sequence` the response, leaves the loss but stays in its normaliser, as AReaL's `behav_imp_weight_cap`;
     threshold >= 1). Not verl's former `mask` mode, which also masked below 1/threshold"""
     rollout_rs: Optional[str] = None
-    """rejection sampling: not supported, any value but null is rejected"""
+    """rejection sampling (null = off): comma-separated `token_k1|k2|k3`, `seq_sum_k1|k2|k3`, `seq_mean_k1|k2|k3`,
+    `seq_max_k2|k3`; a token (`token_*`) or response (`seq_*`) whose divergence between old and rollout policy is
+    out of bounds leaves the response mask (advantages, losses, normalisers), as verl; with `bypass_mode`, judged
+    in the policy loss against the current policy (rejected tokens leave that loss, not its normaliser)"""
     rollout_rs_threshold: Any = None
-    """rejection sampling: not supported, any value but null is rejected"""
+    """bounds of `rollout_rs`: one for all options or one per option (comma-separated); a `k1` option takes a ratio
+    range `lower_upper` such as `0.6_1.6` (u alone: 1/u to u), the others an upper bound"""
     bypass_mode: bool = False
     """True: the rollout's log-probs are the old policy (no old-log-prob pass); not with `rollout_is`"""
     loss_type: str = "ppo_clip"

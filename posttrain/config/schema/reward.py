@@ -121,7 +121,8 @@ class RewardModelConfig:
     """`naive` / `dapo`: the scorer is called per response (`dapo` is the same call; the overlong shaping is
     `overlong_buffer.*`); `batch`: called once per step with lists (`data_sources`, `solution_strs`, `ground_truths`,
     `extra_infos` keywords), returns a list of scores, time limit `timeout_s` per row; `prime`: per response, always
-    in worker processes (needs `num_workers` >= 1 or null)"""
+    in worker processes (needs `num_workers` >= 1 or null); `gdpo`: as `naive`, with `trainer.experiment_name` added
+    to each row's `extra_info` as `experiment_name` (verl's gdpo manager; its example scorer reads it)"""
     launch_reward_fn_async: bool = False
     """rejected when True (scoring already runs in worker processes)"""
     num_workers: Optional[int] = None
