@@ -234,18 +234,21 @@ def longest(args) -> None:
 
 def decode(args) -> None:
     """The engine's cost per generated token with a `C`-token context: one prompt of C tokens, `--decode-rows`
-    samples, timed for 8 and 40 new tokens; the difference over 32 x rows is the per-token decoding cost there."""
+    samples, 40 new tokens; every model call of the engine is timed (CPU time), the first ones being the prefill;
+    the median of the last 32 (decoding steps) over the rows is the cost of one token at that context."""
+    import statistics
     import tempfile
 
     import torch
 
+    import posttrain.rollout.engine as engine_module
     from grpo_step import SHAPES
+    from posttrain.data.batch import Batch
     from posttrain.data.preprocess import find_shared_data
     from posttrain.models.load import load_causal_lm, load_tokenizer
     from posttrain.models.tiny import build_tiny_model
     from posttrain.rollout.base import SamplingParams
     from posttrain.rollout.engine import DecodeEngine
-    from posttrain.data.batch import Batch
 
     contexts = [int(c) for c in args.contexts.split(",")]
     work = Path(tempfile.mkdtemp())
@@ -256,25 +259,33 @@ def decode(args) -> None:
     tok = load_tokenizer(str(work / "m"))
     lm = load_causal_lm(str(work / "m"), device="cpu").eval()
     engine = DecodeEngine(lm, tok, device=torch.device("cpu"), dtype=torch.float32)
-    print(f"model {args.decode_model} fp32, {args.decode_rows} samples of one prompt; per generated token\n")
-    print("| context | prefill + 8 tokens | +32 tokens | ms per token | per-token vs first context |")
+    original, calls = engine_module._forward, []
+
+    def timed(model):
+        forward = original(model)
+
+        def call(*a, **k):
+            c0 = time.process_time()
+            out = forward(*a, **k)
+            calls.append(time.process_time() - c0)
+            return out
+        return call
+
+    engine_module._forward = timed
+    s = SamplingParams(n=args.decode_rows, max_new_tokens=40, ignore_eos=True)
+    print(f"model {args.decode_model} fp32, {args.decode_rows} samples of one prompt, 40 new tokens\n")
+    print("| context | prefill | decoding step (all rows) | ms per token | per token vs first context |")
     print("|---|---|---|---|---|")
     first = None
     for C in contexts:
         prompts = torch.randint(3, VOCAB, (1, C))
-        mask = torch.ones_like(prompts)
-        times = {}
-        for new in (8, 40):
-            s = SamplingParams(n=args.decode_rows, max_new_tokens=new, ignore_eos=True)
-            best = float("inf")
-            for _ in range(2):
-                t0 = time.process_time()
-                engine.generate(Batch({"prompts": prompts, "prompt_mask": mask}), s)
-                best = min(best, time.process_time() - t0)
-            times[new] = best
-        per = (times[40] - times[8]) / 32 / args.decode_rows * 1e3
+        engine.generate(Batch({"prompts": prompts[:, :64], "prompt_mask": torch.ones_like(prompts[:, :64])}), s)
+        calls.clear()
+        engine.generate(Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}), s)
+        step = statistics.median(calls[-32:])
+        per = step / args.decode_rows * 1e3
         first = first or per
-        print(f"| {C} | {times[8]:.2f} s | {times[40] - times[8]:.2f} s | {per:.2f} | {per / first:.2f}x |",
+        print(f"| {C} | {sum(calls[:-39]):.2f} s | {step * 1e3:.1f} ms | {per:.2f} | {per / first:.2f}x |",
               flush=True)
 
 
