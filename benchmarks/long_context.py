@@ -1,0 +1,324 @@
+"""Long responses: the actor's training pass on a long-tail length mix, packed against padded micro-batches; the
+longest response a memory limit trains (memory model, checked against measurement); decoding cost per token at
+long contexts.
+
+    OMP_NUM_THREADS=1 python benchmarks/long_context.py [--scale 0.25] [--rows 32] [--budget 16384] [--seed 0]
+    OMP_NUM_THREADS=1 python benchmarks/long_context.py --longest [--limit-gb 20] [--measure 1024,2048,4096]
+    OMP_NUM_THREADS=1 python benchmarks/long_context.py --decode [--contexts 2048,4096,8192] [--decode-model S]
+
+Workload: model M of benchmarks/grpo_step.py (random Qwen2: hidden 512, 8 layers, 8 heads / 4 KV heads, MLP 1408,
+24.7M parameters with the 2048-entry vocabulary), fp32, no gradient checkpointing unless `--checkpointing`.
+`--rows` responses whose lengths are lognormal: median 1024 x scale, sigma 1.2, clipped to [16, 16384 x scale],
+and the longest row set to the clip (every batch has one tail row); prompts uniform in [64, 128] x scale tokens,
+left-padded. The pass is the actor update's: response log-probs and entropy (posttrain.models.logprobs, chunked over
+the vocabulary), backward of `logp + 0.01 * entropy`, over micro-batches bounded by a token budget
+(`use_dynamic_bsz`, `--budget` x scale tokens, `ppo_max_token_len_per_gpu`) as roles/common.py splits them:
+- `packed` (`use_remove_padding=True`): `balance.token_packs` (real tokens <= budget), one padding-free row each;
+- `padded` (`use_remove_padding=False`): `balance.padded_packs` (rows x padded width <= budget), each micro-batch
+  trimmed to its longest prompt and response;
+- `padded-fixed`: no token budget, `--micro-rows` rows per micro-batch in batch order (verl's
+  `ppo_micro_batch_size_per_gpu`), padded the same way.
+Each variant runs in a fresh process on the same rows (peak resident memory its own) and reports real tokens per
+CPU second (run with OMP_NUM_THREADS=1: CPU time does not count waiting on a shared machine), peak resident memory
+and the pass's own share of it (peak minus the resident memory before the pass), beside the 2048^2 matmul ceiling
+measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+VARIANTS = ("packed", "padded", "padded-fixed")
+MEDIAN, TAIL, SIGMA, PROMPT = 1024, 16384, 1.2, 128
+VOCAB = 2048
+
+
+def rss_mb() -> float:
+    """Resident memory now (Linux /proc)."""
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def lengths(rows: int, scale: float, seed: int) -> tuple[list[int], list[int]]:
+    """(prompt lengths, response lengths) of the long-tail mix (module doc)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    tail = int(TAIL * scale)
+    resp = np.clip(np.exp(rng.normal(math.log(MEDIAN * scale), SIGMA, rows)), 16, tail).astype(int)
+    resp[int(np.argmax(resp))] = tail
+    prompt = rng.integers(int(PROMPT * scale) // 2, int(PROMPT * scale) + 1, rows)
+    return prompt.tolist(), resp.tolist()
+
+
+def model_m(max_positions: int, checkpointing: bool = False):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_step import SHAPES
+    from posttrain.models.shared_prompt import ATTENTION_NAME
+
+    s = SHAPES["M"]
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=VOCAB, hidden_size=s["hidden_size"], intermediate_size=s["intermediate_size"],
+                      num_hidden_layers=s["num_layers"], num_attention_heads=s["num_heads"],
+                      num_key_value_heads=s["num_kv_heads"], max_position_embeddings=max_positions,
+                      tie_word_embeddings=True, attn_implementation=ATTENTION_NAME)
+    model = Qwen2ForCausalLM(cfg).train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def micro_batch(prompt_lens, resp_lens, rows):
+    """(ids, mask, L) of `rows` padded to their longest prompt (left) and longest response (right); row i's tokens
+    are the same in any micro-batch (drawn from seed i)."""
+    import torch
+
+    P, L = max(prompt_lens[i] for i in rows), max(resp_lens[i] for i in rows)
+    ids = torch.zeros((len(rows), P + L), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for k, i in enumerate(rows):
+        g = torch.Generator().manual_seed(i)
+        ids[k, P - prompt_lens[i]:P + resp_lens[i]] = torch.randint(3, VOCAB, (prompt_lens[i] + resp_lens[i],),
+                                                                    generator=g)
+        mask[k, P - prompt_lens[i]:P + resp_lens[i]] = 1
+    return ids, mask, L
+
+
+def parts_of(variant: str, prompt_lens, resp_lens, budget: int, micro_rows: int) -> list[list[int]]:
+    from posttrain.parallel import balance
+
+    if variant == "packed":
+        return balance.token_packs([p + r for p, r in zip(prompt_lens, resp_lens)], budget)
+    if variant == "padded":
+        return balance.padded_packs(prompt_lens, resp_lens, budget)
+    n = len(resp_lens)
+    return [list(range(s, min(s + micro_rows, n))) for s in range(0, n, micro_rows)]
+
+
+def train_pass(model, prompt_lens, resp_lens, parts, packed: bool) -> None:
+    """The actor update's forward + backward over the micro-batches (gradients accumulate)."""
+    from posttrain.models.logprobs import response_logprobs
+
+    for rows in parts:
+        ids, mask, L = micro_batch(prompt_lens, resp_lens, rows)
+        logp, ent = response_logprobs(model, ids, mask, L, packed=packed)
+        (logp.sum() + 0.01 * ent.sum()).backward()
+
+
+def run_variant(args) -> dict:
+    prompt_lens, resp_lens = lengths(args.rows, args.scale, args.seed)
+    budget = int(args.budget * args.scale)
+    parts = parts_of(args.variant, prompt_lens, resp_lens, budget, args.micro_rows)
+    model = model_m(max(p + r for p, r in zip(prompt_lens, resp_lens)) + 1, args.checkpointing)
+    before = rss_mb()
+    t0, c0 = time.perf_counter(), time.process_time()
+    train_pass(model, prompt_lens, resp_lens, parts, packed=args.variant == "packed")
+    positions = sum(len(r) * (max(prompt_lens[i] for i in r) + max(resp_lens[i] for i in r)) for r in parts)
+    return {"cpu_seconds": time.process_time() - c0, "seconds": time.perf_counter() - t0, "peak_mb": peak_mb(),
+            "pass_mb": peak_mb() - before, "tokens": sum(prompt_lens) + sum(resp_lens),
+            "response_tokens": sum(resp_lens), "positions": positions if args.variant != "packed" else None,
+            "micro_batches": len(parts)}
+
+
+def child(args, **extra) -> dict:
+    ckpt = extra.pop("checkpointing", args.checkpointing)
+    cmd = [sys.executable, __file__] + [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()]
+    for k in ("scale", "rows", "budget", "seed", "micro_rows"):
+        cmd.append(f"--{k.replace('_', '-')}={getattr(args, k)}")
+    if ckpt:
+        cmd.append("--checkpointing")
+    # glibc keeps freed large blocks in its heap (its mmap threshold grows as they are freed), so the resident
+    # peak would count memory no tensor holds; a fixed threshold maps and unmaps each large tensor.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def compare(args) -> None:
+    from grpo_step import matmul_ceiling
+
+    prompt_lens, resp_lens = lengths(args.rows, args.scale, args.seed)
+    results = {}
+    for v in VARIANTS:
+        results[v] = child(args, variant=v)
+        print(f"{v}: {results[v]['cpu_seconds']:.1f} CPU s, peak {results[v]['peak_mb']:.0f} MB", flush=True)
+    ceiling = matmul_ceiling("cpu")["fp32"]
+    s = sorted(resp_lens)
+    print(f"\n{args.rows} responses, lognormal median {MEDIAN * args.scale:.0f} sigma {SIGMA}, clipped to "
+          f"{int(TAIL * args.scale)} (scale {args.scale}): median {s[len(s) // 2]}, mean {sum(s) / len(s):.0f}, "
+          f"max {s[-1]}; prompts {min(prompt_lens)}-{max(prompt_lens)}; {results['packed']['tokens']} real tokens; "
+          f"budget {int(args.budget * args.scale)} tokens; model M fp32, gradient checkpointing "
+          f"{'on' if args.checkpointing else 'off'}; 2048^2 fp32 matmul ceiling {ceiling:.0f} GFLOP/s\n")
+    print("| variant | micro-batches | positions computed | CPU time | real tokens/s | peak memory | pass's own "
+          "memory | tokens/s vs padded | peak vs padded | pass memory vs padded |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base = results["padded"]
+    for v in VARIANTS:
+        r = results[v]
+        tps, tps0 = r["tokens"] / r["cpu_seconds"], base["tokens"] / base["cpu_seconds"]
+        print(f"| {v} | {r['micro_batches']} | {r['positions'] or r['tokens']} | {r['cpu_seconds']:.1f} s | "
+              f"{tps:.0f} | {r['peak_mb']:.0f} MB | {r['pass_mb']:.0f} MB | {tps / tps0:.2f}x | "
+              f"{r['peak_mb'] / base['peak_mb']:.2f}x | {r['pass_mb'] / base['pass_mb']:.2f}x |")
+
+
+# ---------------------------------------------------------------- memory model (docs/scaling.md, section 3)
+
+def model_bytes(T: int, *, checkpointing: bool, optimizer: bool = True, chunk: int = 1024) -> dict[str, float]:
+    """Predicted peak bytes of one training step on a single T-token row of M in fp32 (one process, no sharding):
+    static (weights, gradients, and Adam's moments when `optimizer`), activations, and the log-prob head's chunk."""
+    from grpo_step import SHAPES
+
+    s = SHAPES["M"]
+    H, Lyr, I = s["hidden_size"], s["num_layers"], s["intermediate_size"]
+    Hkv = s["num_kv_heads"] * H // s["num_heads"]
+    P = 24.7e6
+    A = 4 * (8 * H + 2 * Hkv + 4 * I)  # fp32 bytes per token per layer saved for backward
+    act = T * (Lyr * 4 * H + A) if checkpointing else T * Lyr * A
+    head = 20 * min(T, chunk) * VOCAB
+    return {"static": (16 if optimizer else 8) * P, "activations": act, "head": head,
+            "total": (16 if optimizer else 8) * P + act + head}
+
+
+def run_single(args) -> dict:
+    """Peak of one training pass (no optimizer) on a single `args.length`-token response."""
+    model = model_m(args.length + 65, args.checkpointing)
+    before = rss_mb()
+    train_pass(model, [64], [args.length], [[0]], packed=True)
+    return {"pass_mb": peak_mb() - before, "peak_mb": peak_mb()}
+
+
+def longest(args) -> None:
+    limit = args.limit_gb * 2**30
+    print(f"Predicted (memory model), one response of M in fp32, AdamW (16 bytes/parameter), one process; limit "
+          f"{args.limit_gb} GB:")
+    for ckpt in (False, True):
+        T = 1
+        while model_bytes(T * 2, checkpointing=ckpt)["total"] <= limit:
+            T *= 2
+        lo, hi = T, T * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if model_bytes(mid, checkpointing=ckpt)["total"] <= limit else (lo, mid)
+        b = model_bytes(lo, checkpointing=ckpt)
+        print(f"  gradient checkpointing {'on ' if ckpt else 'off'}: {lo} tokens (activations "
+              f"{b['activations'] / 2**30:.1f} GiB, {b['activations'] / lo / 1024:.0f} KiB/token)")
+    print("\nMeasured: the pass's own peak (peak RSS minus RSS before the pass; gradients 4P included, no Adam), "
+          "against the model's activations + head + gradients:\n")
+    print("| response tokens | checkpointing | predicted | measured | measured / predicted |")
+    print("|---|---|---|---|---|")
+    for T in [int(x) for x in args.measure.split(",")]:
+        for ckpt in (False, True):
+            r = child(args, single=1, length=T, checkpointing=ckpt)
+            b = model_bytes(T + 64, checkpointing=ckpt)
+            pred = (b["activations"] + b["head"] + 4 * 24.7e6) / 2**20
+            print(f"| {T} | {'on' if ckpt else 'off'} | {pred:.0f} MB | {r['pass_mb']:.0f} MB | "
+                  f"{r['pass_mb'] / pred:.2f} |", flush=True)
+
+
+# ---------------------------------------------------------------- decoding at long contexts
+
+def decode(args) -> None:
+    """The engine's cost per generated token with a `C`-token context: one prompt of C tokens, `--decode-rows`
+    samples, 40 new tokens; every model call of the engine is timed (CPU time), the first ones being the prefill;
+    the median of the last 32 (decoding steps) over the rows is the cost of one token at that context."""
+    import statistics
+    import tempfile
+
+    import torch
+
+    import posttrain.rollout.engine as engine_module
+    from grpo_step import SHAPES
+    from posttrain.data.batch import Batch
+    from posttrain.data.preprocess import find_shared_data
+    from posttrain.models.load import load_causal_lm, load_tokenizer
+    from posttrain.models.tiny import build_tiny_model
+    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout.engine import DecodeEngine
+
+    contexts = [int(c) for c in args.contexts.split(",")]
+    work = Path(tempfile.mkdtemp())
+    texts = [json.loads(line)["question"] for line in
+             (find_shared_data() / "gsm8k" / "train.jsonl").read_text().splitlines()[:2000]]
+    build_tiny_model(work / "m", texts, vocab_size=VOCAB, max_position_embeddings=max(contexts) + 64,
+                     **SHAPES[args.decode_model])
+    tok = load_tokenizer(str(work / "m"))
+    lm = load_causal_lm(str(work / "m"), device="cpu").eval()
+    engine = DecodeEngine(lm, tok, device=torch.device("cpu"), dtype=torch.float32)
+    original, calls = engine_module._forward, []
+
+    def timed(model):
+        forward = original(model)
+
+        def call(*a, **k):
+            c0 = time.process_time()
+            out = forward(*a, **k)
+            calls.append(time.process_time() - c0)
+            return out
+        return call
+
+    engine_module._forward = timed
+    s = SamplingParams(n=args.decode_rows, max_new_tokens=40, ignore_eos=True)
+    print(f"model {args.decode_model} fp32, {args.decode_rows} samples of one prompt, 40 new tokens\n")
+    print("| context | prefill | decoding step (all rows) | ms per token | per token vs first context |")
+    print("|---|---|---|---|---|")
+    first = None
+    for C in contexts:
+        prompts = torch.randint(3, VOCAB, (1, C))
+        engine.generate(Batch({"prompts": prompts[:, :64], "prompt_mask": torch.ones_like(prompts[:, :64])}), s)
+        calls.clear()
+        engine.generate(Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}), s)
+        step = statistics.median(calls[-32:])
+        per = step / args.decode_rows * 1e3
+        first = first or per
+        print(f"| {C} | {sum(calls[:-39]):.2f} s | {step * 1e3:.1f} ms | {per:.2f} | {per / first:.2f}x |",
+              flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--rows", type=int, default=32)
+    ap.add_argument("--budget", type=int, default=16384)
+    ap.add_argument("--micro-rows", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--longest", action="store_true")
+    ap.add_argument("--limit-gb", type=float, default=20.0)
+    ap.add_argument("--measure", default="1024,2048,4096")
+    ap.add_argument("--decode", action="store_true")
+    ap.add_argument("--contexts", default="2048,4096,8192")
+    ap.add_argument("--decode-model", default="S")
+    ap.add_argument("--decode-rows", type=int, default=4)
+    ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    ap.add_argument("--single", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--length", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.variant:
+        print(json.dumps(run_variant(args)))
+    elif args.single:
+        print(json.dumps(run_single(args)))
+    elif args.longest:
+        longest(args)
+    elif args.decode:
+        decode(args)
+    else:
+        compare(args)
+
+
+if __name__ == "__main__":
+    main()
