@@ -164,10 +164,10 @@ def multi_turn_steps(spec: dict, out: Path) -> None:
             slow_first_prompt(runner)
         batches, learn = [], trainer.learn
 
-        def learning(batch, timing=None):
+        def learning(batch, timing=None, **kwargs):
             check_rows_are_their_episodes(batch)
             batches.append(batch)
-            return learn(batch, timing)
+            return learn(batch, timing, **kwargs)
 
         trainer.learn = learning
         steps = {role: record_gradients(obj) for role, obj in trainer.parts.trained.items()}
@@ -205,9 +205,9 @@ def single_turn_steps(spec: dict, out: Path) -> None:
         trainer.parts.engine.generate = recording
         batches, learn = [], trainer.learn
 
-        def learning(batch, timing=None):
+        def learning(batch, timing=None, **kwargs):
             batches.append(batch)
-            return learn(batch, timing)
+            return learn(batch, timing, **kwargs)
 
         trainer.learn = learning
         steps = {role: record_gradients(obj) for role, obj in trainer.parts.trained.items()}
