@@ -116,7 +116,7 @@ if groups.trains:
     torch.save({"batch": batch, "metrics": metrics, "vocab": model.config.vocab_size}, f"{out}/result.pt")
 else:
     engine = DecodeEngine(model, load_tokenizer(path), device=torch.device("cpu"), dtype=torch.float32)
-    inbox = WeightInbox(tensors, 512 << 20, 60)
+    inbox = WeightInbox(model, 512 << 20, 60)
     calls = 0
 
     def between_steps(decoding):
@@ -167,6 +167,142 @@ def test_a_push_that_lands_mid_generation_is_decoded_with_and_each_token_keeps_i
     assert not torch.allclose(logprobs[:, :2], torch.full((4, 2), uniform, dtype=torch.float64), atol=1e-3)
     assert metrics["async/staleness_max"] == 1 and metrics["async/staleness_le_0"] == pytest.approx(6 / 8)
     assert metrics["async/staleness_mean"] == pytest.approx(2 / 8)
+
+
+EPISODES_SCRIPT = """
+import sys
+import torch
+from posttrain.agents.environment import Reset, Step
+from posttrain.agents.loop import EpisodeRunner
+from posttrain.agents.settings import AgentSettings
+from posttrain.agents.template import Template
+from posttrain.models.load import LoraSettings, load_causal_lm, load_tokenizer
+from posttrain.models.policy import PolicyModel
+from posttrain.parallel.context import exit_process, shutdown
+from posttrain.parallel.groups import join, recv_object, send_object
+from posttrain.parallel.weight_sync import STOP, WeightSync, trainable_tensors
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.engine import DecodeEngine
+from posttrain.trainer.async_rl import WeightInbox
+
+out, path, swap_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+groups = join(device_name="cpu", timeout_s=120)
+tok = load_tokenizer(path)
+TARGET = "layers.1.mlp.down_proj"  # the last layer's output: no key or value depends on it, only the logits
+
+
+class TwoToolTurns:
+    def reset(self, row):
+        self.seen = 0
+        return Reset(messages=row["prompt"])
+
+    def step(self, episode):
+        self.seen += 1
+        return Step(done=True) if self.seen > 2 else Step(messages=[{"role": "tool", "content": f"result {self.seen}"}])
+
+
+def play(mode):
+    lora = LoraSettings(rank=4, alpha=8, target_modules=TARGET) if mode == "lora" else None
+    model = PolicyModel(load_causal_lm(path, dtype=torch.float32, lora=lora))  # as the trainer builds it
+    if groups.trains:
+        sync = WeightSync(trainable_tensors(model), src=0)
+        assert recv_object(1, groups.objects) == "decoding"
+        torch.manual_seed(7)
+        with torch.no_grad():  # version 1: the target weight changed (full), its adapters given values (lora)
+            for name, p in model.named_parameters():
+                if p.requires_grad and TARGET in name:
+                    p.add_(torch.randn_like(p) * (0.5 if lora else 0.05))
+        sync.push(1)
+        episodes = recv_object(1, groups.objects)
+        sync.push(STOP)
+        weights = {n.rsplit(TARGET + ".", 1)[1]: p.detach().clone() for n, p in model.named_parameters() if TARGET in n}
+        torch.save({"episodes": episodes, "weights": weights, "pushed": sync.names}, f"{out}/{mode}.pt")
+        return
+    engine = DecodeEngine(model, tok, device=torch.device("cpu"), dtype=torch.float64)  # decodes on a merged copy
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    runner = EpisodeRunner(engine, tok, AgentSettings(tokenization_sanity_check_mode="disable"),
+                           environments=lambda row: TwoToolTurns())
+    runner.template = Template(tok, {im_end})
+    engine.eos_ids = {t for t in range(len(tok)) if t % 5 == 0} | {im_end}  # turns end within a few tokens
+    inbox = WeightInbox(model, 512 << 20, 60)
+    calls = 0
+
+    def between_steps(decoding):
+        nonlocal calls
+        calls += 1
+        if calls == swap_at:  # hold this forward until the push has landed: it lands mid-episode
+            send_object("decoding", 0, groups.objects)
+            with inbox.cond:
+                assert inbox.cond.wait_for(lambda: inbox.staged_version >= 1, timeout=60)
+        return inbox.between_steps(decoding)
+
+    engine.between_steps = between_steps
+    torch.manual_seed(0)
+    rows = [{"uid": f"p{i}", "prompt": [{"role": "user", "content": q}]}
+            for i, q in enumerate(["Add 2 and 3.", "What is 7 times 6?"])]
+    episodes = runner.run(rows, 2, SamplingParams(n=2, max_new_tokens=48, logprobs=True))
+    send_object([{"prompt_ids": e.prompt_ids, "tokens": e.tokens, "mask": e.mask, "logprobs": e.logprobs,
+                  "versions": e.versions} for e in episodes], 0, groups.objects)
+    inbox.thread.join(60)
+    assert inbox.stopped and inbox.current == 1
+
+
+for mode in ("full", "lora"):
+    play(mode)
+shutdown()
+exit_process(0)
+"""
+
+
+def test_a_push_mid_episode_is_taken_between_decoding_steps_of_multi_turn_episodes_full_and_lora(tmp_path,
+                                                                                                   tiny_model_dir):
+    """Partial rollouts of multi-turn episodes (the episode loop), full weights and LoRA adapters: a push that
+    lands mid-episode is swapped in before the episode loop's next forward, so one trajectory holds policy tokens
+    of versions 0 then 1; tool tokens carry no version and no log-prob (masked); each policy token's recorded
+    behaviour log-prob is what a plain float64 forward of the whole conversation gives with the weights of its
+    version (the push changes the last layer's output projection, which no cached key or value depends on; under
+    LoRA base + alpha/r x B A re-derived here); and under LoRA only the adapters travel."""
+    import torch
+
+    from posttrain.models.load import load_causal_lm
+
+    script = tmp_path / "episodes.py"
+    script.write_text(EPISODES_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path), str(tiny_model_dir), "3"]  # the 3rd forward: after two tokens of every first turn
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lm = load_causal_lm(str(tiny_model_dir), dtype=torch.float64)
+    layer = lm.model.layers[1].mlp.down_proj
+    base = layer.weight.detach().clone()
+
+    def logprobs(weight, ids):
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+            return torch.log_softmax(lm(input_ids=torch.tensor([ids])).logits[0].double(), -1)
+
+    for mode in ("full", "lora"):
+        got = torch.load(tmp_path / f"{mode}.pt", weights_only=False)
+        w = {k: v.double() for k, v in got["weights"].items()}
+        new = base + 8 / 4 * w["lora_B.default.weight"] @ w["lora_A.default.weight"] if mode == "lora" else w["weight"]
+        if mode == "lora":
+            assert got["pushed"] and all(".lora_A." in n or ".lora_B." in n for n in got["pushed"]), got["pushed"]
+        mixed = later_turn = 0
+        for ep in got["episodes"]:
+            policy = [i for i, m in enumerate(ep["mask"]) if m]
+            versions = [ep["versions"][i] for i in policy]
+            assert versions == sorted(versions) and set(versions) <= {0, 1}, versions
+            assert all(ep["versions"][i] == 0 and ep["logprobs"][i] == 0 for i, m in enumerate(ep["mask"]) if not m)
+            mixed += set(versions) == {0, 1}
+            later_turn += any(ep["versions"][i] == 1 and 0 in ep["mask"][:i] for i in policy)
+            P, ids = len(ep["prompt_ids"]), ep["prompt_ids"] + ep["tokens"]
+            by_version = {0: logprobs(base, ids), 1: logprobs(new, ids)}
+            for i in policy:
+                want = by_version[ep["versions"][i]][P + i - 1, ep["tokens"][i]]
+                assert abs(ep["logprobs"][i] - float(want)) < 1e-4, (mode, i, ep["versions"][i])
+                if ep["versions"][i] == 1:  # and the old weights would not have given it
+                    assert abs(ep["logprobs"][i] - float(by_version[0][P + i - 1, ep["tokens"][i]])) > 1e-4
+        assert mixed and later_turn, (mode, mixed, later_turn)
 
 
 # ------------------------------------------------------------------ two groups of processes under `posttrain train`
@@ -270,6 +406,32 @@ def test_partial_rollouts_under_posttrain_train_keep_the_bound_and_mix_versions_
     assert [m["async/weight_version"] for m in steps] == [0, 1, 2, 3]
     assert all(m["async/staleness_max"] <= 1 for m in steps)
     assert any(0 < m["async/staleness_le_0"] < 1 for m in steps), [m["async/staleness_le_0"] for m in steps]
+
+
+def test_partial_rollouts_of_multi_turn_episodes_with_lora_train_under_posttrain_train(tmp_path, tiny_model_dir):
+    """partial_rollout=True with multi-turn episodes (guess_number) and LoRA on one generating and one training
+    process: three steps train on the episodes (finite losses, the rollout-IS correction logged), each batch within
+    one version of the weights it trains at, and the pushes carry the adapters alone."""
+    from posttrain.agents.envs.guess_number import guess_number_rows
+
+    data = tmp_path / "guess.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in guess_number_rows(8, 1, 9, seed=0, max_guesses=3)))
+    drop = ("data.train_files", "data.max_prompt_length", "data.max_response_length")
+    args = [a for a in _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
+                                  "async_training.staleness_threshold=1", "async_training.partial_rollout=True")
+            if not a.startswith(drop)]
+    args += [f"data.train_files={data}", "data.max_prompt_length=160", "data.max_response_length=64",
+             "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+             "actor_rollout_ref.rollout.multi_turn.enable=True",
+             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+             "actor_rollout_ref.rollout.agent.default_agent_loop=guess_number"]
+    result = _train(args)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["async/weight_version"] for m in steps] == [0, 1, 2]
+    assert all(m["async/staleness_max"] <= 1 and m["actor/pg_loss"] == m["actor/pg_loss"] for m in steps)
+    assert all("agent/turns/mean" in m and "training/rollout_probs_diff_mean" in m for m in steps)
+    assert 0 < steps[0]["async/weight_sync_mb"] < 0.1  # rank-4 adapters of a 64-wide model: tens of kB
 
 
 def test_trigger_parameter_sync_step_pushes_every_two_steps_and_bounds_generation_by_two_batches(tmp_path,
@@ -386,15 +548,15 @@ def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_posi
 
 
 def test_settings_async_rl_does_not_support_are_refused_at_load():
-    """A negative threshold, no updates per push, partial rollouts of multi-turn episodes or LoRA adapters,
-    several processes per group and sharded roles are refused before anything starts, each naming its key."""
+    """A negative threshold, no updates per push, partial rollouts of agent programs, several processes per group
+    and sharded roles are refused before anything starts, each naming its key; partial rollouts of multi-turn
+    episodes and of LoRA adapters load."""
     from posttrain.config import ConfigError, load_config
 
     cases = {"async_training.staleness_threshold=-0.5": ["async_training.staleness_threshold=-0.5"],
              "trigger_parameter_sync_step=0": ["async_training.trigger_parameter_sync_step=0"],
-             "multi_turn.enable=True is not": ["async_training.partial_rollout=True",
-                                               "actor_rollout_ref.rollout.multi_turn.enable=True"],
-             "lora_rank > 0 is not": ["async_training.partial_rollout=True", "actor_rollout_ref.model.lora_rank=4"],
+             "agent.program is not": ["async_training.partial_rollout=True",
+                                      "actor_rollout_ref.rollout.agent.program=mod:fn"],
              "rollout.n_gpus_per_node=2": ["rollout.n_gpus_per_node=2"],
              "trainer.n_gpus_per_node=2": ["trainer.n_gpus_per_node=2"],
              "param_offload": ["actor_rollout_ref.actor.fsdp_config.param_offload=True"]}
@@ -403,6 +565,8 @@ def test_settings_async_rl_does_not_support_are_refused_at_load():
             load_config(None, ["rollout.n_gpus_per_node=1", *overrides])
     load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=0.1"])  # fractions: fine
     load_config(None, ["rollout.n_gpus_per_node=1", "async_training.partial_rollout=True"])
+    load_config(None, ["rollout.n_gpus_per_node=1", "async_training.partial_rollout=True",
+                       "actor_rollout_ref.rollout.multi_turn.enable=True", "actor_rollout_ref.model.lora_rank=4"])
 
 
 def test_sigterm_stops_both_groups_after_a_step_with_a_checkpoint(tmp_path, tiny_model_dir):

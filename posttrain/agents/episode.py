@@ -20,6 +20,8 @@ class Episode:
     tokens: list[int] = field(default_factory=list)  # every token after the prompt
     mask: list[int] = field(default_factory=list)  # 1: sampled by the policy; 0: appended
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob of each policy token; 0.0 elsewhere
+    versions: list[int] = field(default_factory=list)  # partial rollouts: the weight version that sampled each
+    # policy token; 0 on appended tokens (masked)
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -34,17 +36,21 @@ class Episode:
     tokenization_mismatch: bool = False  # the kept ids differ from a full re-render (tokenization_sanity_check_mode)
     _metric_steps: dict[str, int] = field(default_factory=dict, repr=False)
 
-    def add_policy(self, tokens: list[int], logprobs: list[float] | None = None) -> None:
-        """A turn the policy sampled (its tokens as sampled, the end-of-turn token included when it was sampled)."""
+    def add_policy(self, tokens: list[int], logprobs: list[float] | None = None,
+                   versions: list[int] | None = None) -> None:
+        """A turn the policy sampled (its tokens as sampled, the end-of-turn token included when it was sampled), and
+        the weight version that sampled each (partial rollouts; else 0)."""
         self.tokens += tokens
         self.mask += [1] * len(tokens)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(tokens)
+        self.versions += list(versions) if versions is not None else [0] * len(tokens)
 
     def add_appended(self, tokens: list[int]) -> None:
         """Tokens the policy did not sample: tool results, environment / user messages, template glue."""
         self.tokens += tokens
         self.mask += [0] * len(tokens)
         self.logprobs += [0.0] * len(tokens)
+        self.versions += [0] * len(tokens)
 
     @property
     def response_length(self) -> int:

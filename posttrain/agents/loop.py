@@ -94,8 +94,10 @@ class EpisodeRunner:
         shared = all(episodes[i].prompt_ids == episodes[i - i % n].prompt_ids for i in range(len(episodes)))
         firsts = episodes[::n] if shared else episodes
         ids, mask = _left_padded([e.prompt_ids for e in firsts], engine.pad_id)
+        version = self._version(model)
         logits, state = engine.start(model, ids, mask, n if shared else 1, budget, share_prefix=False)
-        turn: dict[int, tuple[list[int], list[float]]] = {i: ([], []) for i in range(len(episodes))}
+        made = [version] * len(state.ids)  # the weight version whose forward gave each row of `logits`
+        turn: dict[int, tuple[list[int], list[float], list[int]]] = {i: ([], [], []) for i in range(len(episodes))}
         waiting: dict[futures.Future, tuple[int, object, float]] = {}  # future -> (episode, parked past, start)
         with engine.decoding(model):
             while len(state.ids) or waiting:
@@ -104,9 +106,10 @@ class EpisodeRunner:
                     lps = sampled_logprobs(logits, token, sampling).tolist() if sampling.logprobs else None
                     ended, kept = [], []
                     for j, (e, t) in enumerate(zip(state.ids.tolist(), token.tolist())):
-                        tokens, logprobs = turn[e]
+                        tokens, logprobs, versions = turn[e]
                         tokens.append(t)
                         logprobs.append(lps[j] if lps is not None else 0.0)
+                        versions.append(made[j])
                         full = len(episodes[e].tokens) + len(tokens) >= budget
                         (ended if t in engine.eos_ids or full else kept).append(j)
                     if ended:
@@ -114,12 +117,14 @@ class EpisodeRunner:
                             e = int(state.ids[j])
                             if self._end_turn(episodes[e], *turn.pop(e)):
                                 waiting[pool.submit(envs[e].step, episodes[e])] = (e, state.past(j), time.monotonic())
-                            turn[e] = ([], [])
+                            turn[e] = ([], [], [])
                         keep = torch.tensor(kept, dtype=torch.long, device=state.ids.device)
                         state.keep(keep)
                         logits, token = logits[keep], token[keep]
                     if len(state.ids):
+                        version = self._version(model)
                         logits = engine.step(model, state, token)
+                        made = [version] * len(state.ids)
                 if waiting:
                     idle = not len(state.ids)
                     done, _ = futures.wait(list(waiting), timeout=POLL_S if idle else 0,
@@ -134,9 +139,11 @@ class EpisodeRunner:
                             last = episodes[e].tokens[-len(appended) - 1]  # the turn's end token, not in `past`
                             back.append((e, past, torch.tensor([last] + appended)))
                     if back:  # the episodes whose environments answered rejoin together: one forward
+                        version = self._version(model)
                         more = engine.resume_many(model, state, back,
                                                   max(budget - len(episodes[e].tokens) for e, _, _ in back))
                         logits = torch.cat([logits, more.to(logits.dtype)])
+                        made += [version] * len(back)
         for ep in episodes:
             ep.done = True
 
@@ -151,14 +158,24 @@ class EpisodeRunner:
             s = SamplingParams(n=1, do_sample=sampling.do_sample, temperature=sampling.temperature,
                                top_p=sampling.top_p, top_k=sampling.top_k, max_new_tokens=room,
                                logprobs=sampling.logprobs)
-            tokens, logprobs = engine._generate(model, ids, mask, s)
+            partial = getattr(engine, "between_steps", None) is not None
+            if partial:  # the prefill's version, then the engine records one per decoding step
+                engine.step_versions = []
+                engine._weights_version(model)
+            try:
+                tokens, logprobs = engine._generate(model, ids, mask, s)
+            finally:
+                step_versions = engine.step_versions if partial else None
+                if partial:
+                    engine.step_versions = None
             steps = {}
             for j, e in enumerate(live):
                 own = tokens[j, : budget - len(episodes[e].tokens)].tolist()
                 stop = next((i for i, t in enumerate(own) if t in engine.eos_ids), None)
                 own = own if stop is None else own[: stop + 1]
                 lps = logprobs[j, : len(own)].tolist() if logprobs is not None else None
-                if self._end_turn(episodes[e], own, lps):
+                versions = (step_versions + step_versions[-1:] * len(own))[:len(own)] if step_versions else None
+                if self._end_turn(episodes[e], own, lps, versions):
                     steps[e] = (pool.submit(envs[e].step, episodes[e]), time.monotonic())
             live = []
             for e, (f, started) in steps.items():
@@ -170,9 +187,16 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------ turns
 
-    def _end_turn(self, ep: Episode, tokens: list[int], logprobs: list[float] | None) -> bool:
+    def _version(self, model) -> int:
+        """Before a forward of the decoding weights: partial rollouts (the engine's `between_steps` hook) may swap
+        newer weights in; the version that forward samples with (0 without the hook)."""
+        hook = getattr(self.engine, "between_steps", None)
+        return int(hook(model)) if hook is not None else 0
+
+    def _end_turn(self, ep: Episode, tokens: list[int], logprobs: list[float] | None,
+                  versions: list[int] | None = None) -> bool:
         """The policy's turn `tokens` joins the episode; True when its environment is to answer it."""
-        ep.add_policy(tokens, logprobs)
+        ep.add_policy(tokens, logprobs, versions)
         ep.assistant_turns += 1
         ended = bool(tokens) and tokens[-1] in self.engine.eos_ids
         text = self.tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=True)

@@ -27,14 +27,16 @@ def run_episodes(runner, batch: Batch, sampling: SamplingParams) -> Batch:
     none included) for `batch`'s prompts, as a batch whose rows carry their prompt's meta (its `uid` among them):
     `prompts` / `prompt_mask` the episodes' own prompts (rendered with their tools), `responses` every token after
     the prompt, `response_mask` 1 on policy tokens, `response_attention_mask` 1 on every real token,
-    `rollout_log_probs` with `sampling.logprobs`; meta `episode` (the Episode objects) and `env_reward`.
+    `rollout_log_probs` with `sampling.logprobs`, `rollout_versions` with partial rollouts; meta `episode` (the
+    Episode objects) and `env_reward`.
     Agent programs that all failed give a batch of no row: the other ranks may have samples to train on, so the
     decision waits for the gathered batch (`require_samples`) rather than raising on this rank alone."""
     rows = rows_of(batch)
     episodes = runner.run(rows, sampling.n, sampling)
     source = {id(row): i for i, row in enumerate(rows)}
     return episodes_batch(batch.select([source[id(e.row)] for e in episodes]), episodes, runner.engine.pad_id,
-                          logprobs=sampling.logprobs)
+                          logprobs=sampling.logprobs,
+                          versions=getattr(runner.engine, "between_steps", None) is not None)
 
 
 def require_samples(gathered: Batch, prompts: int) -> Batch:
@@ -48,8 +50,10 @@ def require_samples(gathered: Batch, prompts: int) -> Batch:
     return gathered
 
 
-def episodes_batch(out: Batch, episodes: list[Episode], pad_id: int, *, logprobs: bool) -> Batch:
-    """`out` (one row per episode, in order) with the episodes' tensors and meta set; no episode: no row."""
+def episodes_batch(out: Batch, episodes: list[Episode], pad_id: int, *, logprobs: bool,
+                   versions: bool = False) -> Batch:
+    """`out` (one row per episode, in order) with the episodes' tensors and meta set; no episode: no row. With
+    `versions` (partial rollouts) also `rollout_versions`: the weight version that sampled each policy token."""
     B = len(episodes)
     P = max((len(e.prompt_ids) for e in episodes), default=0)
     L = max(1, max((len(e.tokens) for e in episodes), default=0))
@@ -64,6 +68,8 @@ def episodes_batch(out: Batch, episodes: list[Episode], pad_id: int, *, logprobs
     out["responses"], out["response_mask"], out["response_attention_mask"] = responses, mask, real
     if logprobs:
         out["rollout_log_probs"] = table(right([e.logprobs for e in episodes], 0.0), L, torch.float32) * mask
+    if versions:
+        out["rollout_versions"] = table(right([e.versions for e in episodes], 0), L, torch.long) * mask
     out["input_ids"] = torch.cat([prompts, responses], dim=1)
     out["attention_mask"] = torch.cat([prompt_mask, real], dim=1)
     out.meta["episode"] = list(episodes)

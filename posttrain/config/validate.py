@@ -448,12 +448,10 @@ def _check_async(cfg: Config, check: Checks) -> None:
     """Asynchronous RL (two groups of processes): what is built, and settings that only mean something there."""
     at, group, arr = cfg.async_training, cfg.rollout, cfg.actor_rollout_ref
     if at.partial_rollout:
-        check.unsupported(not arr.rollout.multi_turn.enable, "async_training.partial_rollout=True with "
-                          "actor_rollout_ref.rollout.multi_turn.enable=True is not supported: weights are swapped "
-                          "between the decoding steps of a batch of single-turn responses; set partial_rollout=False")
-        check.unsupported(not arr.model.lora_rank, "async_training.partial_rollout=True with "
-                          "actor_rollout_ref.model.lora_rank > 0 is not supported: decoding runs on a copy with the "
-                          "adapters merged, which a push of the adapters cannot update; set partial_rollout=False")
+        check.unsupported(arr.rollout.agent.program is None, "async_training.partial_rollout=True with "
+                          "actor_rollout_ref.rollout.agent.program is not supported: weights are swapped between the "
+                          "decoding steps of single responses and of the episode loop's episodes "
+                          "(multi_turn.enable), not of an agent program's server; set partial_rollout=False")
     check(at.trigger_parameter_sync_step >= 1 and at.require_batches >= 1, "async_training."
           f"trigger_parameter_sync_step={at.trigger_parameter_sync_step} and require_batches={at.require_batches} "
           "must be >= 1")

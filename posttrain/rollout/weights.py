@@ -43,3 +43,35 @@ def inference_weights(model: nn.Module, dtype: torch.dtype):
         yield clone
     finally:
         del clone
+
+
+_WRAPPER = "base_model.model."  # peft's prefix, gone from the names of a merged copy
+
+
+@torch.no_grad()
+def refresh_copy(decoding: nn.Module, model: nn.Module, names: list[str]) -> None:
+    """After `model`'s parameters `names` changed (a weight push mid-generation), the same change in `decoding`,
+    its copy made by `inference_weights`: each tensor copied by name (and cast), and a changed LoRA adapter merged
+    again into the weight it adapts, as the copy was made: base weight + the adapters' delta, then cast."""
+    params = dict(decoding.named_parameters())
+    lora = {name: m for name, m in model.named_modules() if hasattr(m, "get_delta_weight") and hasattr(m, "base_layer")}
+    merged = set()
+    for name in names:
+        owner = next((m for m in lora if name.startswith(m + ".")), None)
+        if owner is None:
+            target = name.replace(_WRAPPER, "")
+            if target not in params:
+                raise RuntimeError(f"partial rollout: the decoding weights have no tensor {target} (for {name})")
+            params[target].copy_(model.get_parameter(name))
+        elif owner not in merged:
+            merged.add(owner)
+            module = lora[owner]
+            target = owner.replace(_WRAPPER, "") + ".weight"
+            if target not in params:
+                raise RuntimeError(f"partial rollout: the decoding weights have no tensor {target} to merge the "
+                                   f"adapters of {owner} into")
+            weight = module.base_layer.weight.detach().clone()
+            for adapter in module.active_adapters:
+                if adapter in getattr(module, "lora_A", {}) or adapter in getattr(module, "lora_embedding_A", {}):
+                    weight += module.get_delta_weight(adapter).to(weight.dtype)
+            params[target].copy_(weight)

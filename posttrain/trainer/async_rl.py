@@ -34,6 +34,7 @@ import torch
 from ..parallel import shutdown
 from ..parallel.groups import TRAINER, Groups, join, recv_object, send_object
 from ..parallel.weight_sync import STOP, WeightSync, trainable_tensors
+from ..rollout.weights import refresh_copy
 from .checkpoint import finish_exports
 from .metrics import timer
 from .preempt import Preempted, StopOnSignal, resume_message
@@ -107,13 +108,13 @@ class AsyncTrainer(RLTrainer):
 class WeightInbox:
     """The generator's receiving side: a thread that waits for each push and stages it; `take_newest` copies the
     newest staged weights into the model between batches, and with partial rollouts `between_steps` does so between
-    two decoding steps. Costs two copies of the trainable tensors: the one a push is received into, and the staged
-    one. `current` is the version the model holds."""
+    two decoding steps. Costs two copies of the trainable tensors (under LoRA the adapters alone): the one a push is
+    received into, and the staged one. `current` is the version the model holds."""
 
-    def __init__(self, model_tensors: dict, bucket_bytes: int, timeout_s: float, current: int = 0):
-        self.model = model_tensors
-        self.incoming = {n: t.detach().clone() for n, t in model_tensors.items()}
-        self.staged = {n: t.detach().clone() for n, t in model_tensors.items()}
+    def __init__(self, model: torch.nn.Module, bucket_bytes: int, timeout_s: float, current: int = 0):
+        self.owner, self.model = model, trainable_tensors(model)
+        self.incoming = {n: t.detach().clone() for n, t in self.model.items()}
+        self.staged = {n: t.detach().clone() for n, t in self.model.items()}
         self.sync = WeightSync(self.incoming, src=TRAINER, bucket_bytes=bucket_bytes)
         self.timeout_s, self.current = timeout_s, current
         self.cond = threading.Condition()
@@ -171,21 +172,17 @@ class WeightInbox:
     @torch.no_grad()
     def between_steps(self, decoding) -> int:
         """Partial rollouts: newer staged weights, if any, into the model and into `decoding` (the engine's
-        decoding weights: the model itself or its copy in the compute dtype, same names); never waits. Returns
-        the version the next token is sampled with."""
+        decoding weights: the model itself, or its copy in the compute dtype with LoRA adapters merged); never
+        waits. Keys and values already computed stay as older weights made them. Returns the version the next
+        token is sampled with."""
         with self.cond:
             self._raise_error()
             if self.staged_version > self.current and not self.stopped:
                 for name, t in self.staged.items():
                     self.model[name].copy_(t)
                 held = {id(t) for t in self.model.values()}
-                if not any(id(p) in held for p in decoding.parameters()):  # a copy: copy by name
-                    params = dict(decoding.named_parameters())
-                    missing = [n for n in self.model if n not in params]
-                    if missing:
-                        raise RuntimeError(f"partial rollout: the decoding weights have no tensor {missing[0]}")
-                    for name, t in self.model.items():
-                        params[name].copy_(t)
+                if not any(id(p) in held for p in decoding.parameters()):  # a copy: by name, adapters merged
+                    refresh_copy(decoding, self.owner, list(self.model))
                 self.current = self.staged_version
             return self.current
 
@@ -244,7 +241,7 @@ class Generator:
         start = recv_object(TRAINER, self.groups.objects)
         bucket, timeout = _bucket_bytes(self.cfg), self.cfg.async_training.wait_timeout_s
         version = WeightSync(self.tensors, src=TRAINER, bucket_bytes=bucket).receive()  # the trainer's, at the start
-        inbox = WeightInbox(self.tensors, bucket, timeout, current=version)
+        inbox = WeightInbox(self.rl.parts.actor.model, bucket, timeout, current=version)
         if self.cfg.async_training.partial_rollout:
             rl.parts.engine.between_steps = inbox.between_steps
         outbox = Outbox(self.groups.objects)

@@ -32,10 +32,11 @@ class AsyncTrainingConfig:
     trains); 0.1 = 0"""
     partial_rollout: bool = False
     """True: weights pushed while a batch generates are swapped in between two decoding steps, so the responses in
-    flight go on with the new weights (their earlier tokens' keys and values stay those of the old ones); each token
-    keeps the version that sampled it (`rollout_versions`) and its behaviour log-prob. False: a batch is generated
-    with the weights it started with (`rollout.name=hf` swaps between chunks of rows only). Not with
-    `rollout.multi_turn.enable` nor LoRA"""
+    flight (the episodes of `rollout.multi_turn.enable` too, across their turns) go on with the new weights (their
+    earlier tokens' keys and values stay those of the old ones; under LoRA the pushed adapters are merged again into
+    the decoding copy); each sampled token keeps the version that sampled it (`rollout_versions`) and its behaviour
+    log-prob, appended tool or environment tokens neither (masked). False: a batch is generated with the weights it
+    started with (`rollout.name=hf` swaps between chunks of rows only). Not with `rollout.agent.program`"""
     trigger_parameter_sync_step: int = 1
     """with `rollout.n_gpus_per_node` > 0: training steps (updates on one batch each) between two weight pushes to
     the generating process"""
