@@ -305,6 +305,40 @@ def test_a_push_mid_episode_is_taken_between_decoding_steps_of_multi_turn_episod
         assert mixed and later_turn, (mode, mixed, later_turn)
 
 
+
+def test_refreshing_a_merged_decoding_copy_after_an_adapter_push_equals_a_fresh_copy(tiny_model_dir):
+    """Under LoRA (every linear layer) decoding runs on a bfloat16 copy with the adapters merged; after new adapter
+    values arrive, `refresh_copy` makes that copy equal, bit for bit, to a copy made afresh from the updated model,
+    and a tensor the copy cannot hold is refused by name."""
+    import torch
+
+    from posttrain.models.load import LoraSettings, load_causal_lm
+    from posttrain.models.policy import PolicyModel
+    from posttrain.parallel.weight_sync import trainable_tensors
+    from posttrain.rollout.weights import inference_weights, refresh_copy
+
+    model = PolicyModel(load_causal_lm(str(tiny_model_dir), dtype=torch.float32, lora=LoraSettings(rank=4, alpha=8)))
+    pushed = trainable_tensors(model)
+    with inference_weights(model, torch.bfloat16) as decoding:
+        before = {n: p.clone() for n, p in decoding.named_parameters()}
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for t in pushed.values():
+                t.copy_(torch.randn_like(t))
+        refresh_copy(decoding, model, list(pushed))
+        refreshed = {n: p.clone() for n, p in decoding.named_parameters()}
+        with pytest.raises(RuntimeError, match="no tensor lm.extra.weight"):
+            refresh_copy(decoding, torch.nn.ModuleDict({"lm": torch.nn.ModuleDict({"extra": torch.nn.Linear(2, 2)})}),
+                         ["lm.extra.weight"])
+    with inference_weights(model, torch.bfloat16) as fresh:
+        want = dict(fresh.named_parameters())
+        assert refreshed.keys() == want.keys()
+        changed = [n for n in want if not torch.equal(before[n], want[n])]
+        assert len(changed) >= 7 * 2  # each adapted linear layer of both layers
+        for name, t in want.items():
+            assert torch.equal(refreshed[name], t), name
+
+
 # ------------------------------------------------------------------ two groups of processes under `posttrain train`
 
 
