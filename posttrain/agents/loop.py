@@ -120,7 +120,7 @@ class EpisodeRunner:
                             turn[e] = ([], [], [])
                         keep = torch.tensor(kept, dtype=torch.long, device=state.ids.device)
                         state.keep(keep)
-                        logits, token = logits[keep], token[keep]
+                        logits, token, made = logits[keep], token[keep], [made[j] for j in kept]
                     if len(state.ids):
                         version = self._version(model)
                         logits = engine.step(model, state, token)
