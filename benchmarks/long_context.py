@@ -15,9 +15,12 @@ left-padded. The pass is the actor update's: response log-probs and entropy (pos
 the vocabulary), backward of `logp + 0.01 * entropy`, over micro-batches bounded by a token budget
 (`use_dynamic_bsz`, `--budget` x scale tokens, `ppo_max_token_len_per_gpu`):
 - `packed` (`use_remove_padding=True`): `balance.token_packs` (real tokens <= budget), one padding-free row each;
-- `padded`, the baseline: the same micro-batches (chosen by real tokens), each run padded to its longest prompt
-  and response (`use_remove_padding=False`): a budget of real tokens over a padded forward, as posttrain ran
-  `use_dynamic_bsz` before its padded path counted padded positions;
+- `padded`, the baseline: a budget of real tokens over a padded forward (`use_remove_padding=False`), split as
+  posttrain split it before budgets counted padded positions: as many micro-batches as greedy in-order packing
+  needs, balanced by real tokens (`balance.balanced_parts`: longest row first onto the lightest), each run padded
+  to its longest prompt and response; balancing spreads the long rows over the micro-batches, each then padding
+  the short rows beside it to its width;
+- `padded-first-fit`: packed's micro-batches (`token_packs`), each run padded the same way;
 - `padded-budgeted`: posttrain's padded path today (`use_remove_padding=False` with the budget):
   `balance.padded_packs` (rows x padded width <= budget, rows taken longest first), padded the same way;
 - `padded-fixed`: no token budget, `--micro-rows` rows per micro-batch in batch order (verl's
@@ -43,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-VARIANTS = ("packed", "padded", "padded-budgeted", "padded-fixed")
+VARIANTS = ("packed", "padded", "padded-first-fit", "padded-budgeted", "padded-fixed")
 MEDIAN, TAIL, SIGMA, PROMPT = 1024, 16384, 1.2, 128
 VOCAB = 2048
 
@@ -104,11 +107,25 @@ def micro_batch(prompt_lens, resp_lens, rows):
     return ids, mask, L
 
 
+def in_order_count(lengths: list[int], budget: int) -> int:
+    """Micro-batches greedy in-order packing needs so that none holds more than `budget` real tokens (a longer row
+    alone)."""
+    count, used = 0, 0
+    for n in lengths:
+        if count == 0 or (used + n > budget and used > 0):
+            count, used = count + 1, 0
+        used += n
+    return count
+
+
 def parts_of(variant: str, prompt_lens, resp_lens, budget: int, micro_rows: int) -> list[list[int]]:
     from posttrain.parallel import balance
 
-    if variant in ("packed", "padded"):
-        return balance.token_packs([p + r for p, r in zip(prompt_lens, resp_lens)], budget)
+    lengths = [p + r for p, r in zip(prompt_lens, resp_lens)]
+    if variant in ("packed", "padded-first-fit"):
+        return balance.token_packs(lengths, budget)
+    if variant == "padded":
+        return balance.balanced_parts(lengths, in_order_count(lengths, budget), equal_count=False)
     if variant == "padded-budgeted":
         return balance.padded_packs(prompt_lens, resp_lens, budget)
     n = len(resp_lens)

@@ -358,9 +358,10 @@ def test_topk_and_given_ids_match_the_full_log_softmax(model):
 
 def test_long_context_benchmark_variants_do_the_same_work():
     """The long-tail benchmark compares like with like: its packed and padded passes split the same rows into
-    micro-batches under the same token budget and accumulate the same gradients; the `padded` baseline runs the
-    packed micro-batches (chosen by real tokens) padded, `padded-budgeted` keeps rows x padded width within the
-    budget; its lengths follow the stated mix (one row at the tail clip, none under 16)."""
+    micro-batches under the same token budget and accumulate the same gradients; the `padded` baseline has as many
+    micro-batches as in-order packing under the budget needs, balanced by real tokens, `padded-first-fit` runs the
+    packed micro-batches padded, `padded-budgeted` keeps rows x padded width within the budget; the lengths follow
+    the stated mix (one row at the tail clip, none under 16)."""
     import sys
     from pathlib import Path
 
@@ -371,9 +372,19 @@ def test_long_context_benchmark_variants_do_the_same_work():
     assert max(resp_lens) == 256 and min(resp_lens) >= 16 and all(1 <= p <= 2 for p in prompt_lens)
     grads = {}
     packed_parts = bench.parts_of("packed", prompt_lens, resp_lens, 300, 4)
-    assert bench.parts_of("padded", prompt_lens, resp_lens, 300, 4) == packed_parts
+    assert bench.parts_of("padded-first-fit", prompt_lens, resp_lens, 300, 4) == packed_parts
     for part in packed_parts:
         assert len(part) == 1 or sum(prompt_lens[i] + resp_lens[i] for i in part) <= 300
+    tokens = [p + r for p, r in zip(prompt_lens, resp_lens)]
+    greedy, used = 1, 0  # micro-batches in-order packing under 300 real tokens needs (a longer row alone)
+    for n in tokens:
+        if used and used + n > 300:
+            greedy, used = greedy + 1, 0
+        used += n
+    baseline = bench.parts_of("padded", prompt_lens, resp_lens, 300, 4)
+    assert len(baseline) == greedy
+    sums = sorted(sum(tokens[i] for i in p) for p in baseline)
+    assert sums[-1] - sums[0] <= max(tokens)  # balanced by real tokens
     for part in bench.parts_of("padded-budgeted", prompt_lens, resp_lens, 300, 4):
         width = max(prompt_lens[i] for i in part) + max(resp_lens[i] for i in part)
         assert len(part) == 1 or len(part) * width <= 300
