@@ -184,7 +184,7 @@ def compare(args) -> None:
     s = sorted(resp_lens)
     print(f"\n{args.rows} responses, lognormal median {MEDIAN * args.scale:.0f} sigma {SIGMA}, clipped to "
           f"{int(TAIL * args.scale)} (scale {args.scale}): median {s[len(s) // 2]}, mean {sum(s) / len(s):.0f}, "
-          f"max {s[-1]}; prompts {min(prompt_lens)}-{max(prompt_lens)}; {results['packed']['tokens']} real tokens; "
+          f"max {s[-1]}; prompts {min(prompt_lens)}-{max(prompt_lens)}; {results['padded']['tokens']} real tokens; "
           f"budget {int(args.budget * args.scale)} tokens; model M fp32, gradient checkpointing "
           f"{'on' if args.checkpointing else 'off'}; 2048^2 fp32 matmul ceiling {ceiling:.0f} GFLOP/s\n")
     print("| variant | micro-batches | positions computed | CPU time | real tokens/s | peak memory | pass's own "
