@@ -5,6 +5,7 @@ long contexts.
     OMP_NUM_THREADS=1 python benchmarks/long_context.py [--scale 0.25] [--rows 32] [--budget 16384] [--seed 0]
     OMP_NUM_THREADS=1 python benchmarks/long_context.py --longest [--limit-gb 20] [--measure 1024,2048,4096]
     OMP_NUM_THREADS=1 python benchmarks/long_context.py --decode [--contexts 2048,4096,8192] [--decode-model S]
+        [--short-prompts 15 --short-length 64]
 
 Workload: model M of benchmarks/grpo_step.py (random Qwen2: hidden 512, 8 layers, 8 heads / 4 KV heads, MLP 1408,
 24.7M parameters with the 2048-entry vocabulary), fp32, no gradient checkpointing unless `--checkpointing`.
@@ -12,12 +13,19 @@ Workload: model M of benchmarks/grpo_step.py (random Qwen2: hidden 512, 8 layers
 and the longest row set to the clip (every batch has one tail row); prompts uniform in [64, 128] x scale tokens,
 left-padded. The pass is the actor update's: response log-probs and entropy (posttrain.models.logprobs, chunked over
 the vocabulary), backward of `logp + 0.01 * entropy`, over micro-batches bounded by a token budget
-(`use_dynamic_bsz`, `--budget` x scale tokens, `ppo_max_token_len_per_gpu`) as roles/common.py splits them:
+(`use_dynamic_bsz`, `--budget` x scale tokens, `ppo_max_token_len_per_gpu`):
 - `packed` (`use_remove_padding=True`): `balance.token_packs` (real tokens <= budget), one padding-free row each;
-- `padded` (`use_remove_padding=False`): `balance.padded_packs` (rows x padded width <= budget), each micro-batch
-  trimmed to its longest prompt and response;
+- `padded`, the baseline: a budget of real tokens over a padded forward (`use_remove_padding=False`), split as
+  posttrain split it before budgets counted padded positions: as many micro-batches as greedy in-order packing
+  needs, balanced by real tokens (`balance.balanced_parts`: longest row first onto the lightest), each run padded
+  to its longest prompt and response; balancing spreads the long rows over the micro-batches, each then padding
+  the short rows beside it to its width;
+- `padded-first-fit`: packed's micro-batches (`token_packs`), each run padded the same way;
+- `padded-budgeted`: posttrain's padded path today (`use_remove_padding=False` with the budget):
+  `balance.padded_packs` (rows x padded width <= budget, rows taken longest first), padded the same way;
 - `padded-fixed`: no token budget, `--micro-rows` rows per micro-batch in batch order (verl's
   `ppo_micro_batch_size_per_gpu`), padded the same way.
+`--variants` picks a subset (the baseline `padded` is always run).
 Each variant runs in a fresh process on the same rows (peak resident memory its own) and reports real tokens per
 CPU second (run with OMP_NUM_THREADS=1: CPU time does not count waiting on a shared machine), peak resident memory
 and the pass's own share of it (peak minus the resident memory before the pass), beside the 2048^2 matmul ceiling
@@ -38,7 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-VARIANTS = ("packed", "padded", "padded-fixed")
+VARIANTS = ("packed", "padded", "padded-first-fit", "padded-budgeted", "padded-fixed")
 MEDIAN, TAIL, SIGMA, PROMPT = 1024, 16384, 1.2, 128
 VOCAB = 2048
 
@@ -99,12 +107,26 @@ def micro_batch(prompt_lens, resp_lens, rows):
     return ids, mask, L
 
 
+def in_order_count(lengths: list[int], budget: int) -> int:
+    """Micro-batches greedy in-order packing needs so that none holds more than `budget` real tokens (a longer row
+    alone)."""
+    count, used = 0, 0
+    for n in lengths:
+        if count == 0 or (used + n > budget and used > 0):
+            count, used = count + 1, 0
+        used += n
+    return count
+
+
 def parts_of(variant: str, prompt_lens, resp_lens, budget: int, micro_rows: int) -> list[list[int]]:
     from posttrain.parallel import balance
 
-    if variant == "packed":
-        return balance.token_packs([p + r for p, r in zip(prompt_lens, resp_lens)], budget)
+    lengths = [p + r for p, r in zip(prompt_lens, resp_lens)]
+    if variant in ("packed", "padded-first-fit"):
+        return balance.token_packs(lengths, budget)
     if variant == "padded":
+        return balance.balanced_parts(lengths, in_order_count(lengths, budget), equal_count=False)
+    if variant == "padded-budgeted":
         return balance.padded_packs(prompt_lens, resp_lens, budget)
     n = len(resp_lens)
     return [list(range(s, min(s + micro_rows, n))) for s in range(0, n, micro_rows)]
@@ -153,22 +175,23 @@ def compare(args) -> None:
     from grpo_step import matmul_ceiling
 
     prompt_lens, resp_lens = lengths(args.rows, args.scale, args.seed)
+    chosen = [v for v in VARIANTS if v == "padded" or v in args.variants.split(",")]
     results = {}
-    for v in VARIANTS:
+    for v in chosen:
         results[v] = child(args, variant=v)
         print(f"{v}: {results[v]['cpu_seconds']:.1f} CPU s, peak {results[v]['peak_mb']:.0f} MB", flush=True)
     ceiling = matmul_ceiling("cpu")["fp32"]
     s = sorted(resp_lens)
     print(f"\n{args.rows} responses, lognormal median {MEDIAN * args.scale:.0f} sigma {SIGMA}, clipped to "
           f"{int(TAIL * args.scale)} (scale {args.scale}): median {s[len(s) // 2]}, mean {sum(s) / len(s):.0f}, "
-          f"max {s[-1]}; prompts {min(prompt_lens)}-{max(prompt_lens)}; {results['packed']['tokens']} real tokens; "
+          f"max {s[-1]}; prompts {min(prompt_lens)}-{max(prompt_lens)}; {results['padded']['tokens']} real tokens; "
           f"budget {int(args.budget * args.scale)} tokens; model M fp32, gradient checkpointing "
           f"{'on' if args.checkpointing else 'off'}; 2048^2 fp32 matmul ceiling {ceiling:.0f} GFLOP/s\n")
     print("| variant | micro-batches | positions computed | CPU time | real tokens/s | peak memory | pass's own "
           "memory | tokens/s vs padded | peak vs padded | pass memory vs padded |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     base = results["padded"]
-    for v in VARIANTS:
+    for v in chosen:
         r = results[v]
         tps, tps0 = r["tokens"] / r["cpu_seconds"], base["tokens"] / base["cpu_seconds"]
         print(f"| {v} | {r['micro_batches']} | {r['positions'] or r['tokens']} | {r['cpu_seconds']:.1f} s | "
@@ -235,13 +258,17 @@ def longest(args) -> None:
 def decode(args) -> None:
     """The engine's cost per generated token with a `C`-token context: one prompt of C tokens, `--decode-rows`
     samples, 40 new tokens; every model call of the engine is timed (CPU time), the first ones being the prefill;
-    the median of the last 32 (decoding steps) over the rows is the cost of one token at that context."""
+    the median of the last 32 (decoding steps) over the rows is the cost of one token at that context.
+    With `--short-prompts K`, K prompts of `--short-length` tokens decode beside the long one (one batch, left-padded
+    to C), each step timed twice, the prefix read padded (every slot C columns) and in buckets of similar prompt
+    width (prefix_buckets.py)."""
     import statistics
     import tempfile
 
     import torch
 
     import posttrain.rollout.engine as engine_module
+    import posttrain.rollout.prefix_buckets as prefix_buckets
     from grpo_step import SHAPES
     from posttrain.data.batch import Batch
     from posttrain.data.preprocess import find_shared_data
@@ -273,20 +300,44 @@ def decode(args) -> None:
 
     engine_module._forward = timed
     s = SamplingParams(n=args.decode_rows, max_new_tokens=40, ignore_eos=True)
-    print(f"model {args.decode_model} fp32, {args.decode_rows} samples of one prompt, 40 new tokens\n")
-    print("| context | prefill | decoding step (all rows) | ms per token | per token vs first context |")
-    print("|---|---|---|---|---|")
-    first = None
-    for C in contexts:
-        prompts = torch.randint(3, VOCAB, (1, C))
-        engine.generate(Batch({"prompts": prompts[:, :64], "prompt_mask": torch.ones_like(prompts[:, :64])}), s)
+    K, short = args.short_prompts, args.short_length
+    rows = (1 + K) * args.decode_rows
+    use_below = prefix_buckets.USE_BELOW
+
+    def batch(C: int) -> Batch:
+        prompts = torch.randint(3, VOCAB, (1 + K, C))
+        mask = torch.ones_like(prompts)
+        mask[1:, :C - short] = 0
+        return Batch({"prompts": prompts * mask, "prompt_mask": mask})
+
+    def step_seconds(C: int, buckets: bool) -> tuple[float, float]:
+        prefix_buckets.USE_BELOW = use_below if buckets else -1.0
         calls.clear()
-        engine.generate(Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}), s)
-        step = statistics.median(calls[-32:])
-        per = step / args.decode_rows * 1e3
-        first = first or per
-        print(f"| {C} | {sum(calls[:-39]):.2f} s | {step * 1e3:.1f} ms | {per:.2f} | {per / first:.2f}x |",
-              flush=True)
+        engine.generate(batch(C), s)
+        return sum(calls[:-39]), statistics.median(calls[-32:])
+
+    engine.generate(batch(64), s)  # warm-up (and the engine's one-time self-check)
+    if not K:
+        print(f"model {args.decode_model} fp32, {args.decode_rows} samples of one prompt, 40 new tokens\n")
+        print("| context | prefill | decoding step (all rows) | ms per token | per token vs first context |")
+        print("|---|---|---|---|---|")
+        first = None
+        for C in contexts:
+            prefill, step = step_seconds(C, True)
+            per = step / rows * 1e3
+            first = first or per
+            print(f"| {C} | {prefill:.2f} s | {step * 1e3:.1f} ms | {per:.2f} | {per / first:.2f}x |", flush=True)
+        return
+    print(f"model {args.decode_model} fp32, one prompt of C tokens and {K} of {short}, {args.decode_rows} samples "
+          f"each ({rows} rows), 40 new tokens\n")
+    print("| context | decoding step, padded prefix | in buckets | ms per token, padded | in buckets | "
+          "buckets / padded |")
+    print("|---|---|---|---|---|---|")
+    for C in contexts:
+        _, padded = step_seconds(C, False)
+        _, bucketed = step_seconds(C, True)
+        print(f"| {C} | {padded * 1e3:.1f} ms | {bucketed * 1e3:.1f} ms | {padded / rows * 1e3:.2f} | "
+              f"{bucketed / rows * 1e3:.2f} | {bucketed / padded:.2f}x |", flush=True)
 
 
 def main() -> None:
@@ -304,6 +355,9 @@ def main() -> None:
     ap.add_argument("--contexts", default="2048,4096,8192")
     ap.add_argument("--decode-model", default="S")
     ap.add_argument("--decode-rows", type=int, default=4)
+    ap.add_argument("--short-prompts", type=int, default=0)
+    ap.add_argument("--short-length", type=int, default=64)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--single", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, default=0, help=argparse.SUPPRESS)

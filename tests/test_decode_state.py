@@ -15,24 +15,33 @@ from posttrain.rollout.base import SamplingParams
 import posttrain.rollout.decode_state as decode_state
 from posttrain.rollout.engine import DecodeEngine
 import posttrain.rollout.prefill as prefill_module
+import posttrain.rollout.prefix_buckets as prefix_buckets
 from posttrain.rollout.sampling import next_tokens
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-MODES = ["eager", "static", pytest.param("cuda_graphs", marks=CUDA)]
+MODES = ["eager", "buckets", "static", pytest.param("cuda_graphs", marks=CUDA)]
 SAMPLED = SamplingParams(temperature=1.0)
 
 
 def engine_for(mode, lm, tok, monkeypatch):
     """The engine in `mode` and the model it runs (`lm`, or its copy on the GPU), with small first capacities so
-    that the suffix buffers grow mid-run."""
+    that the suffix buffers grow mid-run; `buckets`: eager, every prompt width its own bucket of the prefix
+    (prefix_buckets.py), however little that saves."""
+    if mode == "buckets":
+        force_buckets(monkeypatch)
     monkeypatch.setattr(decode_state, "FIRST_CAPACITY", 4)
     monkeypatch.setattr(decode_state, "STATIC_FIRST_CAPACITY", 4)
     device = torch.device("cuda") if mode == "cuda_graphs" else torch.device("cpu")
     model = copy.deepcopy(lm).to(device) if device.type == "cuda" else lm
     engine = DecodeEngine(model, tok, device=device, dtype=torch.float32)
     assert engine.cuda_graphs == (mode == "cuda_graphs")
-    engine.static = mode != "eager"
+    engine.static = mode not in ("eager", "buckets")
     return engine, model
+
+
+def force_buckets(monkeypatch):
+    monkeypatch.setattr(prefix_buckets, "BUCKET_COST", 0)
+    monkeypatch.setattr(prefix_buckets, "USE_BELOW", 1.0)
 
 
 def left_padded(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,14 +141,15 @@ def test_an_extended_sequence_samples_as_its_whole_text_from_scratch(lm, tiny_to
     assert_same(run, 0, *reference(lm, whole, 8, torch.Generator(engine.device).manual_seed(2)), skip=4)
 
 
-def test_parked_sequences_resumed_together_decode_as_their_whole_texts_from_scratch(lm, tiny_tokenizer,
+@pytest.mark.parametrize("mode", ["eager", "buckets"])
+def test_parked_sequences_resumed_together_decode_as_their_whole_texts_from_scratch(lm, tiny_tokenizer, mode,
                                                                                     monkeypatch):
     """Three sequences of different lengths are parked at different steps (episodes waiting for their tools) while
     the fourth decodes on; then all three resume in one forward with appended tokens of different counts (their
     pasts and appended tokens padded inside one call) and decode 6 more: each gives the greedy tokens and
     log-probs of its whole text decoded from scratch, and the fourth those of its prompt decoded without a pause.
     Eager mode (parking is how multi-turn episodes run, and they decode eagerly)."""
-    engine, lm = engine_for("eager", lm, tiny_tokenizer, monkeypatch)
+    engine, lm = engine_for(mode, lm, tiny_tokenizer, monkeypatch)
     texts = [[5, 17, 33, 2, 9, 41], [71, 8, 12], [30, 2, 7, 7, 61], [9, 23]]
     prompts, mask = left_padded(texts, tiny_tokenizer.pad_token_id)
     run = Run(engine, lm)
@@ -189,6 +199,47 @@ def test_sequences_joining_and_leaving_mid_run_leave_the_others_alone(lm, tiny_t
         assert_same(run, seq_id, *reference(lm, b, 11))
     for seq_id in (10, 11):
         assert_same(run, seq_id, *reference(lm, c, 8))
+
+
+def test_short_prompts_beside_a_long_one_read_only_their_own_width_and_decode_as_alone(lm, tiny_tokenizer,
+                                                                                         monkeypatch):
+    """One 300-token prompt and five of 3-9 tokens, two samples each, decode 6 tokens; then the long prompt's rows
+    leave and the others decode 6 more. Every sequence gives the greedy tokens and log-probs of its prompt decoded
+    alone from scratch, and each step's prefix products read at most the short prompts' widths for the short rows
+    (and, once the long rows have left, nothing of the long prompt): at most a quarter of the padded
+    6 slots x 300 columns."""
+    monkeypatch.setattr(prefix_buckets, "BUCKET_COST", 16)  # a bucket's calls priced for this tiny model
+    engine, lm = engine_for("eager", lm, tiny_tokenizer, monkeypatch)
+    g = torch.Generator().manual_seed(0)
+    texts = [torch.randint(3, 200, (k,), generator=g).tolist() for k in (3, 9, 300, 5, 4, 7)]
+    prompts, mask = left_padded(texts, tiny_tokenizer.pad_token_id)
+    read = []
+    real_matmul = torch.matmul
+
+    def columns_read(a, b, *args, **kwargs):  # the prefix products: queries (slots, kv, group * g, d) x keys
+        if b.dim() == 4 and b.shape[-2] == lm.config.hidden_size // lm.config.num_attention_heads:
+            read.append(b.shape[0] * b.shape[-1])
+        return real_matmul(a, b, *args, **kwargs)
+
+    run = Run(engine, lm)
+    with torch.no_grad():
+        run.start(prompts, mask, n=2, max_new=12)
+        monkeypatch.setattr(torch, "matmul", columns_read)
+        run.steps(6)
+        layers = lm.config.num_hidden_layers
+        with_long = sum(read) / (6 * layers)
+        run.state.keep(torch.tensor([0, 1, 2, 3, 6, 7, 8, 9, 10, 11]))
+        run.logits = run.logits[[0, 1, 2, 3, 6, 7, 8, 9, 10, 11]]
+        read.clear()
+        run.steps(6)
+        without_long = sum(read) / (6 * layers)
+        monkeypatch.undo()
+    assert with_long <= 300 + 9 * 5  # the long slot alone at 300 columns, the short ones at most their longest
+    assert without_long <= 9 * 5
+    assert with_long <= 6 * 300 / 4
+    for seq_id, text in enumerate(texts):
+        for row in (2 * seq_id, 2 * seq_id + 1):
+            assert_same(run, row, *reference(lm, text, 6 if seq_id == 2 else 12))
 
 
 def test_self_check_drives_bucketed_prefill_compaction_and_growth(lm, tiny_tokenizer, monkeypatch):

@@ -358,8 +358,10 @@ def test_topk_and_given_ids_match_the_full_log_softmax(model):
 
 def test_long_context_benchmark_variants_do_the_same_work():
     """The long-tail benchmark compares like with like: its packed and padded passes split the same rows into
-    micro-batches under the same token budget and accumulate the same gradients; its lengths follow the stated mix
-    (one row at the tail clip, none under 16)."""
+    micro-batches under the same token budget and accumulate the same gradients; the `padded` baseline has as many
+    micro-batches as in-order packing under the budget needs, balanced by real tokens, `padded-first-fit` runs the
+    packed micro-batches padded, `padded-budgeted` keeps rows x padded width within the budget; the lengths follow
+    the stated mix (one row at the tail clip, none under 16)."""
     import sys
     from pathlib import Path
 
@@ -369,13 +371,30 @@ def test_long_context_benchmark_variants_do_the_same_work():
     prompt_lens, resp_lens = bench.lengths(12, 1 / 64, seed=1)
     assert max(resp_lens) == 256 and min(resp_lens) >= 16 and all(1 <= p <= 2 for p in prompt_lens)
     grads = {}
-    for variant in ("packed", "padded", "padded-fixed"):
+    packed_parts = bench.parts_of("packed", prompt_lens, resp_lens, 300, 4)
+    assert bench.parts_of("padded-first-fit", prompt_lens, resp_lens, 300, 4) == packed_parts
+    for part in packed_parts:
+        assert len(part) == 1 or sum(prompt_lens[i] + resp_lens[i] for i in part) <= 300
+    tokens = [p + r for p, r in zip(prompt_lens, resp_lens)]
+    greedy, used = 1, 0  # micro-batches in-order packing under 300 real tokens needs (a longer row alone)
+    for n in tokens:
+        if used and used + n > 300:
+            greedy, used = greedy + 1, 0
+        used += n
+    baseline = bench.parts_of("padded", prompt_lens, resp_lens, 300, 4)
+    assert len(baseline) == greedy
+    sums = sorted(sum(tokens[i] for i in p) for p in baseline)
+    assert sums[-1] - sums[0] <= max(tokens)  # balanced by real tokens
+    for part in bench.parts_of("padded-budgeted", prompt_lens, resp_lens, 300, 4):
+        width = max(prompt_lens[i] for i in part) + max(resp_lens[i] for i in part)
+        assert len(part) == 1 or len(part) * width <= 300
+    for variant in bench.VARIANTS:
         parts = bench.parts_of(variant, prompt_lens, resp_lens, 300, 4)
         assert sorted(i for p in parts for i in p) == list(range(12))
         model = bench.model_m(512)
         model.model.layers = model.model.layers[:1]
         bench.train_pass(model, prompt_lens, resp_lens, parts, packed=variant == "packed")
         grads[variant] = [p.grad.clone() for p in model.parameters()]
-    for variant in ("padded", "padded-fixed"):
+    for variant in bench.VARIANTS[1:]:
         for a, b in zip(grads["packed"], grads[variant]):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)

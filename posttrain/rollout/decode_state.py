@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from . import prefix_buckets
+
 FIRST_CAPACITY = 16  # suffix positions at first; the buffers grow by a quarter when full
 DROP_SLOTS_SHARE = 0.75  # prefixes no row reads are freed once the read ones are at most this share of the slots
 DROP_COLUMNS_MIN = 16  # unread suffix columns are dropped once there are at least this many (and a quarter)
@@ -59,6 +61,7 @@ class DecodeState:
         self.layout = 0
         self.columns_dropped = 0  # suffix columns no row read any more, dropped (`_drop_unread_columns`)
         self.graph = None  # static mode: the engine's recorded step over this state (cuda_graphs.DecodeStep)
+        self._buckets: tuple[int, list | None] | None = None  # (layout, prefix buckets), see `buckets`
         self._step_bias()
 
     # ------------------------------------------------------------------ one decoding step
@@ -77,6 +80,13 @@ class DecodeState:
         if self.starts is not None:  # rows added mid-run: the columns before their first are not theirs
             suffix = suffix.masked_fill(columns < self.starts[:, None, None, None], float("-inf"))
         self.bias = torch.cat([self.prefix_bias, suffix], dim=-1)
+
+    def buckets(self) -> list | None:
+        """The prefix read in buckets of similar prompt width (prefix_buckets.py), chosen once per layout; None where
+        the padded product reads few more columns, and in static mode."""
+        if self._buckets is None or self._buckets[0] != self.layout:
+            self._buckets = (self.layout, None if self.static else prefix_buckets.choose(self))
+        return self._buckets[1]
 
     def reserve(self) -> None:
         """Static mode: every layer's buffers at the current capacity before the step (a recorded step cannot

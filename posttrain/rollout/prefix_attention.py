@@ -21,6 +21,7 @@ import torch
 from transformers import AttentionInterface
 
 from .decode_state import DecodeState
+from .prefix_buckets import bucketed_attention
 
 ATTENTION_NAME = "posttrain_shared_prefix"
 
@@ -70,6 +71,10 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
 
     q = query.view(rows, kv_heads, g, dim)
     own = torch.bmm(q.reshape(rows * kv_heads, g, dim), key.view(rows * kv_heads, width, dim).transpose(1, 2))
+    buckets = state.buckets()  # prompts of very different widths: each read only as wide as it is
+    if buckets is not None:
+        out = bucketed_attention(state, buckets, module.layer_idx, q, own.view(rows, kv_heads, g, width), value, scale)
+        return out.reshape(rows, 1, heads, value.shape[-1]), None
     q_grouped = _grouped(_scatter_rows(q, state.rows, total), prompts, state.group)
     shared = torch.matmul(q_grouped, prefix_k.transpose(-1, -2))  # (prompts, kv, group * g, P)
     shared = _gather_rows(_ungrouped(shared, state.group), state.rows)  # (rows, kv, g, P)
