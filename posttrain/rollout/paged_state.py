@@ -153,8 +153,12 @@ class PagedDecodeState:
         if not read:  # nothing left to read: the working copy goes
             self.lane_of, self._free_lanes, self._lanes = [], [], None
         on = keep.to(self.ids.device)
-        self.keys = [k.index_select(0, on) for k in self.keys]
-        self.values = [v.index_select(0, on) for v in self.values]
+        columns = self.keys[0].shape[2] if self.keys else 0
+        need = max((self.own_length[j] for j in kept), default=0) + 1
+        if columns > BLOCK and need <= columns - columns // WIDTH_GROWTH:  # the long rows left: fewer own columns
+            columns = max(BLOCK, need + need // WIDTH_GROWTH)
+        self.keys = [k[:, :, :columns].index_select(0, on) for k in self.keys]
+        self.values = [v[:, :, :columns].index_select(0, on) for v in self.values]
         self.slot_of = [renumber[self.slot_of[j]] for j in kept]
         self.own = [self.own[j] for j in kept]
         self.own_length = [self.own_length[j] for j in kept]
