@@ -26,7 +26,7 @@ import torch
 from .kv_blocks import BLOCK, BlockPool, BlockSequence
 
 LANE_GROWTH = 3  # the lanes buffer grows by a third of its lanes (at least one) when no lane is free
-WIDTH_GROWTH = 4  # widths grow by a quarter (at least a block) beyond what is needed
+WIDTH_GROWTH = 4  # the lanes' width and the rows' own columns grow by a quarter when too narrow
 
 
 def _blocks(positions: int) -> int:
@@ -186,7 +186,7 @@ class PagedDecodeState:
         device = pool.keys[0].device
         for _ in range(first_slot, len(self.slot_blocks)):
             self._free_lanes.sort(reverse=True)  # the lowest free lane first: the lanes read stay few
-            self.lane_of.append(self._free_lanes.pop() if self._free_lanes else len(self.lane_of) + len(self._free_lanes))
+            self.lane_of.append(self._free_lanes.pop() if self._free_lanes else len(self.lane_of))
         lanes = len(self.lane_of) + len(self._free_lanes)
         width = max((len(b) for b in self.slot_blocks[first_slot:]), default=0) * BLOCK
         cap, have = (0, 0) if self._lanes is None else (self._lanes[0].shape[0], self._lanes[0].shape[2])
@@ -200,7 +200,8 @@ class PagedDecodeState:
             table = torch.tensor([b + [0] * (width // BLOCK - len(b)) for b in new], dtype=torch.long, device=device)
             at = torch.tensor(self.lane_of[first_slot:], device=device)
             for buffer, t in zip(self._lanes, pool.keys + pool.values):
-                buffer[at, :, :width] = t.index_select(1, table.flatten()).view(kv, len(new), width, dim).transpose(0, 1)
+                gathered = t.index_select(1, table.flatten()).view(kv, len(new), width, dim)
+                buffer[at, :, :width] = gathered.transpose(0, 1)
         rows = len(self.own) - first_row
         if not rows and self.keys:
             return
@@ -296,6 +297,13 @@ class PagedDecodeState:
             return seq.gather()
         finally:
             seq.release()
+
+    @property
+    def copy_positions(self) -> int:
+        """Positions the working copy holds: lanes x width, rows x own columns (what a step reads, beside the
+        blocks)."""
+        lanes = 0 if self._lanes is None else self._lanes[0].shape[0] * self._lanes[0].shape[2]
+        return lanes + (self.keys[0].shape[0] * self.keys[0].shape[2] if self.keys else 0)
 
     def held_blocks(self) -> set[int]:
         """The blocks the state holds."""
