@@ -30,8 +30,9 @@ runs) against the contiguous state rollout's `generate` decodes on: the same req
 threads (each sends its next request when its last is answered), each request asking `n=1` or, every fourth, `n=4`
 with the same question (samples sharing a prompt), with max_tokens drawn from 1/4 .. 1 x `--max-tokens` (requests
 leave at different steps, so rows join late beside older ones). Reported per layout: completion tokens / s and the
-paged state's peak key/value positions held (blocks x 16) against the contiguous one's peak (slots x prefix width +
-rows x suffix capacity), sampled before every decoding step.
+paged state's peak key/value positions held (blocks x 16 + its working copy's lanes x width + rows x own columns)
+against the contiguous one's peak (slots x prefix width + rows x suffix capacity), sampled before every decoding
+step.
 
 Beside them the fp32 / bf16 2048^2 matmul ceiling of this machine with the same torch threads, measured in the same
 run. Both sides run the same code (this checkout) with `--threads` torch threads each (the server's event loop and
@@ -287,7 +288,7 @@ def layouts_main(args, models: list[str]) -> None:
 
             def sampled(model, state, token, _step=step):
                 if paged:
-                    held = state.pool.used * 16
+                    held = state.pool.used * 16 + state.copy_positions
                 else:
                     held = state.prefix_keys[0].shape[0] * state.prefix_keys[0].shape[2] + len(state.ids) * (
                         state.capacity)

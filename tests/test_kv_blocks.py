@@ -213,6 +213,45 @@ def test_a_prompt_resuming_a_kept_sequence_references_its_blocks_and_decodes_as_
     assert pool.used == 0
 
 
+def copy_matches_blocks(state):
+    """Each row's working copy (its slot's lane, then its own columns) holds exactly its blocks' positions."""
+    for j in range(len(state.slot_of)):
+        keys, values = state.past(j)
+        lane, shared = state.lane_of[state.slot_of[j]], len(state.slot_blocks[state.slot_of[j]]) * BLOCK
+        own = state.own_length[j]
+        for layer in range(len(keys)):
+            for copy_, (prefix, rows) in zip((keys[layer][0], values[layer][0]),
+                                             ((state.prefix_keys, state.keys), (state.prefix_values, state.values))):
+                held = torch.cat([prefix[layer][lane, :, :shared], rows[layer][j, :, :own]], dim=1)
+                assert torch.equal(held, copy_)
+
+
+def test_reused_lanes_and_columns_do_not_leak_earlier_rows_keys(engine, lm, lm64):
+    """Long prompts decode, then leave; shorter prompts join into the lanes they freed (over their longer keys) and
+    into own columns that shrank; every step's logits are still the full forward's, and each row's working copy
+    holds exactly its blocks' positions."""
+    long_prompts = [[3 + (i * 11 + k) % 240 for i in range(70)] for k in range(3)]
+    run = Paged(engine, lm, lm64)
+    run.join(long_prompts, group=1, copies=[1, 1, 1], rows=[1, 1, 1])
+    run.steps(40)  # own columns grow past 40
+    state = run.state
+    lanes_before, columns_before = state._lanes[0].shape[0], state.keys[0].shape[2]
+    freed = {state.lane_of[state.slot_of[j]] for j in (0, 1)}
+    run.keep([2])
+    assert state.keys[0].shape[2] == columns_before  # the remaining row still needs them
+    run.join([PROMPTS[0], PROMPTS[2]], group=1, copies=[1, 1], rows=[1, 1])
+    assert {state.lane_of[state.slot_of[j]] for j in (1, 2)} == freed and state._lanes[0].shape[0] == lanes_before
+    run.steps(3)
+    copy_matches_blocks(state)
+    run.keep([1, 2])  # the long row leaves: the own columns shrink
+    assert state.keys[0].shape[2] < columns_before
+    run.join([PROMPTS[1]], group=1, copies=[1], rows=[1])
+    run.steps(20)
+    copy_matches_blocks(state)
+    state.release()
+    assert state.pool.used == 0
+
+
 def test_parking_a_paged_row_gives_its_keys_and_values_in_order(engine, lm, lm64):
     """`past` of a paged row equals the keys and values a plain forward over its tokens computes."""
     run = Paged(engine, lm, lm64)

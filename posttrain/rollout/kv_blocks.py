@@ -9,9 +9,9 @@ and returns to the free list when its last holder lets it go. A block is written
 alone: a shared, partly filled block is copied first (`writable`).
 
 One pool serves every layer: a block id names the same positions in each layer's tensor. A layer's tensor is
-(kv_heads, num_blocks, BLOCK, head_dim), kv-head-major: gathering a step's blocks along the block axis gives the
-(kv_heads, sequences, positions, head_dim) tensor the attention's products read, in one copy (block-major storage
-would need a second copy to bring the heads first).
+(kv_heads, num_blocks, BLOCK, head_dim), kv-head-major: gathering blocks along the block axis gives a
+(kv_heads, sequences, positions, head_dim) tensor in one copy (block-major storage would need a second copy to bring
+the heads first); a decoding state gathers a row's blocks once, when it joins (paged_state.py).
 """
 
 from __future__ import annotations

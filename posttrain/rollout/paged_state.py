@@ -9,8 +9,14 @@ takes a block when its last is full and gives all back when it leaves; nothing i
 row that joins late holds no column of the rows before it. A prompt whose first positions are a kept sequence's
 (`add(reused=...)`: the prefix cache's) references that sequence's whole blocks instead of copying them.
 
-The decoding attention (prefix_attention.py) gathers, per layer and step, each slot's blocks and each row's own
-blocks into contiguous tensors and runs the same products as on the contiguous state.
+The blocks are the keys and values the state holds (what it shares, copies on write, gives back and hands to a
+prefix cache); a decoding step reads a working copy of them laid out as the contiguous state's (`prefix_keys`:
+per slot its blocks, in a lane of a buffer whose lanes are reused by later slots; `keys`: per row its own
+positions), filled from the blocks when a slot or row joins and, at each step, with the positions just written
+(read back from the blocks). Gathering every block at every step and layer instead cost a fifth of a decoding
+step; the copy holds about what the contiguous state holds (the blocks' saving is in what is kept beyond the
+batch: a prefix cache's sequences, shared with the rows resuming them), and prefix_attention.py runs the
+contiguous state's products on it.
 """
 
 from __future__ import annotations
@@ -19,9 +25,21 @@ import torch
 
 from .kv_blocks import BLOCK, BlockPool, BlockSequence
 
+LANE_GROWTH = 3  # the lanes buffer grows by a third of its lanes (at least one) when no lane is free
+WIDTH_GROWTH = 4  # the lanes' width and the rows' own columns grow by a quarter when too narrow
+
 
 def _blocks(positions: int) -> int:
     return -(-positions // BLOCK)
+
+
+def _widened(buffer: torch.Tensor | None, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """A zero buffer of `shape` holding `buffer` in its first entries (zeros: the masked positions a product still
+    reads must be finite)."""
+    new = like.new_zeros(shape)
+    if buffer is not None:
+        new[tuple(slice(0, n) for n in buffer.shape)] = buffer
+    return new
 
 
 class PagedDecodeState:
@@ -45,6 +63,11 @@ class PagedDecodeState:
         self.ids = torch.zeros(0, dtype=torch.long, device=mask.device)
         self.layout = 0
         self.copies_on_write = 0  # shared partly filled blocks copied before a write
+        self.lane_of: list[int] = []  # per slot: its lane in the working copy's prefix buffers
+        self._free_lanes: list[int] = []
+        self._lanes: list[torch.Tensor] | None = None  # per layer keys then values (lanes, kv_heads, width, head_dim)
+        self.keys: list[torch.Tensor] = []  # per layer (rows, kv_heads, capacity, head_dim): each row's own positions
+        self.values: list[torch.Tensor] = []
         self._ready = False
         self.add(keys, values, mask, torch.arange(0), 0, copies=copies, rows=rows, reused=reused)
         self.ids = torch.arange(len(self.slot_of), device=mask.device)
@@ -109,6 +132,7 @@ class PagedDecodeState:
                 pool_k, pool_v = self.pool.keys[layer], self.pool.values[layer]
                 pool_k[:, dst_b, dst_o] = k[src_r, :, src_c].transpose(0, 1).to(pool_k.dtype)
                 pool_v[:, dst_b, dst_o] = v[src_r, :, src_c].transpose(0, 1).to(pool_v.dtype)
+        self._copy_joined(len(self.slot_blocks) - slots, len(self.slot_of) - sum(counts))
         self.ids = torch.cat([self.ids, ids.to(device)])
         self.layout += 1
         self._ready = False
@@ -122,8 +146,19 @@ class PagedDecodeState:
         read = sorted({self.slot_of[j] for j in kept})
         for s in set(range(len(self.slot_blocks))) - set(read):
             self.pool.release(self.slot_blocks[s])
+            self._free_lanes.append(self.lane_of[s])
         renumber = {s: i for i, s in enumerate(read)}
         self.slot_blocks = [self.slot_blocks[s] for s in read]
+        self.lane_of = [self.lane_of[s] for s in read]
+        if not read:  # nothing left to read: the working copy goes
+            self.lane_of, self._free_lanes, self._lanes = [], [], None
+        on = keep.to(self.ids.device)
+        columns = self.keys[0].shape[2] if self.keys else 0
+        need = max((self.own_length[j] for j in kept), default=0) + 1
+        if columns > BLOCK and need <= columns - columns // WIDTH_GROWTH:  # the long rows left: fewer own columns
+            columns = max(BLOCK, need + need // WIDTH_GROWTH)
+        self.keys = [k[:, :, :columns].index_select(0, on) for k in self.keys]
+        self.values = [v[:, :, :columns].index_select(0, on) for v in self.values]
         self.slot_of = [renumber[self.slot_of[j]] for j in kept]
         self.own = [self.own[j] for j in kept]
         self.own_length = [self.own_length[j] for j in kept]
@@ -143,11 +178,50 @@ class PagedDecodeState:
         return torch.tensor([len(self.slot_blocks[s]) * BLOCK + n for s, n in zip(self.slot_of, self.own_length)],
                             device=self.ids.device)
 
+    def _copy_joined(self, first_slot: int, first_row: int) -> None:
+        """The working copy of the slots from `first_slot` on and the rows from `first_row` on (just joined), read
+        from their blocks: each slot into a free lane (the buffers grow when none is)."""
+        pool = self.pool
+        kv, dim, layers = pool.kv_heads, pool.head_dim, pool.layers
+        device = pool.keys[0].device
+        for _ in range(first_slot, len(self.slot_blocks)):
+            self._free_lanes.sort(reverse=True)  # the lowest free lane first: the lanes read stay few
+            self.lane_of.append(self._free_lanes.pop() if self._free_lanes else len(self.lane_of))
+        lanes = len(self.lane_of) + len(self._free_lanes)
+        width = max((len(b) for b in self.slot_blocks[first_slot:]), default=0) * BLOCK
+        cap, have = (0, 0) if self._lanes is None else (self._lanes[0].shape[0], self._lanes[0].shape[2])
+        if self._lanes is None or lanes > cap or width > have:
+            cap = cap if lanes <= cap else (lanes if not cap else max(lanes, cap + max(1, cap // LANE_GROWTH)))
+            have = have if width <= have else (width if not have else max(width, have + have // WIDTH_GROWTH))
+            old = self._lanes or [None] * (2 * layers)
+            self._lanes = [_widened(b, (cap, kv, have, dim), pool.keys[0]) for b in old]
+        if width:
+            new = self.slot_blocks[first_slot:]
+            table = torch.tensor([b + [0] * (width // BLOCK - len(b)) for b in new], dtype=torch.long, device=device)
+            at = torch.tensor(self.lane_of[first_slot:], device=device)
+            for buffer, t in zip(self._lanes, pool.keys + pool.values):
+                gathered = t.index_select(1, table.flatten()).view(kv, len(new), width, dim)
+                buffer[at, :, :width] = gathered.transpose(0, 1)
+        rows = len(self.own) - first_row
+        if not rows and self.keys:
+            return
+        columns = max(BLOCK, self.keys[0].shape[2] if self.keys else 0)
+        table = torch.tensor([o[0] if o else 0 for o in self.own[first_row:]], dtype=torch.long, device=device)
+        for buffers, pooled in ((self.keys, pool.keys), (self.values, pool.values)):
+            for layer, t in enumerate(pooled):
+                joined = t.index_select(1, table).transpose(0, 1)  # (rows, kv, BLOCK, dim): the prompt's partial block
+                joined = torch.nn.functional.pad(joined, (0, 0, 0, columns - BLOCK))
+                if layer < len(buffers):
+                    buffers[layer] = torch.cat([buffers[layer], joined])
+                else:
+                    buffers.append(joined.contiguous())
+
     def _prepare(self) -> None:
         """Before a step's first write: each row's block for its next position (a new one when its last is full; a
-        copy of its last when that is shared), where each row writes, and what the attention reads — per slot its
-        blocks, per row its own, and `bias` (rows, 1, 1, slot columns + own columns) float32, -inf on the columns a
-        row does not read."""
+        copy of its last when that is shared), where each row writes (its block and offset; its column in the
+        working copy), and what the attention reads — `prefix_keys` / `prefix_values` (lanes, kv_heads, width,
+        head_dim), `rows` (each row's index among lanes x `group`; None while that is the identity) and `bias`
+        (rows, 1, 1, width + own columns) float32, -inf on the columns a row does not read."""
         pool, device = self.pool, self.ids.device
         write_blocks, write_offsets = [], []
         for j, (own, n) in enumerate(zip(self.own, self.own_length)):
@@ -160,37 +234,51 @@ class PagedDecodeState:
             write_offsets.append(n % BLOCK)
         self.write_block = torch.tensor(write_blocks, device=device)
         self.write_offset = torch.tensor(write_offsets, device=device)
-        slot_width = max((len(b) for b in self.slot_blocks), default=0)
-        own_width = max(len(o) for o in self.own)
-        self.slot_table = torch.tensor([b + [0] * (slot_width - len(b)) for b in self.slot_blocks],
-                                       dtype=torch.long, device=device).view(len(self.slot_blocks), slot_width)
-        self.own_table = torch.tensor([o + [0] * (own_width - len(o)) for o in self.own], device=device)
+        self.write_row = torch.arange(len(self.own), device=device)
+        self.write_column = torch.tensor(self.own_length, device=device)
+        columns = self.keys[0].shape[2]
+        if max(self.own_length) >= columns:  # the working copy's own columns grow by a quarter
+            columns = max(self.own_length) + 1 + columns // WIDTH_GROWTH
+            self.keys = [_widened(k, (*k.shape[:2], columns, k.shape[3]), k) for k in self.keys]
+            self.values = [_widened(v, (*v.shape[:2], columns, v.shape[3]), v) for v in self.values]
+        lanes = max(self.lane_of) + 1
+        layers = self.pool.layers
+        self.prefix_keys = [b[:lanes] for b in self._lanes[:layers]]
+        self.prefix_values = [b[:lanes] for b in self._lanes[layers:]]
+        width = self._lanes[0].shape[2]
         slot_of = torch.tensor(self.slot_of, device=device)
         slot_length = torch.tensor([len(b) * BLOCK for b in self.slot_blocks], device=device)[slot_of]
-        own_length = torch.tensor(self.own_length, device=device)
-        shared = torch.arange(slot_width * BLOCK, device=device) >= slot_length[:, None]
-        own = torch.arange(own_width * BLOCK, device=device) > own_length[:, None]  # its write included
+        shared = torch.arange(width, device=device) >= slot_length[:, None]
+        own = torch.arange(columns, device=device) > self.write_column[:, None]  # its write included
         masked = torch.cat([shared, own], dim=1)
         self.bias = torch.zeros(masked.shape, device=device).masked_fill(masked, float("-inf"))[:, None, None]
         within = [0] * len(self.slot_of)
         filled = [0] * len(self.slot_blocks)
         for j, s in enumerate(self.slot_of):
             within[j], filled[s] = filled[s], filled[s] + 1
-        rows = slot_of * self.group + torch.tensor(within, device=device)
-        identity = len(rows) == len(self.slot_blocks) * self.group and bool(
-            (rows == torch.arange(len(rows), device=device)).all())
+        lane = torch.tensor(self.lane_of, device=device)[slot_of]
+        rows = lane * self.group + torch.tensor(within, device=device)
+        identity = len(rows) == lanes * self.group and bool((rows == torch.arange(len(rows), device=device)).all())
         self.rows = None if identity else rows
         self._ready = True
 
+    def buckets(self) -> None:
+        """The attention reads the working copy's lanes whole (prefix_buckets.py serves the contiguous state)."""
+        return None
+
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None, kwargs=None):
-        """Write each row's current key and value into its block; return the layer's pool tensors (the attention
-        reads through the block tables)."""
+        """Write each row's current key and value into its block, then into the working copy from the block (a
+        write the blocks lost, into a block another row reads, shows in the logits); return the layer's own
+        columns (rows, kv_heads, columns, head_dim), which the attention reads beside `prefix_keys`."""
         if not self._ready:
             self._prepare()
         k, v = self.pool.keys[layer_idx], self.pool.values[layer_idx]
         k[:, self.write_block, self.write_offset] = key_states[:, :, -1].transpose(0, 1).to(k.dtype)
         v[:, self.write_block, self.write_offset] = value_states[:, :, -1].transpose(0, 1).to(v.dtype)
-        return k, v
+        own_k, own_v = self.keys[layer_idx], self.values[layer_idx]
+        own_k[self.write_row, :, self.write_column] = k[:, self.write_block, self.write_offset].transpose(0, 1)
+        own_v[self.write_row, :, self.write_column] = v[:, self.write_block, self.write_offset].transpose(0, 1)
+        return own_k, own_v
 
     def advance(self) -> None:
         """The current token is written in every layer: each row holds one position more."""
@@ -213,6 +301,13 @@ class PagedDecodeState:
             return seq.gather()
         finally:
             seq.release()
+
+    @property
+    def copy_positions(self) -> int:
+        """Positions the working copy holds: lanes x width, rows x own columns (what a step reads, beside the
+        blocks)."""
+        lanes = 0 if self._lanes is None else self._lanes[0].shape[0] * self._lanes[0].shape[2]
+        return lanes + (self.keys[0].shape[0] * self.keys[0].shape[2] if self.keys else 0)
 
     def held_blocks(self) -> set[int]:
         """The blocks the state holds."""

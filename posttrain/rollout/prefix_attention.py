@@ -11,8 +11,8 @@ float32).
 The function is registered under `ATTENTION_NAME` in transformers' attention registry, so the model's own
 modules (projections, rotary embeddings, norms, MLPs) run unchanged; it is switched on for decoding steps only.
 What it reads (the prefix and suffix buffers, the mask, which row reads which prefix) is the decoding run's state,
-`decode_state.DecodeState`; on a `paged_state.PagedDecodeState` (a server's) the same products run on the blocks
-each step reads, gathered first (`paged_attention`).
+`decode_state.DecodeState`, or a `paged_state.PagedDecodeState` (a server's), whose working copy of its blocks has
+the same layout.
 """
 
 from __future__ import annotations
@@ -59,8 +59,6 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
         raise RuntimeError("shared-prefix attention runs decoding steps of full attention only (one query token; "
                            "no sliding window, softcap or sinks)")
     state = shared_prefix
-    if getattr(state, "paged", False):
-        return paged_attention(module.layer_idx, query, state, scaling)
     rows, heads, _, dim = query.shape
     kv_heads, width = key.shape[1], key.shape[2]
     g = heads // kv_heads
@@ -86,47 +84,6 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
     own_out = torch.bmm(probs[..., plen:].reshape(rows * kv_heads, g, width), value.view(rows * kv_heads, width, -1))
     out = out + own_out.view(rows, kv_heads, g, -1)
     return out.reshape(rows, 1, heads, value.shape[-1]), None
-
-
-def _gathered(pool_tensor: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """The blocks `table` (n, blocks) names, in order, from a pool tensor (kv_heads, num_blocks, BLOCK, head_dim):
-    (kv_heads, n, blocks * BLOCK, head_dim), one copy."""
-    n, blocks = table.shape
-    kv, _, block, dim = pool_tensor.shape
-    return pool_tensor.index_select(1, table.flatten()).view(kv, n, blocks * block, dim)
-
-
-def paged_attention(layer: int, query: torch.Tensor, state, scaling=None):
-    """The same step on a paged state (paged_state.py), in kv-head-major order (a gather of blocks is then one
-    contiguous copy): each slot's blocks gathered once for all its rows (its rows' queries side by side, one
-    product), each row's own blocks gathered for it, one softmax over both. query (rows, heads, 1, d); returns
-    (rows, 1, heads, d)."""
-    rows, heads, _, dim = query.shape
-    keys, values = state.pool.keys[layer], state.pool.values[layer]
-    kv_heads = keys.shape[0]
-    g = heads // kv_heads
-    scale = dim ** -0.5 if scaling is None else scaling
-    slots, group = state.slot_table.shape[0], state.group
-    q = query.view(rows, kv_heads, g, dim).transpose(0, 1)  # (kv, rows, g, d)
-    own_k, own_v = _gathered(keys, state.own_table), _gathered(values, state.own_table)
-    scores = torch.matmul(q, own_k.transpose(-1, -2))  # (kv, rows, g, own columns)
-    plen = state.slot_table.shape[1] * keys.shape[2]
-    if plen:
-        prefix_k, prefix_v = _gathered(keys, state.slot_table), _gathered(values, state.slot_table)
-        q_slots = _scatter_rows(q.transpose(0, 1), state.rows, slots * group).transpose(0, 1)
-        shared = torch.matmul(q_slots.reshape(kv_heads, slots, group * g, dim), prefix_k.transpose(-1, -2))
-        shared = _gather_rows(shared.view(kv_heads, slots * group, g, plen).transpose(0, 1), state.rows)
-        scores = torch.cat([shared.transpose(0, 1), scores], dim=-1)
-    # one op: scale, mask and the float32 upcast (the bias is float32)
-    scores = torch.add(state.bias.view(1, rows, 1, -1), scores, alpha=scale)
-    probs = torch.softmax(scores, dim=-1).to(own_v.dtype)
-    out = torch.matmul(probs[..., plen:], own_v)  # (kv, rows, g, d)
-    if plen:
-        p_slots = _scatter_rows(probs[..., :plen].transpose(0, 1), state.rows, slots * group).transpose(0, 1)
-        shared = torch.matmul(p_slots.reshape(kv_heads, slots, group * g, plen), prefix_v)
-        out = out + _gather_rows(shared.view(kv_heads, slots * group, g, dim).transpose(0, 1),
-                                 state.rows).transpose(0, 1)
-    return out.transpose(0, 1).reshape(rows, 1, heads, dim), None
 
 
 AttentionInterface.register(ATTENTION_NAME, shared_prefix_attention)

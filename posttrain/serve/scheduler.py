@@ -17,10 +17,10 @@ shorter prompts, 4 rows per slot cost ~18% against 1 (a decoding step of 64 rows
 
 Keys and values live in blocks of 16 positions (rollout/kv_blocks.py): a row holds the blocks its tokens fill and
 gives them back when it leaves (nothing reserved for `max_tokens`, no columns held for rows that came before it); a
-prompt's slots hold its blocks, not copies. For a fixed batch the contiguous state is faster (no gather per step:
-rollout's `generate` keeps it); for requests that come and go, the paged one held 0.33-0.68x the positions of the
-contiguous one at 0.95-1.4x its tokens/s (docs/performance.md, "Keys and values in blocks"). `paged=False` runs
-the contiguous state (for comparison; also what a model failing the engine's paged check is served on).
+prompt's slots hold its blocks, not copies; a kept sequence's blocks are referenced by the requests resuming it. A
+decoding step reads a working copy of the blocks in the contiguous layout (rollout/paged_state.py says why), so it
+costs what a contiguous step costs (docs/performance.md, "Keys and values in blocks"). `paged=False` runs the
+contiguous state (for comparison; also what a model failing the engine's paged check is served on).
 
 Sampling: rows of requests asking the same temperature / top-p / top-k and no seed are sampled in one call; a
 request with a seed draws from its own generator, so the same seed and prompt give the same tokens whatever else is
