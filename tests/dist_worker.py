@@ -141,6 +141,21 @@ def slow_first_prompt(runner) -> None:
     runner.environments = slowed
 
 
+def keep_learned_batches(trainer, check=None) -> list:
+    """The batches `trainer.learn` is called with from now on, in order (each passed to `check` first); its
+    arguments are passed on unchanged."""
+    batches, learn = [], trainer.learn
+
+    def learning(batch, *args, **kwargs):
+        if check is not None:
+            check(batch)
+        batches.append(batch)
+        return learn(batch, *args, **kwargs)
+
+    trainer.learn = learning
+    return batches
+
+
 def multi_turn_steps(spec: dict, out: Path) -> None:
     """For each case: one training step on multi-turn episodes of the built-in guess_number environment (each rank
     runs the episodes of its own prompts; the scored batches are gathered), then validation. Every rank checks that
@@ -162,14 +177,7 @@ def multi_turn_steps(spec: dict, out: Path) -> None:
         runner.run = recording
         if spec.get("slow_rank") == par.rank:
             slow_first_prompt(runner)
-        batches, learn = [], trainer.learn
-
-        def learning(batch, timing=None, **kwargs):
-            check_rows_are_their_episodes(batch)
-            batches.append(batch)
-            return learn(batch, timing, **kwargs)
-
-        trainer.learn = learning
+        batches = keep_learned_batches(trainer, check_rows_are_their_episodes)
         steps = {role: record_gradients(obj) for role, obj in trainer.parts.trained.items()}
         trainer.global_step = 1  # as fit() counts it
         metrics = trainer.train_step()
@@ -203,13 +211,7 @@ def single_turn_steps(spec: dict, out: Path) -> None:
             return generate(batch, sampling)
 
         trainer.parts.engine.generate = recording
-        batches, learn = [], trainer.learn
-
-        def learning(batch, timing=None, **kwargs):
-            batches.append(batch)
-            return learn(batch, timing, **kwargs)
-
-        trainer.learn = learning
+        batches = keep_learned_batches(trainer)
         steps = {role: record_gradients(obj) for role, obj in trainer.parts.trained.items()}
         trainer.global_step = 1  # as fit() counts it
         metrics = trainer.train_step()

@@ -18,51 +18,56 @@ from posttrain.parallel.context import exit_process, shutdown
 from posttrain.parallel.groups import join
 from posttrain.parallel.weight_sync import STOP, WeightSync, trainable_tensors
 
-out, lora = sys.argv[1], sys.argv[2] == "lora"
+out = sys.argv[1]
 groups = join(device_name="cpu", timeout_s=120)
-torch.manual_seed(100 + groups.rank)  # each side starts from different weights
-model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False)).to(torch.float32)
-model[1].to(torch.bfloat16)  # two dtypes in one push
-if lora:  # the base frozen: only the "adapter" (second layer) trains
-    model[0].requires_grad_(False)
-frozen_before = model[0].weight.detach().clone()
-sync = WeightSync(trainable_tensors(model), src=0, bucket_bytes=64)  # several buckets
-versions = []
-for version in (1, 2):
-    if groups.trains:
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p))  # an "update"
-        sync.push(version)
-    else:
-        versions.append(sync.receive())
-stopped = sync.receive() if not groups.trains else sync.push(STOP)
-state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-torch.save({"state": state, "versions": versions, "names": sync.names, "bytes": sync.bytes, "stopped": stopped,
-            "frozen_kept": bool(torch.equal(frozen_before, model[0].weight))}, f"{out}/rank{groups.rank}.pt")
+for mode in ("full", "lora"):  # one exchange after the other over the same groups
+    lora = mode == "lora"
+    torch.manual_seed(100 + groups.rank)  # each side starts from different weights
+    model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Linear(7, 3, bias=False)).to(torch.float32)
+    model[1].to(torch.bfloat16)  # two dtypes in one push
+    if lora:  # the base frozen: only the "adapter" (second layer) trains
+        model[0].requires_grad_(False)
+    frozen_before = model[0].weight.detach().clone()
+    sync = WeightSync(trainable_tensors(model), src=0, bucket_bytes=64)  # several buckets
+    versions = []
+    for version in (1, 2):
+        if groups.trains:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p))  # an "update"
+            sync.push(version)
+        else:
+            versions.append(sync.receive())
+    stopped = sync.receive() if not groups.trains else sync.push(STOP)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    torch.save({"state": state, "versions": versions, "names": sync.names, "bytes": sync.bytes, "stopped": stopped,
+                "frozen_kept": bool(torch.equal(frozen_before, model[0].weight))}, f"{out}/{mode}_rank{groups.rank}.pt")
 shutdown()
 exit_process(0)
 """
 
 
-def _sync_run(tmp_path, mode):
-    script = tmp_path / "sync.py"
-    script.write_text(SYNC_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           str(tmp_path), mode]
-    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180)
-    assert result.returncode == 0, result.stderr[-4000:]
+@pytest.fixture(scope="module")
+def sync_runs(tmp_path_factory):
+    """One launch of two processes that exchange weights twice over the same groups: every parameter trainable
+    ("full"), then a frozen base ("lora"). {mode: [sender's result, receiver's result]}."""
     import torch
 
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    out = tmp_path_factory.mktemp("sync")
+    script = out / "sync.py"
+    script.write_text(SYNC_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out)]
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=180)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {mode: [torch.load(out / f"{mode}_rank{r}.pt") for r in range(2)] for mode in ("full", "lora")}
 
 
-def test_weight_sync_makes_the_receiver_equal_the_sender_bit_for_bit_with_increasing_versions(tmp_path):
+def test_weight_sync_makes_the_receiver_equal_the_sender_bit_for_bit_with_increasing_versions(sync_runs):
     """After each push the receiver holds the sender's weights exactly (float32 and bfloat16 tensors, several
     buckets), records the versions in order, and a STOP header ends the exchange without weights."""
     import torch
 
-    sender, receiver = _sync_run(tmp_path, "full")
+    sender, receiver = sync_runs["full"]
     assert receiver["versions"] == [1, 2]
     assert receiver["stopped"] == -1
     assert sender["state"].keys() == receiver["state"].keys()
@@ -73,12 +78,12 @@ def test_weight_sync_makes_the_receiver_equal_the_sender_bit_for_bit_with_increa
     assert receiver["names"] == ["0.bias", "0.weight", "1.weight"]
 
 
-def test_weight_sync_with_a_frozen_base_sends_only_the_trainable_tensors(tmp_path):
+def test_weight_sync_with_a_frozen_base_sends_only_the_trainable_tensors(sync_runs):
     """LoRA-like: only the trainable tensors travel (their bytes alone), the frozen ones keep each side's own
     values, and the trainable ones arrive exactly."""
     import torch
 
-    sender, receiver = _sync_run(tmp_path, "lora")
+    sender, receiver = sync_runs["lora"]
     assert receiver["names"] == ["1.weight"]
     assert receiver["bytes"] == 7 * 3 * 2  # bf16 (3, 7)
     assert torch.equal(receiver["state"]["1.weight"], sender["state"]["1.weight"])
@@ -364,17 +369,25 @@ def _steps(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_version(tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def one_step_off_run(tmp_path_factory, tiny_model_dir):
+    """A finished 3-step run of one generating and one training process, staleness_threshold=1, a checkpoint after
+    every step. Returns the folder holding its data/ and run/."""
+    base = tmp_path_factory.mktemp("one_step_off")
+    result = _train(_task_args(base, tiny_model_dir, "trainer.total_training_steps=3", "trainer.save_freq=1",
+                               "async_training.staleness_threshold=1"))
+    assert result.returncode == 0, result.stderr[-4000:]
+    return base
+
+
+def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_version(tmp_path, tiny_model_dir,
+                                                                                         one_step_off_run):
     """One generating and one training process, staleness_threshold=1: batch 1 is sampled by the loaded weights
     (version 0) and trained at version 0; batch k > 1 was sampled by version k-2 while step k-1 trained, so it trains
     with staleness 1 — which also shows that each pushed version reached the generator. Every step corrects with
     the recomputed old log-probs (rollout-IS metrics logged), and the checkpoint records the step. With LoRA the
     same run pushes only the adapters (a fraction of the full push)."""
-    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3", "trainer.save_freq=3",
-                      "async_training.staleness_threshold=1")
-    result = _train(args)
-    assert result.returncode == 0, result.stderr[-4000:]
-    steps = _steps(tmp_path / "run")
+    steps = _steps(one_step_off_run / "run")
     assert [m["step"] for m in steps] == [1, 2, 3]
     assert [m["async/weight_version"] for m in steps] == [0, 1, 2]
     assert [m["async/rollout_version"] for m in steps] == [0, 0, 1]
@@ -383,7 +396,7 @@ def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_v
     for m in steps:
         assert "training/rollout_probs_diff_mean" in m and "timing_s/old_log_prob" in m, sorted(m)
         assert 0 <= m["async/train_idle_share"] <= 1 and 0 <= m["async/gen_idle_share"] <= 1
-    assert (tmp_path / "run" / "global_step_3").is_dir()
+    assert (one_step_off_run / "run" / "global_step_3").is_dir()
     full_mb = steps[1]["async/weight_sync_mb"]  # step 2 pushed version 1 (step 3 trains the last batch: no push)
     assert "async/weight_sync_mb" not in steps[2]
     lora = tmp_path / "lora"
@@ -395,18 +408,6 @@ def test_one_step_off_policy_trains_on_batches_one_version_old_and_pushes_each_v
     lora_steps = _steps(lora / "run")
     assert [m["async/staleness_max"] for m in lora_steps] == [0, 1, 1]
     assert 0 < lora_steps[1]["async/weight_sync_mb"] < full_mb / 5  # the adapters travel, not the model
-
-
-def test_staleness_threshold_zero_takes_turns_and_trains_on_fresh_batches(tmp_path, tiny_model_dir):
-    """staleness_threshold=0: the generator waits for each step's weights, so every batch is sampled by the version
-    it trains at (staleness 0), and the versions still advance one per step."""
-    args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
-                      "async_training.staleness_threshold=0")
-    result = _train(args)
-    assert result.returncode == 0, result.stderr[-4000:]
-    steps = _steps(tmp_path / "run")
-    assert [m["async/rollout_version"] for m in steps] == [0, 1, 2]
-    assert [m["async/staleness_max"] for m in steps] == [0, 0, 0]
 
 
 def test_staleness_threshold_two_bounds_staleness_by_two(tmp_path, tiny_model_dir):
@@ -484,8 +485,10 @@ def test_trigger_parameter_sync_step_pushes_every_two_steps_and_bounds_generatio
 
 
 def test_verl_default_fractional_staleness_generates_no_whole_batch_ahead(tmp_path, tiny_model_dir):
-    """staleness_threshold=0.1 (verl's default) with one step per push: floor(1.1 x 1) = 1 batch per push, so no
-    whole batch is generated ahead and every batch is sampled by the weights it trains at (as threshold 0)."""
+    """staleness_threshold=0.1 (verl's default) with one step per push: floor(1.1 x 1) = 1 batch per push, as
+    staleness_threshold=0 allows, so the generator waits for each step's weights: no whole batch is generated ahead,
+    every batch is sampled by the version it trains at (staleness 0), and the versions advance one per step.
+    (Threshold 0 itself runs in the trigger_parameter_sync_step test above, at two steps per push.)"""
     args = _task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=3",
                       "async_training.staleness_threshold=0.1")
     result = _train(args)
@@ -561,24 +564,26 @@ def test_a_generating_process_that_fails_stops_the_run_with_its_own_error(tmp_pa
     assert "rank 1 failed" in result.stderr and "failed to score" in result.stderr, result.stderr[-3000:]
 
 
-def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_position(tmp_path, tiny_model_dir):
-    """A run stopped after step 2 resumes at step 3: the trainer sends the generator the checkpoint's weights
-    (version 2) and data position, so batch 3 is sampled by version 2 (staleness 0), batch 4 by version 2 again
-    (staleness 1), and the data position after step 4 is 4 batches: nothing skipped, nothing drawn twice."""
+def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_position(tmp_path, tiny_model_dir,
+                                                                                       one_step_off_run):
+    """A copy of the 3-step run (stopped after step 3) resumes at step 4: the trainer sends the generator the
+    checkpoint's weights (version 3) and data position, so batch 4 is sampled by version 3 (staleness 0), batch 5 by
+    version 3 again (staleness 1), and the data position after step 5 is 5 batches: nothing skipped, nothing drawn
+    twice."""
+    import shutil
+
     import torch
 
-    common = ["trainer.save_freq=1", "async_training.staleness_threshold=1"]
-    first = _train(_task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=2", *common))
-    assert first.returncode == 0, first.stderr[-4000:]
-    second = _train(_task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=4", *common,
-                               "trainer.resume_allow_config_change=True"))
+    shutil.copytree(one_step_off_run / "run", tmp_path / "run")
+    second = _train(_task_args(tmp_path, tiny_model_dir, "trainer.total_training_steps=5", "trainer.save_freq=1",
+                               "async_training.staleness_threshold=1", "trainer.resume_allow_config_change=True"))
     assert second.returncode == 0, second.stderr[-4000:]
     steps = _steps(tmp_path / "run")
-    assert [m["step"] for m in steps] == [1, 2, 3, 4]
-    assert [m["async/rollout_version"] for m in steps[2:]] == [2, 2]
-    assert [m["async/staleness_max"] for m in steps[2:]] == [0, 1]
-    extra = torch.load(tmp_path / "run" / "global_step_4" / "extra.pt", weights_only=True)
-    assert extra["data_cursor"] == 4 and extra["step"] == 4
+    assert [m["step"] for m in steps] == [1, 2, 3, 4, 5]
+    assert [m["async/rollout_version"] for m in steps[3:]] == [3, 3]
+    assert [m["async/staleness_max"] for m in steps[3:]] == [0, 1]
+    extra = torch.load(tmp_path / "run" / "global_step_5" / "extra.pt", weights_only=True)
+    assert extra["data_cursor"] == 5 and extra["step"] == 5
 
 
 def test_settings_async_rl_does_not_support_are_refused_at_load():

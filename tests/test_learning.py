@@ -46,7 +46,20 @@ def test_family_improves_training_reward(small_task, family):
         assert all("critic/vf_loss" in m and "critic/values/mean" in m for m in metrics)
 
 
-def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path):
+@pytest.fixture(scope="module")
+def tools_start(tmp_path_factory):
+    """The shortened tool task (1000 training, 100 dev, 100 held-out problems) and a tiny model's SFT on its 1000
+    mixed demonstrations, built once for the three ways of training on it below: (the task's paths, the SFT
+    folder)."""
+    from posttrain.tiny.tools_task import prepare_tools_task, tools_sft
+
+    out = tmp_path_factory.mktemp("tools_task")
+    paths = prepare_tools_task(out, seed=0, train=1000, dev=100, held_out=100)
+    tools_sft(paths, out / "sft", seed=0, epochs=20)
+    return paths, out / "sft"
+
+
+def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path, tools_start):
     """The tool task (products of 3-4 digit numbers; `posttrain demo --task tools`), shortened: a tiny model's SFT on
     1000 mixed demonstrations (on two of the three kinds of problem most call the calculator with a wrong operand),
     then 15 seeded GRPO steps on multi-turn episodes with the calculator. On 100 held-out problems (greedy episodes
@@ -55,12 +68,11 @@ def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path):
     accuracy 0.22 -> 0.39, 90 s; the bounds leave room for other CPUs' SFT)."""
     from posttrain.agents.episode_log import read_episodes
     from posttrain.config import load_config
-    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share, prepare_tools_task, tools_sft
+    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share
 
-    paths = prepare_tools_task(tmp_path, seed=0, train=1000, dev=100, held_out=100)
-    tools_sft(paths, tmp_path / "sft", seed=0, epochs=20)
+    paths, sft = tools_start
     RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + [
-        f"actor_rollout_ref.model.path={tmp_path / 'sft'}", f"data.train_files={paths['rl_train']}",
+        f"actor_rollout_ref.model.path={sft}", f"data.train_files={paths['rl_train']}",
         f"data.val_files={paths['test']}", "trainer.total_training_steps=15", "trainer.test_freq=15",
         f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']"])).fit()
     metrics = read_metrics(tmp_path / "rl")
@@ -71,7 +83,7 @@ def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path):
     assert after - before >= 0.05, (before, after)
 
 
-def test_grpo_through_the_server_teaches_an_openai_client_agent_program(tmp_path):
+def test_grpo_through_the_server_teaches_an_openai_client_agent_program(tmp_path, tools_start):
     """The same shortened tool task, with the episodes played by an agent program — a plain openai client that offers
     the calculator, runs its calls and returns its own reward (examples/agent_programs/calculator_agent.py) — over the
     OpenAI-compatible server on the policy: right first calls rise by at least 0.2 and held-out accuracy by at least
@@ -82,14 +94,12 @@ def test_grpo_through_the_server_teaches_an_openai_client_agent_program(tmp_path
 
     from posttrain.agents.episode_log import read_episodes
     from posttrain.config import load_config
-    from posttrain.tiny.tools_task import (TOOLS_RL_OVERRIDES, correct_call_share, prepare_tools_task,
-                                              program_overrides, tools_sft)
+    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share, program_overrides
 
     agent = Path(__file__).resolve().parents[1] / "examples" / "agent_programs" / "calculator_agent.py"
-    paths = prepare_tools_task(tmp_path, seed=0, train=1000, dev=100, held_out=100)
-    tools_sft(paths, tmp_path / "sft", seed=0, epochs=20)
+    paths, sft = tools_start
     RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + program_overrides(f"{agent}:run") + [
-        f"actor_rollout_ref.model.path={tmp_path / 'sft'}", f"data.train_files={paths['rl_train']}",
+        f"actor_rollout_ref.model.path={sft}", f"data.train_files={paths['rl_train']}",
         f"data.val_files={paths['test']}", "trainer.total_training_steps=15", "trainer.test_freq=15",
         f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']"])).fit()
     metrics = read_metrics(tmp_path / "rl")
@@ -124,7 +134,7 @@ class ShortCalculatorTaskset(example.CalculatorTaskset, vf.Taskset[example.Produ
 '''
 
 
-def test_grpo_through_the_server_teaches_a_verifiers_environment(tmp_path):
+def test_grpo_through_the_server_teaches_a_verifiers_environment(tmp_path, tools_start):
     """The same shortened tool task as a verifiers taskset (examples/verifiers_envs/calculator_taskset.py: the task's
     problems, a `@vf.tool` calculator, a `@vf.reward` on the exact product), trained with `data.environment`: its
     episodes played by verifiers_env's chat loop over the OpenAI-compatible server on the policy and scored by the
@@ -136,16 +146,14 @@ def test_grpo_through_the_server_teaches_a_verifiers_environment(tmp_path):
 
     from posttrain.agents.episode_log import read_episodes
     from posttrain.config import load_config
-    from posttrain.tiny.tools_task import (TOOLS_RL_OVERRIDES, correct_call_share, environment_overrides,
-                                              prepare_tools_task, tools_sft)
+    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share, environment_overrides
 
     example = Path(__file__).resolve().parents[1] / "examples" / "verifiers_envs" / "calculator_taskset.py"
     (tmp_path / "short_taskset.py").write_text(SHORT_CALCULATOR_TASKSET.format(example=example))
-    paths = prepare_tools_task(tmp_path, seed=0, train=1000, dev=100, held_out=100)
-    tools_sft(paths, tmp_path / "sft", seed=0, epochs=20)
+    paths, sft = tools_start
     environment = f"verifiers:{tmp_path / 'short_taskset.py'}:ShortCalculatorTaskset"
     RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + environment_overrides(environment, paths["test"]) + [
-        f"actor_rollout_ref.model.path={tmp_path / 'sft'}", "trainer.total_training_steps=15", "trainer.test_freq=15",
+        f"actor_rollout_ref.model.path={sft}", "trainer.total_training_steps=15", "trainer.test_freq=15",
         f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']"])).fit()
     metrics = read_metrics(tmp_path / "rl")
     key = next(k for k in metrics[0] if k.startswith("val-core/verifiers/"))
