@@ -517,6 +517,58 @@ def test_require_batches_sizes_the_step_and_total_rollout_steps_counts_the_steps
 FULLY_ASYNC = Path(__file__).parent / "data" / "fully_async_scripts_2026_08"
 
 
+SCORE_BY_TEXT = """
+def compute_score(data_source, solution_str, ground_truth, extra_info):
+    return float(sum(map(ord, solution_str)) % 5)  # varies within a group: advantages, and an update, not zero
+"""
+
+
+def test_two_training_processes_beside_one_generating_process_train_the_one_process_update(tmp_path,
+                                                                                           tiny_model_dir):
+    """trainer.n_gpus_per_node=2 beside rollout.n_gpus_per_node=1: one launch of 3 processes, the two trainers
+    sharding the model (FSDP2 on their own group) and each taking its share of the generator's batch. The first
+    update is the one a single process makes on the same batch (gradient norm to 1e-5 relative, weights within
+    Adam's rounding bounds, from the step-1 checkpoint the trainers wrote together); the push of version 1, gathered
+    whole from the shards, reaches the generator (its header's fingerprint accepted), which samples batch 2 with it:
+    its log-probs are the trainers' recomputed ones."""
+    import torch
+
+    from posttrain.config import load_config
+    from posttrain.parallel.checkpoint import load_role
+    from posttrain.trainer.async_rl import async_defaults
+    from posttrain.trainer.rl import RLTrainer
+    from tests.same_update import assert_same_weights
+
+    (tmp_path / "reward.py").write_text(SCORE_BY_TEXT)
+    common = [f"custom_reward_function.path={tmp_path / 'reward.py'}", "actor_rollout_ref.model.dtype=fp32",
+              "actor_rollout_ref.rollout.dtype=fp32", "trainer.total_training_steps=2"]
+    args = _task_args(tmp_path, tiny_model_dir, *common, "trainer.n_gpus_per_node=2", "trainer.save_freq=1",
+                      "async_training.staleness_threshold=0", "async_training.wait_timeout_s=120")
+    result = _train(args, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = _steps(tmp_path / "run")
+    assert [m["step"] for m in steps] == [1, 2]
+    assert [m["async/rollout_version"] for m in steps] == [0, 1]
+    assert steps[1]["training/rollout_probs_diff_max"] < 1e-4  # fp32: sampled with the trainers' version 1
+
+    one = tmp_path / "one"  # the same first batch and step in this process (synchronous RL, same seed)
+    cfg = load_config(None, [a for a in _task_args(one, tiny_model_dir, *common) if a != "rollout.n_gpus_per_node=1"])
+    async_defaults(cfg)
+    torch.manual_seed(cfg.trainer.seed)
+    trainer = RLTrainer(cfg)
+    start = {k: v.detach().clone() for k, v in trainer.parts.actor.model.state_dict().items()}
+    trainer.global_step = 1
+    want = trainer.train_step()
+    assert want["critic/score/mean"] == steps[0]["critic/score/mean"]
+    assert steps[0]["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
+    want_state = {k: v.detach().clone() for k, v in trainer.parts.actor.model.state_dict().items()}
+    assert max(float((want_state[k] - start[k]).abs().max()) for k in start) > 5e-4  # an update of ~lr = 1e-3
+    shards = sorted((tmp_path / "run" / "global_step_1" / "actor").glob("*.distcp"))
+    assert len(shards) == 2, shards  # each trainer wrote its own shards
+    load_role(tmp_path / "run" / "global_step_1" / "actor", trainer.parts.actor.model, alone=True)
+    assert_same_weights(want_state, trainer.parts.actor.model.state_dict(), [{"lr": 1e-3}], "after step 1")
+
+
 def test_verl_fully_async_script_trains_two_steps_on_two_processes(tmp_path, tiny_model_dir):
     """verl's fully asynchronous DAPO script (data.train_batch_size=0, require_batches=4, trigger_parameter_sync_step
     =4, staleness_threshold=0.1, partial_rollout=True, hybrid_engine=False, rollout.total_rollout_steps) with its
@@ -587,8 +639,9 @@ def test_resume_starts_the_generator_from_the_checkpoint_s_weights_and_data_posi
 
 
 def test_settings_async_rl_does_not_support_are_refused_at_load():
-    """A negative threshold, no updates per push, partial rollouts of agent programs, several processes per group
-    and sharded roles are refused before anything starts, each naming its key; partial rollouts of multi-turn
+    """A negative threshold, no updates per push, partial rollouts of agent programs, several generating
+    processes, several training nodes, a training layout other than FSDP2 over all trainers and offloaded roles are
+    refused before anything starts, each naming its key; partial rollouts of multi-turn
     episodes and of LoRA adapters load."""
     from posttrain.config import ConfigError, load_config
 
@@ -597,12 +650,14 @@ def test_settings_async_rl_does_not_support_are_refused_at_load():
              "agent.program is not": ["async_training.partial_rollout=True",
                                       "actor_rollout_ref.rollout.agent.program=mod:fn"],
              "rollout.n_gpus_per_node=2": ["rollout.n_gpus_per_node=2"],
-             "trainer.n_gpus_per_node=2": ["trainer.n_gpus_per_node=2"],
+             "trainer.nnodes=2": ["trainer.nnodes=2"],
+             "fsdp_size=1": ["trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.fsdp_config.fsdp_size=1"],
              "param_offload": ["actor_rollout_ref.actor.fsdp_config.param_offload=True"]}
     for needle, overrides in cases.items():
         with pytest.raises(ConfigError, match=needle.replace(".", r"\.")):
             load_config(None, ["rollout.n_gpus_per_node=1", *overrides])
     load_config(None, ["rollout.n_gpus_per_node=1", "async_training.staleness_threshold=0.1"])  # fractions: fine
+    load_config(None, ["rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=2"])  # FSDP2 over 2 trainers
     load_config(None, ["rollout.n_gpus_per_node=1", "async_training.partial_rollout=True"])
     load_config(None, ["rollout.n_gpus_per_node=1", "async_training.partial_rollout=True",
                        "actor_rollout_ref.rollout.multi_turn.enable=True", "actor_rollout_ref.model.lora_rank=4"])

@@ -470,19 +470,27 @@ def _check_async(cfg: Config, check: Checks) -> None:
     st = at.staleness_threshold
     check(st >= 0, f"async_training.staleness_threshold={st} must be >= 0")
     tr, actor = cfg.trainer, arr.actor
-    check.unsupported(group.nnodes == 1 and group.n_gpus_per_node == 1 and tr.nnodes == 1 and tr.n_gpus_per_node == 1,
+    check.unsupported(group.nnodes == 1 and group.n_gpus_per_node == 1 and tr.nnodes == 1,
                       f"asynchronous RL with rollout.nnodes={group.nnodes} x rollout.n_gpus_per_node="
                       f"{group.n_gpus_per_node} generating and trainer.nnodes={tr.nnodes} x trainer.n_gpus_per_node="
-                      f"{tr.n_gpus_per_node} training processes: only 1 generating beside 1 training process is "
-                      "supported yet (set both n_gpus_per_node=1, nnodes=1; or rollout.n_gpus_per_node=0 for "
-                      "synchronous RL over any number of processes)")
+                      f"{tr.n_gpus_per_node} training processes: supported are 1 generating process "
+                      "(rollout.nnodes=1, rollout.n_gpus_per_node=1) beside trainer.n_gpus_per_node training "
+                      "processes on one node (trainer.nnodes=1); or rollout.n_gpus_per_node=0 for synchronous RL over "
+                      "any number of processes")
+    fsdp_size, sp = actor.fsdp_config.fsdp_size, actor.ulysses_sequence_parallel_size
+    check.unsupported(fsdp_size in (-1, 0, tr.n_gpus_per_node) and sp == 1, "asynchronous RL (rollout.n_gpus_per_node"
+                      f" > 0) with actor_rollout_ref.actor.fsdp_config.fsdp_size={fsdp_size} or "
+                      f"ulysses_sequence_parallel_size={sp} is not supported: the training processes shard the model "
+                      "over all of them (FSDP2, fsdp_size=-1) and nothing else; set fsdp_size=-1, "
+                      "ulysses_sequence_parallel_size=1")
     sharded = [key for key, fsdp in (("actor_rollout_ref.actor", actor.fsdp_config), ("actor_rollout_ref.ref",
                                                                                       arr.ref.fsdp_config),
                                      ("critic.model", cfg.critic.model.fsdp_config))
                if (fsdp.param_offload or fsdp.tp_size > 1)
                and (key != "actor_rollout_ref.ref" or actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)]  # built?
     check.unsupported(not sharded, f"asynchronous RL (rollout.n_gpus_per_node > 0) with {sharded[0]}.fsdp_config"
-                      ".param_offload or tp_size > 1 is not supported: each group runs its model whole in one process"
+                      ".param_offload or tp_size > 1 is not supported: the generating process runs its model whole, the "
+                      "training processes shard it with FSDP2 alone"
                       if sharded else "")
     check.unsupported(not tr.val_only, "trainer.val_only=True with rollout.n_gpus_per_node > 0: validation runs on "
                       "the training process; set rollout.n_gpus_per_node=0")

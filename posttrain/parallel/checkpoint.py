@@ -10,6 +10,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
+from .context import peer_group
 from .safeload import SafeReader, check_dcp_files
 from torch.distributed.tensor import DTensor
 
@@ -28,11 +29,12 @@ def role_state(model, optimizer=None) -> dict:
 
 
 def save_role(path: Path, model, optimizer=None) -> None:
-    """Every rank that holds a shard of `model` calls this; a model held whole is written by its process alone
-    (no collective: in asynchronous RL the job's other processes are not its peers)."""
+    """Every rank that holds a shard of `model` calls this (the peers: in asynchronous RL the training processes);
+    a model held whole is written by its process alone."""
     with warnings.catch_warnings():  # one process, no process group: DCP says it assumes so; that is the intent
         warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
-        dcp.save(role_state(model, optimizer), checkpoint_id=str(path), no_dist=_held_whole(model))
+        dcp.save(role_state(model, optimizer), checkpoint_id=str(path), no_dist=_held_whole(model),
+                 process_group=peer_group())
 
 
 def load_role(path: Path, model, optimizer=None, *, alone: bool = False) -> None:
@@ -44,7 +46,8 @@ def load_role(path: Path, model, optimizer=None, *, alone: bool = False) -> None
     state = role_state(model, optimizer)
     with warnings.catch_warnings():  # one process, no process group: DCP says it assumes so; that is the intent
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load(state, storage_reader=SafeReader(str(path)), no_dist=alone or _held_whole(model))
+        dcp.load(state, storage_reader=SafeReader(str(path)), no_dist=alone or _held_whole(model),
+                 process_group=None if alone else peer_group())
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:

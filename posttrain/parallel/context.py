@@ -21,6 +21,24 @@ import torch.distributed as dist
 from ..errors import ConfigError
 
 _joined_process_group = False  # this process has run collectives: see exit_process
+_peers = None  # the process group of this process's peers: None = the whole job (asynchronous RL: its own group)
+
+
+def set_peers(group) -> None:
+    """Make `group` this process's peers: the job-wide collectives below (barrier, a decision every rank takes,
+    checkpoint writes, sharded model loading) then run over it alone. Asynchronous RL's groups set it: the
+    training processes are each other's peers, a generating process is its own."""
+    global _peers
+    _peers = group
+
+
+def peer_group():
+    """The process group of this process's peers (None: the whole job)."""
+    return _peers
+
+
+def peer_count() -> int:
+    return dist.get_world_size(_peers) if dist.is_available() and dist.is_initialized() else 1
 
 
 @dataclass(frozen=True)
@@ -74,7 +92,8 @@ def check_sequence_parallel(world: int, *, sp: int, tp: int, fsdp_size: int) -> 
 
 
 class Parallel:
-    """Ranks, devices and meshes of this process; `distributed` is False for a plain one-process run."""
+    """Ranks, devices and meshes of this process; `distributed` is False for a plain one-process run. Job-wide
+    collectives (`barrier`, `max(all_ranks=True)`) run over the peers (`set_peers`)."""
 
     def __init__(self, dims: ParallelDims = ParallelDims(), *, device: torch.device = torch.device("cpu"),
                  mesh=None, rank: int | None = None):
@@ -133,7 +152,7 @@ class Parallel:
         if not (self.distributed and self.world > 1 if all_ranks else self._dp_collectives):
             return int(value)
         t = torch.tensor([int(value)], dtype=torch.int64, device=self._comm_device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=None if all_ranks else self._dp_group)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_peers if all_ranks else self._dp_group)
         return int(t.item())
 
     def gather(self, obj) -> list:
@@ -146,7 +165,7 @@ class Parallel:
 
     def barrier(self) -> None:
         if self.distributed and self.world > 1:
-            dist.barrier()
+            dist.barrier(group=_peers)
 
     @property
     def _comm_device(self) -> torch.device:
@@ -189,7 +208,7 @@ def node_leaders_first(work, failed):
     node-local storage (a download cache) instead of doing it again at once. A failure of any node's first rank
     stops every rank: that rank raises its own error, the others `failed(message)`, and no other rank runs `work`.
     Every rank of the job must call this; outside a multi-process job it is just `work()`."""
-    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+    if peer_count() == 1:
         return work()
     leader = int(os.environ.get("LOCAL_RANK", "0")) == 0
     result, failure, said = None, None, None
@@ -198,8 +217,8 @@ def node_leaders_first(work, failed):
             result = work()
         except Exception as error:  # noqa: BLE001 - the other ranks must hear of it, or they wait forever
             failure, said = error, f"rank {dist.get_rank()}: {error}"
-    heard = [None] * dist.get_world_size()
-    dist.all_gather_object(heard, said)
+    heard = [None] * peer_count()
+    dist.all_gather_object(heard, said, group=_peers)
     if failure is not None:
         raise failure
     first = next((h for h in heard if h is not None), None)

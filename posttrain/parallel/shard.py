@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .context import Parallel
+from .context import Parallel, peer_count, peer_group
 
 
 @dataclass(frozen=True)
@@ -139,13 +139,16 @@ def prepare_model(build, par: Parallel, settings: ShardSettings | None) -> nn.Mo
     """Build a role's model where it will run. `build(meta)` returns the model: with real weights, or on the meta
     device (no memory). In one process: the real model on the device. Sharded: every rank lays out the meta
     structure (tensor-parallel split, FSDP shards); rank 0 alone reads the weights, and they are broadcast into the
-    shards, so no rank but rank 0 ever holds the full model."""
+    shards, so no rank but rank 0 ever holds the full model. When the peers are a group of the job (asynchronous
+    RL's training processes) every rank reads the weights and keeps its shards: torch's broadcast from rank 0 runs
+    over the whole job, whose generating processes do not take part."""
     if not par.distributed:
         return build(False).to(par.device)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+    everyone = peer_group() is None
     full, buffers = {}, {}
-    if par.rank == 0:
+    if par.rank == 0 or not everyone:
         real = build(False)
         full, buffers = real.state_dict(), dict(real.named_buffers())
         del real
@@ -156,12 +159,13 @@ def prepare_model(build, par: Parallel, settings: ShardSettings | None) -> nn.Mo
         for name, buffer in module._buffers.items():
             if buffer is not None:
                 module._buffers[name] = buffer.to(par.device)
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=everyone))
     del full
     for name, buffer in model.named_buffers():  # non-persistent buffers (rotary frequencies) are not in the state
-        if par.rank == 0:
+        if par.rank == 0 or not everyone:
             buffer.data.copy_(buffers[name].to(buffer.device))
-        dist.broadcast(buffer.data, src=0)
+        if everyone:
+            dist.broadcast(buffer.data, src=0)
     return model
 
 
@@ -186,11 +190,11 @@ def agreed(ok: bool, model: nn.Module) -> bool:
     """A one-time choice of a sharded model's code path (a fast path's check), the same on every rank: True only
     where every rank found `ok`. Ranks that chose differently would run different collectives in the model's
     forward and wait on each other for ever. A model that is not sharded decides alone."""
-    if not is_sharded(model) or dist.get_world_size() == 1:
+    if not is_sharded(model) or peer_count() == 1:
         return ok
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     flag = torch.tensor([int(ok)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=peer_group())
     return bool(flag.item())
 
 

@@ -30,6 +30,31 @@ def trainable_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+class WholeTrainable:
+    """The trainable parameters of the training processes' model, whole, for the sender's WeightSync. A model held
+    whole is used as it is. An FSDP2-sharded one is gathered by `gather()`, which every training rank calls (an
+    all-gather per tensor over its mesh) and whose result only `keep` (the pushing rank) holds, in buffers of its
+    own: the trainable tensors whole once more in that rank's memory."""
+
+    def __init__(self, model: nn.Module, *, keep: bool, device: torch.device):
+        self.params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        self.sharded = any(hasattr(p.data, "full_tensor") for p in self.params.values())
+        if not self.sharded:
+            self.tensors = trainable_tensors(model)
+        else:
+            self.tensors = {n: torch.empty(p.shape, dtype=p.dtype, device=device) for n, p in self.params.items()
+                            } if keep else {}
+
+    @torch.no_grad()
+    def gather(self) -> None:
+        if not self.sharded:
+            return
+        for name, p in self.params.items():
+            whole = p.full_tensor()
+            if self.tensors:
+                self.tensors[name].copy_(whole)
+
+
 def _fingerprint(tensors: dict[str, torch.Tensor]) -> int:
     layout = ";".join(f"{n}:{tuple(t.shape)}:{t.dtype}" for n, t in tensors.items())
     return zlib.crc32(layout.encode())

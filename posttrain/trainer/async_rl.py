@@ -1,5 +1,6 @@
-"""Asynchronous RL with two groups of processes (`rollout.n_gpus_per_node` > 0): rank 0 trains, rank 1 generates
-and scores, and generation may run ahead of training by A = floor((1 + staleness_threshold) x T) batches per weight
+"""Asynchronous RL with two groups of processes (`rollout.n_gpus_per_node` > 0): ranks 0..N-1 train
+(`trainer.n_gpus_per_node` = N, FSDP2 over their own group when N > 1), the last rank generates and scores, and
+generation may run ahead of training by A = floor((1 + staleness_threshold) x T) batches per weight
 push, T = `async_training.trigger_parameter_sync_step` (verl's bound, counted in whole batches).
 
     trainer:   receive batch k -> learn -> every T steps push weights version k (to the generator's receiving thread)
@@ -33,14 +34,13 @@ import torch
 
 from ..parallel import shutdown
 from ..parallel.groups import TRAINER, Groups, join, recv_object, send_object
-from ..parallel.weight_sync import STOP, WeightSync, trainable_tensors
+from ..parallel.weight_sync import STOP, WeightSync, WholeTrainable, trainable_tensors
 from ..rollout.weights import refresh_copy
 from .checkpoint import finish_exports
 from .metrics import timer
 from .preempt import Preempted, StopOnSignal, resume_message
 from .rl import RLTrainer
 
-GENERATOR = 1
 DONE = "done"  # the generator's last message: no batch follows
 
 
@@ -61,24 +61,37 @@ def _bucket_bytes(cfg) -> int:
 
 
 class AsyncTrainer(RLTrainer):
-    """The training process: the loop of RLTrainer.fit, with each step's batch received from the generator."""
+    """A training process: the loop of RLTrainer.fit, with each step's whole batch received from the generator
+    (every training rank receives it, and its model passes compute on its share, as in synchronous RL). Training
+    rank 0 pushes the weights, gathered whole from the shards when there are several training ranks."""
 
     def __init__(self, cfg, groups: Groups):
         super().__init__(cfg, par=groups.par)
         self.groups = groups
-        self.sync = WeightSync(trainable_tensors(self.parts.actor.model), src=TRAINER, bucket_bytes=_bucket_bytes(cfg))
+        pushes = groups.rank == TRAINER
+        self.whole = WholeTrainable(self.parts.actor.model, keep=pushes, device=groups.par.device)
+        self.sync = (WeightSync(self.whole.tensors, src=TRAINER, group=groups.push, bucket_bytes=_bucket_bytes(cfg))
+                     if pushes else None)
+
+    def _push(self, version: int) -> None:
+        """Every training rank calls this (the gathering of the shards is theirs); rank 0 sends."""
+        if version >= 0:
+            self.whole.gather()
+        if self.sync is not None:
+            self.sync.push(version)
 
     def _maybe_resume(self) -> None:
         """Resume as usual, then tell the generator where to start and give it the weights of this version."""
         super()._maybe_resume()
-        send_object({"first": self.global_step + 1, "last": self.parts.total_steps, "data_cursor": self.data_cursor},
-                    GENERATOR, self.groups.objects)
-        self.sync.push(self.global_step)
+        if self.sync is not None:
+            send_object({"first": self.global_step + 1, "last": self.parts.total_steps,
+                         "data_cursor": self.data_cursor}, self.groups.generator, self.groups.objects)
+        self._push(self.global_step)
 
     def _training_batch(self, timing: dict):
         version = self.global_step - 1  # the weights this step starts from
         with timer(timing, "wait_gen"):
-            batch, gen_metrics, info = recv_object(GENERATOR, self.groups.objects)
+            batch, gen_metrics, info = recv_object(self.groups.generator, self.groups.objects)
         self.data_cursor = info["data_cursor"]
         tokens = int(batch["response_mask"].sum())
         metrics = {"async/weight_version": version, "async/rollout_version": info["version"],
@@ -92,16 +105,18 @@ class AsyncTrainer(RLTrainer):
                                                                                           1e-9)
         every = self.cfg.async_training.trigger_parameter_sync_step
         if self.global_step < self.parts.total_steps and self.global_step % every == 0:  # the next batches want them
-            self.sync.push(self.global_step)
-            metrics |= {"timing_s/weight_sync": self.sync.seconds, "async/weight_sync_mb": self.sync.bytes / 2**20,
-                        "async/weight_sync_s_per_gb": self.sync.seconds / max(self.sync.bytes, 1) * 2**30}
+            self._push(self.global_step)
+            if self.sync is not None:  # rank 0 pushed (and logs)
+                metrics |= {"timing_s/weight_sync": self.sync.seconds,
+                            "async/weight_sync_mb": self.sync.bytes / 2**20,
+                            "async/weight_sync_s_per_gb": self.sync.seconds / max(self.sync.bytes, 1) * 2**30}
         return metrics
 
     def release(self) -> None:
         """After the loop (the last step, or a stop): STOP to the generator, then take the batches still on their
         way until it says it is done."""
-        self.sync.push(STOP)
-        while not isinstance(item := recv_object(GENERATOR, self.groups.objects), str) or item != DONE:
+        self._push(STOP)
+        while not isinstance(item := recv_object(self.groups.generator, self.groups.objects), str) or item != DONE:
             pass
 
 
@@ -111,11 +126,11 @@ class WeightInbox:
     two decoding steps. Costs two copies of the trainable tensors (under LoRA the adapters alone): the one a push is
     received into, and the staged one. `current` is the version the model holds."""
 
-    def __init__(self, model: torch.nn.Module, bucket_bytes: int, timeout_s: float, current: int = 0):
+    def __init__(self, model: torch.nn.Module, bucket_bytes: int, timeout_s: float, current: int = 0, group=None):
         self.owner, self.model = model, trainable_tensors(model)
         self.incoming = {n: t.detach().clone() for n, t in self.model.items()}
         self.staged = {n: t.detach().clone() for n, t in self.model.items()}
-        self.sync = WeightSync(self.incoming, src=TRAINER, bucket_bytes=bucket_bytes)
+        self.sync = WeightSync(self.incoming, src=TRAINER, group=group, bucket_bytes=bucket_bytes)
         self.timeout_s, self.current = timeout_s, current
         self.cond = threading.Condition()
         self.staged_version, self.stopped, self.error = -1, False, None
@@ -188,12 +203,12 @@ class WeightInbox:
 
 
 class Outbox:
-    """The generator's sending side: a thread that sends the queued batches to the trainer in order, so generating
-    the next batch never waits for the trainer to take the last one (the staleness bound is what holds generation
-    back). Ends after sending DONE."""
+    """The generator's sending side: a thread that sends the queued batches to the training ranks in order, so
+    generating the next batch never waits for the trainers to take the last one (the staleness bound is what holds
+    generation back). Ends after sending DONE."""
 
-    def __init__(self, group):
-        self.group, self.queue, self.error = group, queue.Queue(), None
+    def __init__(self, group, trainers: list[int]):
+        self.group, self.trainers, self.queue, self.error = group, trainers, queue.Queue(), None
         self.thread = threading.Thread(target=self._send_all, name="batch-outbox", daemon=True)
         self.thread.start()
 
@@ -204,7 +219,7 @@ class Outbox:
         try:
             while True:
                 item = self.queue.get()
-                send_object(item, TRAINER, self.group)
+                send_object(item, self.trainers, self.group)
                 if isinstance(item, str) and item == DONE:
                     return
         except BaseException as error:  # noqa: BLE001 - the main thread raises it
@@ -240,11 +255,12 @@ class Generator:
     def _loop(self, rl: RLTrainer) -> None:
         start = recv_object(TRAINER, self.groups.objects)
         bucket, timeout = _bucket_bytes(self.cfg), self.cfg.async_training.wait_timeout_s
-        version = WeightSync(self.tensors, src=TRAINER, bucket_bytes=bucket).receive()  # the trainer's, at the start
-        inbox = WeightInbox(self.rl.parts.actor.model, bucket, timeout, current=version)
+        push = self.groups.push
+        version = WeightSync(self.tensors, src=TRAINER, group=push, bucket_bytes=bucket).receive()  # at the start
+        inbox = WeightInbox(self.rl.parts.actor.model, bucket, timeout, current=version, group=push)
         if self.cfg.async_training.partial_rollout:
             rl.parts.engine.between_steps = inbox.between_steps
-        outbox = Outbox(self.groups.objects)
+        outbox = Outbox(self.groups.objects, list(range(self.groups.trainers)))
         rl.data_cursor = start["data_cursor"]
         for step in range(start["first"], start["last"] + 1):
             t0 = time.perf_counter()
@@ -274,8 +290,11 @@ class Generator:
 
 def run_async(cfg) -> dict[str, float]:
     """Train with two groups of processes (this process is one of them); raises Preempted like run_rl."""
-    groups = join(device_name=cfg.trainer.device, timeout_s=cfg.async_training.wait_timeout_s)
-    async_defaults(cfg, say=(lambda m: print(m, file=sys.stderr)) if groups.trains else (lambda m: None))
+    tr = cfg.trainer
+    groups = join(device_name=tr.device, timeout_s=cfg.async_training.wait_timeout_s,
+                  trainers=tr.nnodes * tr.n_gpus_per_node,
+                  fsdp_size=cfg.actor_rollout_ref.actor.fsdp_config.fsdp_size)
+    async_defaults(cfg, say=(lambda m: print(m, file=sys.stderr)) if groups.rank == TRAINER else (lambda m: None))
     torch.manual_seed(cfg.trainer.seed)
     if not groups.trains:
         Generator(cfg, groups).run()

@@ -14,7 +14,8 @@ class RolloutGroupConfig:
     n_gpus_per_node: int = 0
     """processes that only generate and score, beside the `trainer.n_gpus_per_node` that train; 0 = none: every
     process generates and trains in turn (synchronous RL). > 0 turns on asynchronous RL (`async_training.*`);
-    built: 1 generating process beside 1 training process"""
+    built: 1 generating process beside the `trainer.n_gpus_per_node` training processes of one node (FSDP2 over
+    them when more than 1)"""
     total_rollout_steps: Optional[int] = None
     """with `rollout.n_gpus_per_node` > 0: prompts to generate in all (verl's fully asynchronous count); when
     `trainer.total_training_steps` is unset the run trains total_rollout_steps // data.train_batch_size steps"""
