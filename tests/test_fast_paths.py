@@ -449,6 +449,47 @@ def test_packed_attention_keeps_each_row_to_itself(tiny_model_dir):
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-6)
 
 
+def _elements_written_by_backward(loss: torch.Tensor) -> int:
+    """How many tensor elements the ops of `loss`'s backward pass produce (zero-filled gradients included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            Count.total += sum(o.numel() for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor))
+            return out
+
+    with Count():
+        loss.backward()
+    return Count.total
+
+
+def test_packed_attention_backward_work_grows_linearly_with_the_rows():
+    """The backward pass of packed attention (each row alone, and responses after their shared prompts) writes a
+    bounded number of elements per packed token: no row's gradient spans the whole packed row (which, summed over
+    the rows, would grow with rows x tokens)."""
+    from posttrain.models.packed import Packing, attention, attention_after_prompt
+
+    def case(rows: int):
+        g = torch.Generator().manual_seed(0)
+        length, prompt_length, sharers = 4, 3, 2
+        bounds = [i * length for i in range(rows + 1)]
+        prompt_bounds = [i * prompt_length for i in range(rows // sharers + 1)]
+        packing = Packing(torch.tensor(bounds, dtype=torch.int32), bounds, length)
+        prompts = Packing(torch.tensor(prompt_bounds, dtype=torch.int32), prompt_bounds, prompt_length)
+        q, k, v = (torch.randn(1, h, bounds[-1], 8, generator=g, requires_grad=True) for h in (4, 2, 2))
+        pk, pv = (torch.randn(1, 2, prompt_bounds[-1], 8, generator=g, requires_grad=True) for _ in range(2))
+        own = _elements_written_by_backward(attention(None, q, k, v, packing)[0].sum())
+        after = _elements_written_by_backward(attention_after_prompt(
+            q, k, v, pk, pv, prompts, packing, [r // sharers for r in range(rows)])[0].sum())
+        return own, after
+
+    (own_8, after_8), (own_64, after_64) = case(8), case(64)
+    assert own_64 < 8 * own_8 * 1.5 and after_64 < 8 * after_8 * 1.5, (own_8, own_64, after_8, after_64)
+
+
 def test_policy_model_packs_rows_and_shares_prompts_after_its_checks(tiny_model_dir):
     model = PolicyModel(load_causal_lm(str(tiny_model_dir)))
     ids, mask, L, uids = _shared_case(model.config.vocab_size)
