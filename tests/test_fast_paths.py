@@ -388,6 +388,31 @@ def test_bf16_on_a_cpu_with_bf16_instructions_says_nothing(kind, monkeypatch, ca
     assert "emulated" in cpu_bf16_summary()  # what the benchmarks print beside their matmul ceilings
 
 
+def test_grpo_step_benchmark_names_the_cpu_class_its_kernels_run_at_and_the_emulation():
+    """benchmarks/grpo_step.py labels its numbers with the vector class in use: the widest the CPU has, capped by
+    any emulation variable, with bf16 native only on AMX or AVX512-BF16 within that class."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import grpo_step as bench
+
+    cpuinfo = ("processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512_bf16\n"
+               "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n")
+    model, flags = bench.cpu_flags(cpuinfo)
+    assert model == "Some CPU 9000" and {"avx2", "avx512f", "avx512_bf16"} <= flags and "fpu" in flags
+    zen3 = {"avx", "avx2", "fma"}
+    xeon = zen3 | {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+    assert bench.cpu_class(zen3, {}) == ("AVX2", False)
+    assert bench.cpu_class({"avx", "avx2", "avx512f"}, {}) == ("AVX-512", False)
+    assert bench.cpu_class(flags, {}) == ("AVX-512", True)
+    assert bench.cpu_class(xeon, {}) == ("AMX", True)
+    emulated = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert bench.cpu_class(xeon, emulated) == ("AVX2", False)
+    assert bench.cpu_class(xeon, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) == ("AVX-512", True)
+    assert bench.cpu_class(zen3, {"ATEN_CPU_CAPABILITY": "avx512"}) == ("AVX2", False)  # a cap never widens
+
+
 # ------------------------------------------------------------------ packed (padding-free) micro-batches
 
 def _packed_case(vocab: int):
