@@ -205,6 +205,31 @@ def test_sampler_matches_transformers_warpers(top_k, top_p, temperature):
     assert (freq - probs).abs().max() < 4.5 * math.sqrt(0.25 / 40000)
 
 
+def test_sampling_at_temperature_one_draws_the_same_tokens_without_a_division():
+    """A decoding step's sampling at temperature 1 (an RL rollout's usual setting) makes no pass dividing the
+    (rows, V) logits, and draws exactly the tokens the divided logits give."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 50) * 3
+    s = SamplingParams(temperature=1.0)
+    with Ops() as ops:
+        drawn = next_tokens(logits, s, torch.Generator().manual_seed(5))
+    assert not [n for n in ops.names if n.startswith("div")], ops.names
+    cdf = (logits / 1.0).softmax(-1).cumsum(-1)  # the draw spelled out: inverse CDF of the divided logits
+    u = torch.rand(64, 1, generator=torch.Generator().manual_seed(5)) * cdf[:, -1:]
+    assert torch.equal(drawn, torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=49))
+
+
 def test_engine_falls_back_to_generate_for_a_sliding_window_model(tiny_tokenizer, tmp_path):
     config = Qwen2Config(vocab_size=len(tiny_tokenizer) + 8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
