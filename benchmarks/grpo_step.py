@@ -20,6 +20,9 @@ over its measured steps and repeats: s/step, generation and training seconds (tr
 and scoring), completion tokens/s, peak resident memory of the process, training GFLOP/s (6 x parameters x tokens
 / training time, tokens = prompt + completion tokens of the step) and decode tokens/s, the latter two beside the
 2048^2 matmul ceiling measured in this same run (for decoding: 2 x parameters x tokens / time, as a share of it).
+The header names the CPU, the vector class its kernels run at (AMX, AVX-512, AVX2) and whether bf16 is native, and
+any emulation in force: `ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2` runs a
+newer CPU's kernels as an AVX2-only CPU's (not its clock, caches or memory).
 Needs TRL for the `trl` column (`pip install trl`; it keeps the installed torch).
 """
 
@@ -69,12 +72,14 @@ def build(workdir: Path, models: list[str]) -> None:
             build_tiny_model(workdir / name, texts, vocab_size=2048, max_position_embeddings=1024, **SHAPES[name])
 
 
-def matmul_ceiling(device: str) -> dict[str, float]:
-    """GFLOP/s of a 2048 x 2048 matmul, fp32 and bf16, best of a few."""
+def matmul_ceiling(device: str, dtypes: tuple[str, ...] | list[str] = ("fp32", "bf16")) -> dict[str, float]:
+    """GFLOP/s of a 2048 x 2048 matmul in each of `dtypes`, best of a few (a dtype not measured costs nothing: an
+    emulated bf16 matmul of this size takes ~20 s)."""
     import torch
 
     out = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+    for name in dtypes:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
         a = torch.randn(2048, 2048, dtype=dtype, device=device)
         b = torch.randn(2048, 2048, dtype=dtype, device=device)
         best = float("inf")
@@ -89,13 +94,69 @@ def matmul_ceiling(device: str) -> dict[str, float]:
     return out
 
 
-def bf16_capability(device: str) -> str:
-    """Beside the ceilings: a CPU without AVX512-BF16 or AMX emulates bf16 (tens of times slower than fp32)."""
-    if device == "cuda":
-        return "GPU"
-    from posttrain.models.cpu_bf16 import cpu_bf16_summary
+EMULATION_VARS = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
+ISA_ORDER = ("default", "sse4_2", "avx", "avx2", "avx512", "amx")  # for reading the emulation caps
 
-    return cpu_bf16_summary()
+
+def cpu_flags(cpuinfo: str) -> tuple[str, set[str]]:
+    """The CPU's model name and instruction-set flags, from /proc/cpuinfo's text (its first processor)."""
+    model, flags = "unknown CPU", set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key.strip() in ("flags", "Features") and not flags:
+            flags = set(value.split())
+    return model, flags
+
+
+def cpu_class(flags: set[str], emulation: dict[str, str]) -> tuple[str, bool]:
+    """The widest vector class the run's matmuls and kernels may use (AMX, AVX-512, AVX2, below AVX2), and whether
+    bf16 arithmetic is native to it (AMX or AVX512-BF16). The emulation variables cap both at the class they name
+    (the hardware keeps its flags: /proc/cpuinfo cannot show an emulation)."""
+    if "amx_tile" in flags:
+        hardware = "amx"
+    elif "avx512f" in flags:
+        hardware = "avx512"
+    elif "avx2" in flags:
+        hardware = "avx2"
+    else:
+        hardware = "default"
+    rank = ISA_ORDER.index(hardware)
+    for value in emulation.values():
+        name = value.strip().lower().replace("-", "_")
+        name = "avx512" if name.startswith("avx512") or name.startswith("avx10") else name
+        name = "amx" if name.startswith("amx") else name
+        if name in ISA_ORDER:
+            rank = min(rank, ISA_ORDER.index(name))
+    isa = ISA_ORDER[rank]
+    native_bf16 = isa == "amx" or (isa == "avx512" and "avx512_bf16" in flags)
+    return {"amx": "AMX", "avx512": "AVX-512", "avx2": "AVX2", "avx": "AVX", "sse4_2": "SSE4.2"}.get(
+        isa, "below AVX2"), native_bf16
+
+
+def cpu_description(device: str) -> str:
+    """Beside the ceilings: the CPU model, the vector class its kernels run at (a CPU without AVX512-BF16 or AMX
+    emulates bf16, tens of times slower than fp32), and the emulation variables in force, if any."""
+    if device == "cuda":
+        import torch
+
+        return f"GPU {torch.cuda.get_device_name()}"
+    import torch
+
+    try:
+        model, flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        model, flags = "unknown CPU", set()
+    emulation = {k: os.environ[k] for k in EMULATION_VARS if os.environ.get(k)}
+    isa, native = cpu_class(flags, emulation)
+    hardware = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16") if f in flags]
+    text = (f"{model}, CPU class {isa} (torch CPU capability {torch.backends.cpu.get_cpu_capability()}; "
+            f"hardware flags {' '.join(hardware) or 'none of avx2/avx512f/amx'}), bf16 "
+            + ("native" if native else "emulated (no AVX512-BF16 or AMX in use: slow)"))
+    if emulation:
+        text += ", EMULATION in force: " + " ".join(f"{k}={v}" for k, v in emulation.items())
+    return text
 
 
 def _sync(device: str) -> None:
@@ -319,9 +380,10 @@ def main() -> None:
         print("# TRL is not installed (pip install trl): its column is left out", flush=True)
         frameworks.remove("trl")
     build(workdir, models)
-    ceiling = matmul_ceiling(args.device)
-    print(f"# matmul ceiling (2048^2, {args.device}): fp32 {ceiling['fp32']:.0f} GFLOP/s, "
-          f"bf16 {ceiling['bf16']:.0f} GFLOP/s ({bf16_capability(args.device)}); workdir {workdir}", flush=True)
+    ceiling = matmul_ceiling(args.device, dtypes)
+    rates = ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in ceiling.items())
+    print(f"# matmul ceiling (2048^2, {args.device}): {rates}; workdir {workdir}", flush=True)
+    print(f"# device: {cpu_description(args.device)}", flush=True)
     results: dict = {}
     for model in models:
         for dtype in dtypes:
@@ -345,9 +407,9 @@ def main() -> None:
                     print(f"# {fw:9s} {model} {dtype} run {rep + 1}: {step:.2f}"
                           f" s/step ({time.perf_counter() - start:.0f} s with start-up)"
                           + (f", {graphs} CUDA graphs recorded per generate call" if graphs else ""), flush=True)
-    end_ceiling = matmul_ceiling(args.device)
-    print(f"# matmul ceiling at the end: fp32 {end_ceiling['fp32']:.0f}, bf16 {end_ceiling['bf16']:.0f} GFLOP/s "
-          f"({bf16_capability(args.device)})\n")
+    end_ceiling = matmul_ceiling(args.device, dtypes)
+    print(f"# matmul ceiling at the end: {', '.join(f'{d} {g:.0f}' for d, g in end_ceiling.items())} GFLOP/s "
+          f"({cpu_description(args.device)})\n")
     print("| model, dtype | framework | s/step | gen s | train s | completion tok/s | decode tok/s (% ceiling) | "
           "train GFLOP/s (% ceiling) | peak RSS GB |" + (" peak GPU GB |" if args.device == "cuda" else ""))
     print("|---|---|---|---|---|---|---|---|---|" + ("---|" if args.device == "cuda" else ""))

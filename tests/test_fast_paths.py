@@ -205,6 +205,31 @@ def test_sampler_matches_transformers_warpers(top_k, top_p, temperature):
     assert (freq - probs).abs().max() < 4.5 * math.sqrt(0.25 / 40000)
 
 
+def test_sampling_at_temperature_one_draws_the_same_tokens_without_a_division():
+    """A decoding step's sampling at temperature 1 (an RL rollout's usual setting) makes no pass dividing the
+    (rows, V) logits, and draws exactly the tokens the divided logits give."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    logits = torch.randn(64, 50) * 3
+    s = SamplingParams(temperature=1.0)
+    with Ops() as ops:
+        drawn = next_tokens(logits, s, torch.Generator().manual_seed(5))
+    assert not [n for n in ops.names if n.startswith("div")], ops.names
+    cdf = (logits / 1.0).softmax(-1).cumsum(-1)  # the draw spelled out: inverse CDF of the divided logits
+    u = torch.rand(64, 1, generator=torch.Generator().manual_seed(5)) * cdf[:, -1:]
+    assert torch.equal(drawn, torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=49))
+
+
 def test_engine_falls_back_to_generate_for_a_sliding_window_model(tiny_tokenizer, tmp_path):
     config = Qwen2Config(vocab_size=len(tiny_tokenizer) + 8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
@@ -386,6 +411,31 @@ def test_bf16_on_a_cpu_with_bf16_instructions_says_nothing(kind, monkeypatch, ca
     assert "native" in cpu_bf16_summary()
     _simulate_cpu(monkeypatch, "zen3_avx2")
     assert "emulated" in cpu_bf16_summary()  # what the benchmarks print beside their matmul ceilings
+
+
+def test_grpo_step_benchmark_names_the_cpu_class_its_kernels_run_at_and_the_emulation():
+    """benchmarks/grpo_step.py labels its numbers with the vector class in use: the widest the CPU has, capped by
+    any emulation variable, with bf16 native only on AMX or AVX512-BF16 within that class."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import grpo_step as bench
+
+    cpuinfo = ("processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f avx512_bf16\n"
+               "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n")
+    model, flags = bench.cpu_flags(cpuinfo)
+    assert model == "Some CPU 9000" and {"avx2", "avx512f", "avx512_bf16"} <= flags and "fpu" in flags
+    zen3 = {"avx", "avx2", "fma"}
+    xeon = zen3 | {"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+    assert bench.cpu_class(zen3, {}) == ("AVX2", False)
+    assert bench.cpu_class({"avx", "avx2", "avx512f"}, {}) == ("AVX-512", False)
+    assert bench.cpu_class(flags, {}) == ("AVX-512", True)
+    assert bench.cpu_class(xeon, {}) == ("AMX", True)
+    emulated = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert bench.cpu_class(xeon, emulated) == ("AVX2", False)
+    assert bench.cpu_class(xeon, {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}) == ("AVX-512", True)
+    assert bench.cpu_class(zen3, {"ATEN_CPU_CAPABILITY": "avx512"}) == ("AVX2", False)  # a cap never widens
 
 
 # ------------------------------------------------------------------ packed (padding-free) micro-batches

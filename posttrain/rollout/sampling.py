@@ -18,7 +18,9 @@ from .base import SamplingParams
 
 def filtered_logits(logits: torch.Tensor, s: SamplingParams) -> torch.Tensor:
     """float32 (B, V) logits after temperature, top-k and top-p (removed tokens at -inf)."""
-    x = logits.float() / s.temperature
+    x = logits.float()
+    if s.temperature != 1.0:  # x / 1.0 is x: no pass over (B, V) per decoding step for RL's usual temperature
+        x = x / s.temperature
     vocab = x.shape[-1]
     if 0 < s.top_k < vocab:
         kth = torch.topk(x, s.top_k, dim=-1).values[:, -1:]
