@@ -18,8 +18,9 @@ used before its own engine), generation only. `posttrain-eager` (for `--device c
 Each (framework, model, dtype) runs in a fresh process, alternating A B A B (`--repeats`), and reports the median
 over its measured steps and repeats: s/step, generation and training seconds (training = the step minus generation
 and scoring), completion tokens/s, peak resident memory of the process, training GFLOP/s (6 x parameters x tokens
-/ training time, tokens = prompt + completion tokens of the step) and decode tokens/s, the latter two beside the
-2048^2 matmul ceiling measured in this same run (for decoding: 2 x parameters x tokens / time, as a share of it).
+/ training time, tokens = prompt + completion tokens of the step, every sample's prompt counted as TRL computes
+it), computed GFLOP/s (the same with the tokens each framework computes: posttrain's shared-prompt path computes a
+prompt once for its N samples) and decode tokens/s, these beside the 2048^2 matmul ceiling measured in this same run (for decoding: 2 x parameters x tokens / time, as a share of it).
 The header names the CPU, the vector class its kernels run at (AMX, AVX-512, AVX2) and whether bf16 is native, and
 any emulation in force: `ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2` runs a
 newer CPU's kernels as an AVX2-only CPU's (not its clock, caches or memory).
@@ -204,6 +205,8 @@ def run_posttrain(workdir: Path, model: str, dtype: str, steps: int, device: str
         gen, reward, step = m["timing_s/gen"], m.get("timing_s/reward", 0.0), m["timing_s/step"]
         out.append(dict(step=step, gen=gen, train=step - gen - reward, tokens=m["response_length/mean"] * PROMPTS * N,
                         all_tokens=(m["response_length/mean"] + m["prompt_length/mean"]) * PROMPTS * N,
+                        # the shared-prompt path computes each prompt once for its N samples
+                        computed_tokens=m["prompt_length/mean"] * PROMPTS + m["response_length/mean"] * PROMPTS * N,
                         graphs=getattr(trainer.parts.engine, "graphs_recorded", 0)))
     return out
 
@@ -343,12 +346,15 @@ def _param_count(path: Path) -> int:
 def summarise(results: list[dict], params: int, ceiling: float) -> dict:
     steps = [s for r in results for s in r["steps"]]
     med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "train", "tokens", "all_tokens")}
+    med["computed_tokens"] = statistics.median(s.get("computed_tokens", s["all_tokens"]) for s in steps)
     out = dict(med, rss=max(r["rss"] for r in results), gpu=max(r.get("gpu", 0.0) for r in results))
     out["tok_s"] = med["tokens"] / med["step"]
     out["decode_tok_s"] = med["tokens"] / med["gen"]
     out["decode_ceiling"] = 2 * params * med["tokens"] / med["gen"] / 1e9 / ceiling
     out["train_gflops"] = 6 * params * med["all_tokens"] / med["train"] / 1e9 if med["train"] > 0 else 0.0
     out["train_ceiling"] = out["train_gflops"] / ceiling
+    out["computed_gflops"] = 6 * params * med["computed_tokens"] / med["train"] / 1e9 if med["train"] > 0 else 0.0
+    out["computed_ceiling"] = out["computed_gflops"] / ceiling
     return out
 
 
@@ -411,8 +417,9 @@ def main() -> None:
     print(f"# matmul ceiling at the end: {', '.join(f'{d} {g:.0f}' for d, g in end_ceiling.items())} GFLOP/s "
           f"({cpu_description(args.device)})\n")
     print("| model, dtype | framework | s/step | gen s | train s | completion tok/s | decode tok/s (% ceiling) | "
-          "train GFLOP/s (% ceiling) | peak RSS GB |" + (" peak GPU GB |" if args.device == "cuda" else ""))
-    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if args.device == "cuda" else ""))
+          "train GFLOP/s (% ceiling) | computed GFLOP/s (% ceiling) | peak RSS GB |"
+          + (" peak GPU GB |" if args.device == "cuda" else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.device == "cuda" else ""))
     ratios = []
     for model in models:
         for dtype in dtypes:
@@ -425,9 +432,11 @@ def main() -> None:
                 rows[fw] = s
                 train = f"{s['train']:.2f}" if fw != "generate" else "-"
                 gflops = f"{s['train_gflops']:.0f} ({100 * s['train_ceiling']:.0f}%)" if fw != "generate" else "-"
+                computed = (f"{s['computed_gflops']:.0f} ({100 * s['computed_ceiling']:.0f}%)" if fw != "generate"
+                            else "-")
                 print(f"| {model} {dtype} ({res[0]['params'] / 1e6:.1f}M) | {fw} | {s['step']:.2f} | {s['gen']:.2f} | "
                       f"{train} | {s['tok_s']:.0f} | {s['decode_tok_s']:.0f} ({100 * s['decode_ceiling']:.1f}%) | "
-                      f"{gflops} | {s['rss']:.2f} |" + (f" {s['gpu']:.2f} |" if args.device == "cuda" else ""))
+                      f"{gflops} | {computed} | {s['rss']:.2f} |" + (f" {s['gpu']:.2f} |" if args.device == "cuda" else ""))
             if "posttrain" in rows:
                 pt = rows["posttrain"]
                 line = [f"{model} {dtype}:"]
