@@ -156,17 +156,17 @@ class FakeDist(SimpleNamespace):
     def is_initialized(self):
         return True
 
-    def get_world_size(self):
+    def get_world_size(self, group=None):
         return 4
 
     def get_rank(self):
         return self.rank
 
-    def all_gather_object(self, out, mine):
+    def all_gather_object(self, out, mine, group=None):
         self.events.append("collective")
         out[:] = [mine if r == self.rank else self.others_say.get(r) for r in range(4)]
 
-    def broadcast_object_list(self, objects, src):
+    def broadcast_object_list(self, objects, src, group=None):
         self.events.append("collective")
         if self.rank != src:
             objects[0] = self.others_say.get(src)
