@@ -21,32 +21,9 @@ import torch
 from transformers import AttentionInterface
 
 from .decode_state import DecodeState
-from .prefix_buckets import bucketed_attention
+from .prefix_buckets import bucketed_attention, gather_rows, grouped, scatter_rows, ungrouped
 
 ATTENTION_NAME = "posttrain_shared_prefix"
-
-
-def _grouped(x: torch.Tensor, prompts: int, group: int) -> torch.Tensor:
-    """(prompts * group, kv, g, d) -> (prompts, kv, group * g, d): the queries of one prompt's samples together."""
-    _, kv, g, d = x.shape
-    return x.view(prompts, group, kv, g, d).transpose(1, 2).reshape(prompts, kv, group * g, d)
-
-
-def _ungrouped(x: torch.Tensor, group: int) -> torch.Tensor:
-    """Inverse of `_grouped`."""
-    prompts, kv, gg, d = x.shape
-    g = gg // group
-    return x.view(prompts, kv, group, g, d).transpose(1, 2).reshape(prompts * group, kv, g, d)
-
-
-def _scatter_rows(x: torch.Tensor, rows: torch.Tensor | None, total: int) -> torch.Tensor:
-    if rows is None:
-        return x
-    return x.new_zeros((total, *x.shape[1:])).index_copy_(0, rows, x)
-
-
-def _gather_rows(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-    return x if rows is None else x.index_select(0, rows)
 
 
 def shared_prefix_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
@@ -73,14 +50,14 @@ def shared_prefix_attention(module, query, key, value, attention_mask, dropout: 
     if buckets is not None:
         out = bucketed_attention(state, buckets, module.layer_idx, q, own.view(rows, kv_heads, g, width), value, scale)
         return out.reshape(rows, 1, heads, value.shape[-1]), None
-    q_grouped = _grouped(_scatter_rows(q, state.rows, total), prompts, state.group)
+    q_grouped = grouped(scatter_rows(q, state.rows, total), prompts, state.group)
     shared = torch.matmul(q_grouped, prefix_k.transpose(-1, -2))  # (prompts, kv, group * g, P)
-    shared = _gather_rows(_ungrouped(shared, state.group), state.rows)  # (rows, kv, g, P)
+    shared = gather_rows(ungrouped(shared, state.group), state.rows)  # (rows, kv, g, P)
     # one op: scale, mask and the float32 upcast (the bias is float32)
     scores = torch.add(state.bias, torch.cat([shared, own.view(rows, kv_heads, g, width)], dim=-1), alpha=scale)
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    p_grouped = _grouped(_scatter_rows(probs[..., :plen], state.rows, total), prompts, state.group)
-    out = _gather_rows(_ungrouped(torch.matmul(p_grouped, prefix_v), state.group), state.rows)
+    p_grouped = grouped(scatter_rows(probs[..., :plen], state.rows, total), prompts, state.group)
+    out = gather_rows(ungrouped(torch.matmul(p_grouped, prefix_v), state.group), state.rows)
     own_out = torch.bmm(probs[..., plen:].reshape(rows * kv_heads, g, width), value.view(rows * kv_heads, width, -1))
     out = out + own_out.view(rows, kv_heads, g, -1)
     return out.reshape(rows, 1, heads, value.shape[-1]), None

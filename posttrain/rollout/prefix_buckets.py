@@ -109,22 +109,26 @@ def choose(state) -> list[Bucket] | None:
     return buckets
 
 
-def _grouped(x: torch.Tensor, local: torch.Tensor | None, slots: int, group: int) -> torch.Tensor:
-    """(rows, kv, g, d) placed among slots x group -> (slots, kv, group * g, d): one slot's queries together."""
-    if local is not None:
-        x = x.new_zeros((slots * group, *x.shape[1:])).index_copy_(0, local, x)
+def grouped(x: torch.Tensor, prompts: int, group: int) -> torch.Tensor:
+    """(prompts * group, kv, g, d) -> (prompts, kv, group * g, d): the queries of one prompt's samples together."""
     _, kv, g, d = x.shape
-    return x.view(slots, group, kv, g, d).transpose(1, 2).reshape(slots, kv, group * g, d)
+    return x.view(prompts, group, kv, g, d).transpose(1, 2).reshape(prompts, kv, group * g, d)
 
 
-def _ungrouped(x: torch.Tensor, local: torch.Tensor | None, group: int) -> torch.Tensor:
-    """Inverse of `_grouped`: (slots, kv, group * g, d) -> (rows, kv, g, d)."""
-    slots, kv, gg, d = x.shape
-    x = x.view(slots, kv, group, gg // group, d).transpose(1, 2).reshape(slots * group, kv, gg // group, d)
-    return x if local is None else x.index_select(0, local)
+def ungrouped(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Inverse of `grouped`."""
+    prompts, kv, gg, d = x.shape
+    g = gg // group
+    return x.view(prompts, kv, group, g, d).transpose(1, 2).reshape(prompts * group, kv, g, d)
 
 
-def _pick(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+def scatter_rows(x: torch.Tensor, rows: torch.Tensor | None, total: int) -> torch.Tensor:
+    if rows is None:
+        return x
+    return x.new_zeros((total, *x.shape[1:])).index_copy_(0, rows, x)
+
+
+def gather_rows(x: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     return x if rows is None else x.index_select(0, rows)
 
 
@@ -140,14 +144,16 @@ def bucketed_attention(state, buckets: list[Bucket], layer: int, q: torch.Tensor
     for b in buckets:
         pk, pv = b.prefix(state, layer)
         slots = pk.shape[0]
-        shared = torch.matmul(_grouped(_pick(q, b.rows), b.local, slots, state.group), pk.transpose(-1, -2))
-        shared = _ungrouped(shared, b.local, state.group)
-        bias = _pick(state.bias, b.rows)[..., P - b.width:]
+        q_grouped = grouped(scatter_rows(gather_rows(q, b.rows), b.local, slots * state.group), slots, state.group)
+        shared = torch.matmul(q_grouped, pk.transpose(-1, -2))
+        shared = gather_rows(ungrouped(shared, state.group), b.local)
+        bias = gather_rows(state.bias, b.rows)[..., P - b.width:]
         # one op: scale, mask and the float32 upcast (the bias is float32)
-        probs = torch.softmax(torch.add(bias, torch.cat([shared, _pick(own, b.rows)], dim=-1), alpha=scale), dim=-1)
+        scores = torch.add(bias, torch.cat([shared, gather_rows(own, b.rows)], dim=-1), alpha=scale)
+        probs = torch.softmax(scores, dim=-1)
         probs = probs.to(value.dtype)
-        prefix_out = _ungrouped(torch.matmul(_grouped(probs[..., :b.width], b.local, slots, state.group), pv),
-                                b.local, state.group)
+        p_grouped = grouped(scatter_rows(probs[..., :b.width], b.local, slots * state.group), slots, state.group)
+        prefix_out = gather_rows(ungrouped(torch.matmul(p_grouped, pv), state.group), b.local)
         if own_probs is None:
             out, own_probs = prefix_out, probs[..., b.width:]
         else:
