@@ -516,6 +516,57 @@ def _elements_written_by_backward(loss: torch.Tensor) -> int:
     return Count.total
 
 
+def _attention_after_prompt_by_loops(q, k, v, pk, pv, bounds, prompt_bounds, row_prompt, scale):
+    """Each response token's attention written out: its prompt's keys, then its own row's up to itself; query head
+    h reads key head h // (H / Hk)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    out = torch.zeros(q.shape[2], heads, q.shape[3], dtype=q.dtype)
+    rows = []
+    for row, prompt in enumerate(row_prompt):
+        ps, pe = prompt_bounds[prompt], prompt_bounds[prompt + 1]
+        for t in range(bounds[row], bounds[row + 1]):
+            tokens = []
+            for h in range(heads):
+                kh = h // (heads // kv_heads)
+                keys = torch.cat([pk[0, kh, ps:pe], k[0, kh, bounds[row]:t + 1]])
+                values = torch.cat([pv[0, kh, ps:pe], v[0, kh, bounds[row]:t + 1]])
+                weights = torch.softmax(keys @ q[0, h, t] * scale, dim=0)
+                tokens.append(weights @ values)
+            rows.append((t, torch.stack(tokens)))
+    return torch.stack([o for _, o in sorted(rows, key=lambda x: x[0])]) if rows else out
+
+
+@pytest.mark.parametrize("case", ["uneven, out of prompt order, an empty row", "equal rows in prompt order"])
+def test_responses_after_their_prompt_equal_the_attention_written_out(case):
+    """Responses grouped by prompt and padded in one sdpa call per prompt: outputs and the gradients of every
+    input (the prompt's keys and values get each sharer's) equal a per-token float64 loop."""
+    from posttrain.models.packed import Packing, attention_after_prompt
+
+    if case.startswith("uneven"):
+        lengths, row_prompt, prompt_lengths = [3, 1, 4, 0, 2, 2, 5], [0, 2, 0, 1, 2, 2, 1], [2, 5, 3]
+    else:
+        lengths, row_prompt, prompt_lengths = [3, 3, 3, 3], [0, 0, 1, 1], [4, 2]
+    bounds = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+    prompt_bounds = [sum(prompt_lengths[:i]) for i in range(len(prompt_lengths) + 1)]
+    packing = Packing(torch.tensor(bounds, dtype=torch.int32), bounds, max(lengths))
+    prompts = Packing(torch.tensor(prompt_bounds, dtype=torch.int32), prompt_bounds, max(prompt_lengths))
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, h, bounds[-1], 4, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    pk, pv = (torch.randn(1, 2, prompt_bounds[-1], 4, generator=g, dtype=torch.float64) for _ in range(2))
+    weight = torch.randn(bounds[-1], 4, 4, generator=g, dtype=torch.float64)
+    grads = []
+    for run in ("code", "loops"):
+        inputs = [x.clone().requires_grad_() for x in (q, k, v, pk, pv)]
+        if run == "code":
+            out = attention_after_prompt(*inputs, prompts, packing, row_prompt, scaling=0.5)[0][0]
+        else:
+            out = _attention_after_prompt_by_loops(*inputs, bounds, prompt_bounds, row_prompt, 0.5)
+        (out * weight).sum().backward()
+        grads.append([out.detach()] + [x.grad for x in inputs])
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
 def test_packed_attention_backward_work_grows_linearly_with_the_rows():
     """The backward pass of packed attention (each row alone, and responses after their shared prompts) writes a
     bounded number of elements per packed token: no row's gradient spans the whole packed row (which, summed over
