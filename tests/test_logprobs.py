@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from posttrain.models import logprobs
 from posttrain.models.logprobs import _chunked, _linear_projection, response_logprobs
 from posttrain.models.tiny import build_tiny_model
 
@@ -83,8 +84,10 @@ def test_tensor_level_gradients_match_unchunked():
         torch.testing.assert_close(a, b.to(a.dtype), atol=1e-5, rtol=1e-5)
 
 
-def test_backward_keeps_no_full_logits():
-    """With grad on, no (rows, V) tensor is saved for backward: each chunk is recomputed under checkpoint."""
+def test_backward_keeps_no_full_logits(monkeypatch):
+    """With grad on and logits over the budget, no (rows, V) tensor is saved for backward: each chunk is recomputed
+    under checkpoint."""
+    monkeypatch.setattr(logprobs, "KEPT_LOGITS_BYTES", 40 * 50 * 4 - 1)
     hidden, weight, labels = _tensors(n=40, h=16, v=50)
     hidden.requires_grad_()
     weight.requires_grad_()
@@ -100,6 +103,49 @@ def test_backward_keeps_no_full_logits():
     assert all(not (len(s) == 2 and s[-1] == 50) for s in saved), saved
     (logp.sum() + ent.sum()).backward()
     assert torch.isfinite(weight.grad).all() and hidden.grad.abs().sum() > 0
+
+
+def test_logits_within_the_budget_are_kept_not_recomputed(monkeypatch):
+    """Under the budget each chunk's logits are projected once (the backward pass reuses them); over it, twice.
+    Both give the unchunked float64 gradients."""
+    hidden, weight, labels = _tensors(n=40, h=16, v=50)
+    coef = torch.linspace(-1, 1, 40, dtype=torch.float64)
+    h64 = hidden.double().requires_grad_()
+    lp, ent = reference(h64 @ weight.double().T, labels)
+    ((lp * coef).sum() + 0.3 * ent.sum()).backward()
+    for budget, projections in ((40 * 50 * 4, 5), (40 * 50 * 4 - 1, 10)):
+        monkeypatch.setattr(logprobs, "KEPT_LOGITS_BYTES", budget)
+        calls = []
+        project = _linear_projection(weight, None)
+        h = hidden.clone().requires_grad_()
+        logp, ent = _chunked(h, labels, lambda x: calls.append(1) or project(x), [weight], temperature=1.0,
+                             chunk_size=8, with_entropy=True)
+        ((logp * coef.float()).sum() + 0.3 * ent.sum()).backward()
+        assert len(calls) == projections, (budget, len(calls))
+        torch.testing.assert_close(h.grad.double(), h64.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_label_log_prob_gradient_is_one_hot_minus_softmax():
+    """The fused log-prob's backward against the derivative written out: d logp_y / dz = onehot(y) - softmax(z),
+    d lse / dz = softmax(z), each weighted by its own upstream gradient (one or both may be absent)."""
+    from posttrain.models.logprobs import _LabelLogProb
+
+    g = torch.Generator().manual_seed(3)
+    z0 = torch.randn(6, 9, dtype=torch.float64, generator=g)
+    labels = torch.randint(0, 9, (6,), generator=g)
+    a, b = torch.randn(6, dtype=torch.float64, generator=g), torch.randn(6, dtype=torch.float64, generator=g)
+    for use_logp, use_lse in ((True, True), (True, False), (False, True)):
+        z = z0.clone().requires_grad_()
+        logp, lse = _LabelLogProb.apply(z, labels)
+        loss = (a * logp).sum() * use_logp + (b * lse).sum() * use_lse
+        loss.backward()
+        expected = torch.zeros_like(z0)
+        for i in range(6):
+            for v in range(9):
+                p = torch.exp(z0[i, v]) / torch.exp(z0[i]).sum()
+                expected[i, v] = use_logp * a[i] * (float(v == labels[i]) - p) + use_lse * b[i] * p
+        torch.testing.assert_close(z.grad, expected)
+        torch.testing.assert_close(logp, torch.log_softmax(z0, -1)[torch.arange(6), labels])
 
 
 def test_bf16_autocast_close():

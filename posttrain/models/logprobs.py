@@ -3,8 +3,9 @@
 Why chunks: a full ``tokens x vocabulary`` float32 log-softmax is the largest tensor of an RL step (e.g. 16k
 response tokens x 152k vocabulary x 4 bytes = 10 GB). We project only the hidden states that predict response
 tokens, ``chunk_size`` rows at a time, and reduce each chunk to two numbers per token (log-prob, entropy) before
-the next one. Under autograd each chunk runs inside ``torch.utils.checkpoint`` so the backward pass recomputes one
-chunk of logits at a time instead of keeping all of them alive.
+the next one. Under autograd, when all the logits would take more than ``KEPT_LOGITS_BYTES``, each chunk runs inside
+``torch.utils.checkpoint`` so the backward pass recomputes one chunk of logits at a time instead of keeping all of
+them alive; below that (a small vocabulary, few tokens) they are kept, and the backward pass does not recompute them.
 
 Layout convention (shared by rollout, roles and trainer): ``input_ids = prompt || response`` with the prompt
 left-padded to length P and the response right-padded to length L. The hidden state at position ``t`` predicts
@@ -32,6 +33,30 @@ Projection = Callable[[Tensor], Tensor]
 SUPPRESSED_LOGIT = -1e9  # finite, so that p * z stays 0 in the entropy
 # `with_entropy=SUM_PI_SQUARED` everywhere below: the second output is sum_v softmax(z)_v^2 instead of the entropy
 SUM_PI_SQUARED = "sum_pi_squared"
+# All of a call's logits up to this size stay alive for the backward pass instead of being recomputed chunk by chunk
+# (2,048 x 8,192 tokens in float32 is 64 MiB; a 152k vocabulary exceeds it from 442 tokens on)
+KEPT_LOGITS_BYTES = 256 * 2**20
+
+
+class _LabelLogProb(torch.autograd.Function):
+    """(log softmax(z)[label], logsumexp(z)) per row from one fused log-softmax; the backward pass writes
+    softmax(z) * (g_lse - g) plus g at the label in place: two passes over the chunk where autograd's gather and
+    logsumexp take about six (and as many chunk-sized temporaries)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, labels: Tensor):
+        logp_all = torch.log_softmax(z, dim=-1)
+        ctx.save_for_backward(logp_all, labels)
+        return logp_all.gather(-1, labels[:, None]).squeeze(-1), z[:, 0] - logp_all[:, 0]
+
+    @staticmethod
+    def backward(ctx, g_logp, g_lse):
+        logp_all, labels = ctx.saved_tensors
+        if g_logp is None:
+            g_logp = torch.zeros_like(logp_all[:, 0])
+        weight = -g_logp if g_lse is None else g_lse - g_logp
+        grad = logp_all.exp().mul_(weight[:, None])
+        return grad.scatter_add_(-1, labels[:, None], g_logp[:, None]), None
 
 
 def _chunk_stats(
@@ -53,8 +78,7 @@ def _chunk_stats(
         z = z / temperature
     if suppressed is not None:  # tokens the sampler never draws (a VL model's vision tokens): probability 0
         z = z.index_fill(-1, suppressed, SUPPRESSED_LOGIT)
-    lse = torch.logsumexp(z, dim=-1)
-    logp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    logp, lse = _LabelLogProb.apply(z, labels)
     if isinstance(extra, int):
         top = torch.topk(z, extra, dim=-1)
         extras = (top.values - lse.unsqueeze(-1), top.indices)
@@ -83,8 +107,8 @@ def _chunked(
     suppressed: Tensor | None = None,
     extra: Tensor | int | None = None,
 ) -> tuple[Tensor, ...]:
-    """Run ``_chunk_stats`` over row chunks, checkpointing each one when a gradient will flow through it; with
-    ``extra`` a third output: the (N, K) log-probs of the ids ``extra``, or (int k) a pair of the top-k log-probs and
+    """Run ``_chunk_stats`` over row chunks, checkpointing each one when a gradient will flow through it and all the
+    logits would outgrow ``KEPT_LOGITS_BYTES``; with ``extra`` a third output: the (N, K) log-probs of the ids ``extra``, or (int k) a pair of the top-k log-probs and
     their ids."""
     if hidden.dim() != 2 or labels.dim() != 1 or hidden.shape[0] != labels.shape[0]:
         raise ValueError(f"expected hidden (N, H) and labels (N,), got {tuple(hidden.shape)} and {tuple(labels.shape)}")
@@ -103,18 +127,28 @@ def _chunked(
                                                                   else wide)
     labels = labels.long()
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in params))
+    recompute = needs_grad and _logits_bytes(project, params, n) > KEPT_LOGITS_BYTES
     outs = []
     for start in range(0, n, chunk_size):
         h, y = hidden[start : start + chunk_size], labels[start : start + chunk_size]
         x = extra[start : start + chunk_size].long() if isinstance(extra, Tensor) else extra
         args = (h, y, project, temperature, softcap, with_entropy, suppressed, x)
-        outs.append(checkpoint(_chunk_stats, *args, use_reentrant=False) if needs_grad else _chunk_stats(*args))
+        outs.append(checkpoint(_chunk_stats, *args, use_reentrant=False) if recompute else _chunk_stats(*args))
     cat = [o[0] if len(outs) == 1 else torch.cat(o) for o in zip(*outs)]
     logp, rest = cat[0], cat[1:]
     entropy = rest.pop(0) if with_entropy else None
     if extra is None:
         return logp, entropy
     return logp, entropy, (tuple(rest) if isinstance(extra, int) else rest[0])
+
+
+def _logits_bytes(project: Projection, params: list[Tensor], rows: int) -> float:
+    """What `rows` rows of float32 logits take: the vocabulary is the head weight's rows, or the head module's
+    `out_features`; unknown counts as unbounded (the chunks are then recomputed)."""
+    width = getattr(project, "out_features", None)
+    if width is None and not isinstance(project, nn.Module) and params and params[0].dim() == 2:
+        width = params[0].shape[0]
+    return float("inf") if width is None else 4.0 * rows * width
 
 
 def _linear_projection(weight: Tensor, bias: Tensor | None) -> Projection:
