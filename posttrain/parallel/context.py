@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
+from ..host_memory import keep_freed_memory
 
 _joined_process_group = False  # this process has run collectives: see exit_process
 _peers = None  # the process group of this process's peers: None = the whole job (asynchronous RL: its own group)
@@ -255,6 +256,8 @@ def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1
                           "False); use trainer.device=auto or cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if not use_cuda:  # each step's activations reuse the last step's pages (host_memory.py)
+        keep_freed_memory()
     if world == 1 and not need_sharding and tp == 1 and sp == 1:
         return Parallel(device=torch.device("cuda") if use_cuda else device)
     dims = ParallelDims.of(world, fsdp_size=fsdp_size, tp=tp, sp=sp)

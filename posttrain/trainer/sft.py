@@ -16,6 +16,7 @@ import torch
 
 from ..data.dataset import SFTDataset
 from ..progress import ProgressBar
+from ..host_memory import keep_freed_memory
 from ..models.load import autocast, compute_dtype, load_causal_lm, load_tokenizer, pick_device
 from ..models.vision import forward_inputs, freeze_vision_tower, is_vision_config, load_vision_processor
 from ..roles.common import adamw_with_schedule, step_or_drop
@@ -114,6 +115,8 @@ def run_sft(args: SFTArgs) -> dict:
     check_sft_args(args)
     torch.manual_seed(args.seed)
     device, out = pick_device(args.device), Path(args.output_dir)
+    if torch.device(device).type == "cpu":
+        keep_freed_memory()
     dtype = compute_dtype(args.dtype, device)
     tok = load_tokenizer(args.model_path, key="--model")
     processor = load_vision_processor(args.model_path, tok, key="--model")  # None for a text-only model
