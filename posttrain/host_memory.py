@@ -8,7 +8,7 @@ steps the process holds what its last step freed (its resident size stays near t
 back), up to 2 GiB above the heap's top.
 
 Only glibc is tuned, only once, and not where the process already chose: an allocator preloaded in its place
-(jemalloc, tcmalloc), any `MALLOC_*_` variable of glibc's own, or `POSTTRAIN_KEEP_FREED_MEMORY=0`.
+(jemalloc, tcmalloc), glibc's own `MALLOC_*` variables or malloc tunables, or `POSTTRAIN_KEEP_FREED_MEMORY=0`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def keep_freed_memory() -> bool:
     preload = os.environ.get("LD_PRELOAD", "")
     if any(name in preload for name in ("jemalloc", "tcmalloc", "mimalloc")):
         return False
-    if any(key.startswith("MALLOC_") and key.endswith("_") for key in os.environ):
+    if any(key.startswith("MALLOC_") for key in os.environ) or "malloc" in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # A unit is a package of posttrain (or a top-level module); a dotted name (data.preprocess) is a part of a package
 # that sits in a layer of its own. Why each layer sits where it does: docs/architecture.md, "Layers".
 LAYERS = [
-    ("errors", "progress"),
+    ("errors", "progress", "host_memory"),
     ("algo", "parallel"),
     ("models",),
     ("data",),
