@@ -69,6 +69,34 @@ def test_rollout_shapes_groups_and_greedy_determinism(tiny_model_dir, tiny_token
     assert torch.equal(g1["responses"], g2["responses"])
 
 
+def test_decode_returns_the_version_of_each_forward_and_none_without_a_hook(tiny_model_dir, tiny_tokenizer):
+    """`decode`, what `generate` and the multi-turn loop run each chunk through: without a `between_steps` hook it
+    returns no versions; with one, the hook names the version before the prefill and before each decoding step of
+    posttrain's engine (k tokens: k versions, the hook called k times, never by the engine's self-check), and once
+    per chunk for transformers' generate, which cannot swap weights mid-chunk; the tokens are those decoded without
+    the hook."""
+    from posttrain.rollout.engine import DecodeEngine
+    from posttrain.rollout.weights import inference_weights
+
+    model = load_causal_lm(str(tiny_model_dir), device=CPU)
+    batch = prompts_batch(tiny_tokenizer, ["1+2=", "33+44="])
+    s = SamplingParams(n=1, do_sample=False, max_new_tokens=5, ignore_eos=True)
+    for kind, forwards in ((DecodeEngine, s.max_new_tokens), (TransformersGenerate, 1)):
+        engine = kind(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+        calls = []
+        with inference_weights(engine.model, engine.dtype) as weights:
+            plain, _, none = engine.decode(weights, batch["prompts"], batch["prompt_mask"], s)
+            engine.between_steps = lambda decoding: calls.append(decoding) or 10 * len(calls)
+            fresh = kind(model, tiny_tokenizer, device=CPU, dtype=torch.float32)  # its self-check still to run
+            fresh.between_steps = engine.between_steps
+            for e in (engine, fresh):
+                calls.clear()
+                tokens, _, versions = e.decode(weights, batch["prompts"], batch["prompt_mask"], s)
+                assert none is None and torch.equal(tokens, plain), kind
+                assert versions == [10 * (i + 1) for i in range(forwards)] and len(calls) == forwards, kind
+                assert all(c is weights for c in calls) and e.step_versions is None
+
+
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_actor_gradient_does_not_depend_on_micro_batches(tiny_model_dir, tiny_tokenizer, mode):
     """Same mini-batch, one pass vs micro-batches of 1 and 3: the same accumulated gradient (KL and entropy on)."""

@@ -158,16 +158,7 @@ class EpisodeRunner:
             s = SamplingParams(n=1, do_sample=sampling.do_sample, temperature=sampling.temperature,
                                top_p=sampling.top_p, top_k=sampling.top_k, max_new_tokens=room,
                                logprobs=sampling.logprobs)
-            partial = getattr(engine, "between_steps", None) is not None
-            if partial:  # the prefill's version, then the engine records one per decoding step
-                engine.step_versions = []
-                engine._weights_version(model)
-            try:
-                tokens, logprobs = engine._generate(model, ids, mask, s)
-            finally:
-                step_versions = engine.step_versions if partial else None
-                if partial:
-                    engine.step_versions = None
+            tokens, logprobs, step_versions = engine.decode(model, ids, mask, s)
             steps = {}
             for j, e in enumerate(live):
                 own = tokens[j, : budget - len(episodes[e].tokens)].tolist()

@@ -55,8 +55,8 @@ class RolloutEngine:
 
     The input batch holds left-padded `prompts` / `prompt_mask` (B, P) and per-prompt meta; every row is repeated
     `sampling.n` times (consecutively, sharing a `uid`). An engine implements `_generate` on one chunk of rows
-    (`micro_batch_size` prompts); this class splits the batch, runs it on the inference weights and assembles the
-    responses and their masks.
+    (`micro_batch_size` prompts); this class splits the batch, runs each chunk through `decode` on the inference
+    weights and assembles the responses and their masks. The multi-turn loop calls `decode` too.
     """
 
     def __init__(self, model, tokenizer, *, device, dtype, micro_batch_size: int | None = None):
@@ -73,7 +73,7 @@ class RolloutEngine:
 
     def _weights_version(self, model) -> None:
         """Between two decoding steps of a chunk: let `between_steps` swap weights, and record the version the next
-        token is sampled with (nothing outside `generate`'s chunks, e.g. in the self-check)."""
+        token is sampled with (nothing outside `decode`, e.g. in the self-check)."""
         if self.between_steps is not None and self.step_versions is not None:
             self.step_versions.append(int(self.between_steps(model)))
 
@@ -86,13 +86,10 @@ class RolloutEngine:
             self.prepare(model)
             parts, versions = [], []
             for i in range(0, len(out), chunk):
-                self.step_versions = []
-                self._weights_version(model)  # token 0 (the prefill's) and tokens until the next swap
-                try:
-                    parts.append(self._generate(model, out["prompts"][i:i + chunk], out["prompt_mask"][i:i + chunk],
-                                                sampling, images=images[i:i + chunk] if images is not None else None))
-                finally:
-                    steps, self.step_versions = self.step_versions, None
+                tokens, logprobs, steps = self.decode(model, out["prompts"][i:i + chunk],
+                                                      out["prompt_mask"][i:i + chunk], sampling,
+                                                      images=images[i:i + chunk] if images is not None else None)
+                parts.append((tokens, logprobs))
                 versions.append(steps)
         width = max(p.shape[1] for p, _ in parts)
         pad = torch.nn.functional.pad
@@ -108,6 +105,21 @@ class RolloutEngine:
         out["input_ids"] = torch.cat([out["prompts"], responses], dim=1)
         out["attention_mask"] = torch.cat([out["prompt_mask"], mask], dim=1)
         return out
+
+    def decode(self, model, prompts: torch.Tensor, prompt_mask: torch.Tensor, s: SamplingParams, *,
+               images: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None, list[int] | None]:
+        """One chunk of rows on the decoding weights `model`: `_generate`'s tokens and log-probs, and with a
+        `between_steps` hook the versions that sampled them (else None): the prefill's, for token 0, then one per
+        decoding step the engine records (the last one samples every later token)."""
+        partial = self.between_steps is not None
+        self.prepare(model)  # before the bracket: a self-check decodes too, and its steps are no chunk's
+        self.step_versions = []
+        self._weights_version(model)  # token 0 (the prefill's) and tokens until the next swap
+        try:
+            tokens, logprobs = self._generate(model, prompts, prompt_mask, s, images=images)
+        finally:
+            steps, self.step_versions = self.step_versions, None
+        return tokens, logprobs, steps if partial else None
 
     def ready(self) -> None:
         """Make the engine's one-time decisions now, as `generate` does first. A sharded model's ranks make them
