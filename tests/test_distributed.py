@@ -100,12 +100,21 @@ def run_layout(fixed_batch, tiny_model_dir, name: str, nproc: int, extra: list[s
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                str(WORKER), str(out / "spec.json")]
     result = run_processes(cmd, env, timeout)
-    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.returncode == 0, first_and_last(result.stderr)
     return out
 
 
+def first_and_last(stderr: str, each: int = 3000) -> str:
+    """The start and the end of a failed job's output. The rank that failed first says why at the start (a C++
+    abort's message, the Python stack faulthandler prints); the other ranks' tracebacks ("Connection closed by
+    peer") and torchrun's summary come after it, and fill the end."""
+    return stderr if len(stderr) <= 2 * each else f"{stderr[:each]}\n[...]\n{stderr[-each:]}"
+
+
 def run_processes(cmd: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:
-    """`cmd`, stopped with its workers (torchrun ends them on SIGTERM) if it runs past `timeout`: a hang."""
+    """`cmd`, stopped with its workers (torchrun ends them on SIGTERM) if it runs past `timeout`: a hang. A
+    process that dies of a signal (an abort in gloo's threads) prints each of its threads' Python stack."""
+    env = {"PYTHONFAULTHANDLER": "1", **env}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
