@@ -108,8 +108,8 @@ def _chunked(
     extra: Tensor | int | None = None,
 ) -> tuple[Tensor, ...]:
     """Run ``_chunk_stats`` over row chunks, checkpointing each one when a gradient will flow through it and all the
-    logits would outgrow ``KEPT_LOGITS_BYTES``; with ``extra`` a third output: the (N, K) log-probs of the ids ``extra``, or (int k) a pair of the top-k log-probs and
-    their ids."""
+    logits would outgrow ``KEPT_LOGITS_BYTES``; with ``extra`` a third output: the (N, K) log-probs of the ids
+    ``extra``, or (int k) a pair of the top-k log-probs and their ids."""
     if hidden.dim() != 2 or labels.dim() != 1 or hidden.shape[0] != labels.shape[0]:
         raise ValueError(f"expected hidden (N, H) and labels (N,), got {tuple(hidden.shape)} and {tuple(labels.shape)}")
     if chunk_size < 1:

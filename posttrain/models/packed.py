@@ -191,8 +191,7 @@ def _sharer_layout(rows: Packing, row_prompt: list[int], device) -> _SharerLayou
     for members, width in zip(groups.values(), longest):
         for row in members:
             start, length = rows.bounds[row], lengths[row]
-            for t in range(length):
-                packed[start + t] = len(padded) + t
+            packed[start:start + length] = range(len(padded), len(padded) + length)
             padded.extend(range(start, start + length))
             padded.extend([start + length - 1] * (width - length))
     same = padded == list(range(rows.bounds[-1]))

@@ -83,8 +83,7 @@ class RolloutEngine:
         chunk = self.micro_batch_size * sampling.n if self.micro_batch_size else len(out)
         images = out.meta.get(MM_KEY)
         with inference_weights(self.model, self.dtype) as model, attention_backends(torch.device(self.device)):
-            self.prepare(model)
-            parts, versions = [], []
+            parts, versions = [], []  # `decode` makes the one-time decisions first
             for i in range(0, len(out), chunk):
                 tokens, logprobs, steps = self.decode(model, out["prompts"][i:i + chunk],
                                                       out["prompt_mask"][i:i + chunk], sampling,
