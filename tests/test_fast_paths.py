@@ -499,6 +499,121 @@ def test_packed_attention_keeps_each_row_to_itself(tiny_model_dir):
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-6)
 
 
+def _varlen_by_loops(q, k, v, starts, scale, causal, grouped):
+    """What Flash's varlen kernel computes, written out: (N, H, D) rows cut at `starts`, token t of a row reading
+    its row's keys up to itself (all of them without `causal`); query head h reads key head h // (H / Hk), which a
+    kernel without `enable_gqa` refuses."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if kv_heads != heads and not grouped:
+        raise RuntimeError("fewer key/value heads than query heads without enable_gqa")
+    bounds, tokens = starts.tolist(), []
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        for t in range(s, e):
+            end, per_head = (t + 1 if causal else e), []
+            for h in range(heads):
+                kh = h // (heads // kv_heads)
+                per_head.append(torch.softmax(k[s:end, kh] @ q[t, h] * scale, dim=0) @ v[s:end, kh])
+            tokens.append(torch.stack(per_head))
+    return torch.stack(tokens)
+
+
+def varlen_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+    assert cu_seq_q.dtype == torch.int32 and cu_seq_q is cu_seq_k and max_q == max_k
+    return _varlen_by_loops(query, key, value, cu_seq_q, query.shape[-1] ** -0.5, is_causal, False)
+
+
+def varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                window_size=(-1, -1)):
+    assert window_size in ((-1, -1), (-1, 0)) and max_q == max_k
+    return _varlen_by_loops(query, key, value, cu_seq_q, query.shape[-1] ** -0.5 if scale is None else scale,
+                            window_size == (-1, 0), False)
+
+
+def varlen_2_13(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None, scale=None,
+                window_size=(-1, -1), enable_gqa=False, seqused_k=None, block_table=None, num_splits=None):
+    assert window_size in ((-1, -1), (-1, 0)) and max_q == max_k
+    return _varlen_by_loops(query, key, value, cu_seq_q, query.shape[-1] ** -0.5 if scale is None else scale,
+                            window_size == (-1, 0), enable_gqa)
+
+
+@pytest.mark.parametrize("scaling", [None, 0.5, 0.25])
+@pytest.mark.parametrize("kernel", [varlen_2_10, varlen_2_11, varlen_2_13], ids=["torch2.10", "torch2.11", "torch2.13"])
+def test_packed_attention_calls_each_torch_releases_varlen_kernel_with_the_keywords_it_takes(kernel, scaling,
+                                                                                              monkeypatch):
+    """The CUDA half-precision path hands torch's varlen kernel the rows, the causal mask, the scale and the
+    grouped heads in whichever keywords the installed release takes (2.10: `is_causal`, no scale; 2.11: `scale`,
+    `window_size`, no grouped heads; 2.13: `enable_gqa`): outputs and gradients equal the per-row path's. Each
+    stand-in has its release's signature and computes the kernel's sum written out."""
+    import inspect
+
+    from posttrain.models import packed
+
+    lengths = [3, 1, 5, 2]
+    bounds = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+    packing = packed.Packing(torch.tensor(bounds, dtype=torch.int32), bounds, max(lengths))
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, h, bounds[-1], 4, generator=g, dtype=torch.float64) for h in (4, 2, 2))
+    weight = torch.randn(bounds[-1], 4, 4, generator=g, dtype=torch.float64)
+    keywords, results = frozenset(inspect.signature(kernel).parameters), []
+    for varlen in (False, True):
+        if varlen:
+            monkeypatch.setattr(packed, "uses_varlen", lambda query, dropout: True)
+            monkeypatch.setattr(packed, "varlen_kernel", lambda: (kernel, keywords))
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = packed.attention(None, *inputs, packing, scaling=scaling)[0][0]
+        (out * weight).sum().backward()
+        results.append([out.detach()] + [x.grad for x in inputs])
+    for got, want in zip(*reversed(results)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_the_installed_torchs_varlen_kernel_takes_keywords_the_packed_path_knows():
+    from posttrain.models.packed import varlen_kernel
+
+    found = varlen_kernel()
+    if found is None:
+        pytest.skip("this torch has no varlen attention (before 2.10)")
+    keywords = found[1]
+    assert {"window_size", "is_causal"} & keywords and {"cu_seq_q", "cu_seq_k", "max_q", "max_k"} <= keywords
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_packed_half_precision_on_cuda_runs_the_varlen_kernel_as_close_as_the_padded_forward(tiny_model_dir, dtype,
+                                                                                              monkeypatch):
+    """On a GPU in half precision the packed forward runs torch's varlen kernel; its log-probs and gradients are
+    as close to a float64 forward as the padded half-precision forward's (rounding differs, so both are measured
+    against float64, the packed error at most twice the padded one plus a floor)."""
+    from posttrain.models import packed
+
+    calls = []
+    kernel = packed.varlen_kernel()
+    assert kernel is not None, "a CUDA torch without varlen attention"
+    monkeypatch.setattr(packed, "varlen_kernel", lambda: (lambda *a, **kw: calls.append(1) or kernel[0](*a, **kw),
+                                                          kernel[1]))
+    cuda = torch.device("cuda")
+    reference = load_causal_lm(str(tiny_model_dir)).to(cuda, torch.float64).train()
+    ids, mask, L, response_mask = _packed_case(reference.config.vocab_size)
+    ids, mask = ids.to(cuda), mask.to(cuda)
+    weights = response_mask.to(cuda, torch.float64) * torch.linspace(-1, 1, L, dtype=torch.float64, device=cuda)
+    results = {}
+    for name, model_dtype, packed_call in (("float64", torch.float64, False), ("padded", dtype, False),
+                                          ("packed", dtype, True)):
+        lm = load_causal_lm(str(tiny_model_dir)).to(cuda, model_dtype).train()
+        lm.config._attn_implementation = ATTENTION_NAME if packed_call else "sdpa"
+        logp, _ = response_logprobs(lm, ids, mask, L, packed=packed_call)
+        (logp.double() * weights).sum().backward()
+        results[name] = (logp.double().detach(), torch.cat([p.grad.double().flatten() for p in lm.parameters()]))
+    assert calls, "the packed half-precision forward did not run the varlen kernel"
+    real = mask[:, -L:].bool()
+    for part in (0, 1):
+        want = results["float64"][part]
+        pick = (lambda x: x[real]) if part == 0 else (lambda x: x)
+        padded_error = _relative(pick(results["padded"][part]), pick(want))
+        packed_error = _relative(pick(results["packed"][part]), pick(want))
+        assert packed_error <= 2 * padded_error + 1e-3, (part, packed_error, padded_error)
+
+
 def _elements_written_by_backward(loss: torch.Tensor) -> int:
     """How many tensor elements the ops of `loss`'s backward pass produce (zero-filled gradients included)."""
     from torch.utils._python_dispatch import TorchDispatchMode

@@ -11,13 +11,16 @@ modules run; only the attention function differs (`attention` below, reached thr
 packed call (`mask_off`). The kernels (benchmarks/logprobs.py, docs/performance.md):
 
 - CPU, and any device in float32: sdpa per row (`is_causal`), which computes only each row's own triangle;
-- CUDA in bf16 / fp16: `torch.nn.attention.varlen.varlen_attn` (Flash attention over cumulative row offsets).
+- CUDA in bf16 / fp16: `torch.nn.attention.varlen.varlen_attn` (Flash attention over cumulative row offsets),
+  where the installed torch has it (2.10 and newer; its keywords differ between releases, `varlen_kernel`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -90,20 +93,44 @@ def in_packed_call() -> bool:
 
 
 def uses_varlen(query: torch.Tensor, dropout: float) -> bool:
-    """Flash's varlen kernel: CUDA, half precision, no attention dropout."""
-    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and not dropout
+    """Flash's varlen kernel: CUDA, half precision, no attention dropout, and a torch that has it."""
+    return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and not dropout
+            and varlen_kernel() is not None)
+
+
+@functools.cache
+def varlen_kernel():
+    """(torch's `varlen_attn`, the keywords it takes), or None before torch 2.10. The keywords moved between
+    releases: 2.10 takes `is_causal` and no scale; 2.11 `scale` and `window_size`; 2.13 adds `enable_gqa`."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _varlen_attention(query, key, value, packing: Packing, scaling) -> torch.Tensor:
+    """`attention` through the varlen kernel, whichever keywords this torch's takes: (N, H, D)."""
+    kernel, keywords = varlen_kernel()
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
+    options = {"window_size": (-1, 0)} if "window_size" in keywords else {"is_causal": True}
+    if scaling is not None and "scale" in keywords:
+        options["scale"] = scaling
+    elif scaling is not None and abs(scaling * q.shape[-1] ** 0.5 - 1) > 1e-12:
+        q = q * (scaling * q.shape[-1] ** 0.5)  # the kernel's own scale is 1 / sqrt(head dim)
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in keywords:
+            options["enable_gqa"] = True
+        else:
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+    return kernel(q, k, v, packing.starts, packing.starts, packing.longest, packing.longest, **options)
 
 
 def attention(module, query, key, value, packing: Packing, *, dropout: float = 0.0, scaling=None):
     """Causal attention inside each packed row. `query` (1, H, N, D), `key` / `value` (1, Hk, N, D) as
     transformers' attention functions get them; returns (1, N, H, D)."""
     if uses_varlen(query, dropout):
-        from torch.nn.attention.varlen import varlen_attn
-
-        out = varlen_attn(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                          packing.starts, packing.starts, packing.longest, packing.longest, scale=scaling,
-                          window_size=(-1, 0), enable_gqa=key.shape[1] != query.shape[1])
-        return out[None], None
+        return _varlen_attention(query, key, value, packing, scaling)[None], None
     gqa = key.shape[1] != query.shape[1]
     pieces = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
               for q, k, v in zip(*(rows_of(x, packing) for x in (query, key, value))) if q.shape[2]]
