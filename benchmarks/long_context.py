@@ -6,6 +6,8 @@ long contexts.
     OMP_NUM_THREADS=1 python benchmarks/long_context.py --longest [--limit-gb 20] [--measure 1024,2048,4096]
     OMP_NUM_THREADS=1 python benchmarks/long_context.py --decode [--contexts 2048,4096,8192] [--decode-model S]
         [--short-prompts 15 --short-length 64]
+    python benchmarks/long_context.py --device cuda --dtype bf16 --variants packed,packed-sdpa,padded
+    python benchmarks/long_context.py --device cuda --decode --contexts 8192,16384,32768
 
 Workload: model M of benchmarks/grpo_step.py (random Qwen2: hidden 512, 8 layers, 8 heads / 4 KV heads, MLP 1408,
 24.7M parameters with the 2048-entry vocabulary), fp32, no gradient checkpointing unless `--checkpointing`.
@@ -24,12 +26,16 @@ the vocabulary), backward of `logp + 0.01 * entropy`, over micro-batches bounded
 - `padded-budgeted`: posttrain's padded path today (`use_remove_padding=False` with the budget):
   `balance.padded_packs` (rows x padded width <= budget, rows taken longest first), padded the same way;
 - `padded-fixed`: no token budget, `--micro-rows` rows per micro-batch in batch order (verl's
-  `ppo_micro_batch_size_per_gpu`), padded the same way.
+  `ppo_micro_batch_size_per_gpu`), padded the same way;
+- `packed-sdpa`: packed, with the per-row sdpa kernel where `packed` would take torch's varlen kernel (CUDA in
+  bf16 / fp16; the same as `packed` elsewhere): which of the two exact kernels is faster on a GPU.
 `--variants` picks a subset (the baseline `padded` is always run).
 Each variant runs in a fresh process on the same rows (peak resident memory its own) and reports real tokens per
 CPU second (run with OMP_NUM_THREADS=1: CPU time does not count waiting on a shared machine), peak resident memory
 and the pass's own share of it (peak minus the resident memory before the pass), beside the 2048^2 matmul ceiling
-measured in the same run.
+measured in the same run. With `--device cuda` the model runs there in `--dtype` (weights cast, as a benchmark of
+the kernels rather than of autocast): wall seconds (synchronized) stand for CPU seconds and the peak is
+`torch.cuda.max_memory_allocated` (the pass's own: minus the memory allocated before it).
 """
 
 from __future__ import annotations
@@ -46,9 +52,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-VARIANTS = ("packed", "padded", "padded-first-fit", "padded-budgeted", "padded-fixed")
+VARIANTS = ("packed", "padded", "padded-first-fit", "padded-budgeted", "padded-fixed", "packed-sdpa")
 MEDIAN, TAIL, SIGMA, PROMPT = 1024, 16384, 1.2, 128
 VOCAB = 2048
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def rss_mb() -> float:
@@ -72,7 +79,7 @@ def lengths(rows: int, scale: float, seed: int) -> tuple[list[int], list[int]]:
     return prompt.tolist(), resp.tolist()
 
 
-def model_m(max_positions: int, checkpointing: bool = False):
+def model_m(max_positions: int, checkpointing: bool = False, device: str = "cpu", dtype: str = "fp32"):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -85,7 +92,7 @@ def model_m(max_positions: int, checkpointing: bool = False):
                       num_hidden_layers=s["num_layers"], num_attention_heads=s["num_heads"],
                       num_key_value_heads=s["num_kv_heads"], max_position_embeddings=max_positions,
                       tie_word_embeddings=True, attn_implementation=ATTENTION_NAME)
-    model = Qwen2ForCausalLM(cfg).train()
+    model = Qwen2ForCausalLM(cfg).to(device, getattr(torch, DTYPES[dtype])).train()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
@@ -122,7 +129,7 @@ def parts_of(variant: str, prompt_lens, resp_lens, budget: int, micro_rows: int)
     from posttrain.parallel import balance
 
     lengths = [p + r for p, r in zip(prompt_lens, resp_lens)]
-    if variant in ("packed", "padded-first-fit"):
+    if variant in ("packed", "packed-sdpa", "padded-first-fit"):
         return balance.token_packs(lengths, budget)
     if variant == "padded":
         return balance.balanced_parts(lengths, in_order_count(lengths, budget), equal_count=False)
@@ -136,31 +143,68 @@ def train_pass(model, prompt_lens, resp_lens, parts, packed: bool) -> None:
     """The actor update's forward + backward over the micro-batches (gradients accumulate)."""
     from posttrain.models.logprobs import response_logprobs
 
+    device = next(model.parameters()).device
     for rows in parts:
         ids, mask, L = micro_batch(prompt_lens, resp_lens, rows)
+        ids, mask = ids.to(device), mask.to(device)
         logp, ent = response_logprobs(model, ids, mask, L, packed=packed)
         (logp.sum() + 0.01 * ent.sum()).backward()
 
 
+class Meter:
+    """Seconds and peak memory of a pass: CPU time and resident memory on a CPU; synchronized wall time and
+    allocated memory on a GPU."""
+
+    def __init__(self, device: str):
+        import torch
+
+        self.cuda = device.startswith("cuda")
+        self.torch = torch
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def start(self) -> None:
+        self.sync()
+        if self.cuda:
+            self.torch.cuda.reset_peak_memory_stats()
+        self.before = self.torch.cuda.memory_allocated() / 2**20 if self.cuda else rss_mb()
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+
+    def stop(self) -> dict:
+        self.sync()
+        wall = time.perf_counter() - self.t0
+        peak = self.torch.cuda.max_memory_allocated() / 2**20 if self.cuda else peak_mb()
+        return {"cpu_seconds": wall if self.cuda else time.process_time() - self.c0, "seconds": wall,
+                "peak_mb": peak, "pass_mb": peak - self.before}
+
+
 def run_variant(args) -> dict:
+    import posttrain.models.packed as packed_module
+
     prompt_lens, resp_lens = lengths(args.rows, args.scale, args.seed)
     budget = int(args.budget * args.scale)
     parts = parts_of(args.variant, prompt_lens, resp_lens, budget, args.micro_rows)
-    model = model_m(max(p + r for p, r in zip(prompt_lens, resp_lens)) + 1, args.checkpointing)
-    before = rss_mb()
-    t0, c0 = time.perf_counter(), time.process_time()
-    train_pass(model, prompt_lens, resp_lens, parts, packed=args.variant == "packed")
+    if args.variant == "packed-sdpa":
+        packed_module.uses_varlen = lambda query, dropout: False
+    model = model_m(max(p + r for p, r in zip(prompt_lens, resp_lens)) + 1, args.checkpointing, args.device,
+                    args.dtype)
+    meter = Meter(args.device)
+    if meter.cuda:  # the kernels' first calls (and their autotuning) are not the pass's cost
+        train_pass(model, prompt_lens, resp_lens, parts[:1], packed=args.variant.startswith("packed"))
+        model.zero_grad(set_to_none=True)
+    meter.start()
+    train_pass(model, prompt_lens, resp_lens, parts, packed=args.variant.startswith("packed"))
     positions = sum(len(r) * (max(prompt_lens[i] for i in r) + max(resp_lens[i] for i in r)) for r in parts)
-    return {"cpu_seconds": time.process_time() - c0, "seconds": time.perf_counter() - t0, "peak_mb": peak_mb(),
-            "pass_mb": peak_mb() - before, "tokens": sum(prompt_lens) + sum(resp_lens),
-            "response_tokens": sum(resp_lens), "positions": positions if args.variant != "packed" else None,
-            "micro_batches": len(parts)}
+    return {**meter.stop(), "tokens": sum(prompt_lens) + sum(resp_lens), "response_tokens": sum(resp_lens),
+            "positions": positions if not args.variant.startswith("packed") else None, "micro_batches": len(parts)}
 
 
 def child(args, **extra) -> dict:
     ckpt = extra.pop("checkpointing", args.checkpointing)
     cmd = [sys.executable, __file__] + [f"--{k.replace('_', '-')}={v}" for k, v in extra.items()]
-    for k in ("scale", "rows", "budget", "seed", "micro_rows"):
+    for k in ("scale", "rows", "budget", "seed", "micro_rows", "device", "dtype"):
         cmd.append(f"--{k.replace('_', '-')}={getattr(args, k)}")
     if ckpt:
         cmd.append("--checkpointing")
@@ -176,18 +220,21 @@ def compare(args) -> None:
 
     prompt_lens, resp_lens = lengths(args.rows, args.scale, args.seed)
     chosen = [v for v in VARIANTS if v == "padded" or v in args.variants.split(",")]
-    results = {}
+    gpu, results = args.device.startswith("cuda"), {}
     for v in chosen:
         results[v] = child(args, variant=v)
-        print(f"{v}: {results[v]['cpu_seconds']:.1f} CPU s, peak {results[v]['peak_mb']:.0f} MB", flush=True)
-    ceiling = matmul_ceiling("cpu")["fp32"]
+        print(f"{v}: {results[v]['cpu_seconds']:.1f} {'s' if gpu else 'CPU s'}, peak {results[v]['peak_mb']:.0f} MB",
+              flush=True)
+    ceiling = matmul_ceiling(args.device, [args.dtype if args.dtype != "fp16" else "bf16"])
     s = sorted(resp_lens)
     print(f"\n{args.rows} responses, lognormal median {MEDIAN * args.scale:.0f} sigma {SIGMA}, clipped to "
           f"{int(TAIL * args.scale)} (scale {args.scale}): median {s[len(s) // 2]}, mean {sum(s) / len(s):.0f}, "
           f"max {s[-1]}; prompts {min(prompt_lens)}-{max(prompt_lens)}; {results['padded']['tokens']} real tokens; "
-          f"budget {int(args.budget * args.scale)} tokens; model M fp32, gradient checkpointing "
-          f"{'on' if args.checkpointing else 'off'}; 2048^2 fp32 matmul ceiling {ceiling:.0f} GFLOP/s\n")
-    print("| variant | micro-batches | positions computed | CPU time | real tokens/s | peak memory | pass's own "
+          f"budget {int(args.budget * args.scale)} tokens; model M {args.dtype} on {args.device}, gradient "
+          f"checkpointing {'on' if args.checkpointing else 'off'}; 2048^2 matmul ceiling "
+          f"{' '.join(f'{k} {v:.0f}' for k, v in ceiling.items())} GFLOP/s\n")
+    print(f"| variant | micro-batches | positions computed | {'time' if gpu else 'CPU time'} | real tokens/s | "
+          "peak memory | pass's own "
           "memory | tokens/s vs padded | peak vs padded | pass memory vs padded |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     base = results["padded"]
@@ -284,8 +331,9 @@ def decode(args) -> None:
     build_tiny_model(work / "m", texts, vocab_size=VOCAB, max_position_embeddings=max(contexts) + 64,
                      **SHAPES[args.decode_model])
     tok = load_tokenizer(str(work / "m"))
-    lm = load_causal_lm(str(work / "m"), device="cpu").eval()
-    engine = DecodeEngine(lm, tok, device=torch.device("cpu"), dtype=torch.float32)
+    device, dtype = torch.device(args.device), getattr(torch, DTYPES[args.dtype])
+    lm = load_causal_lm(str(work / "m"), device=args.device).eval()
+    engine = DecodeEngine(lm, tok, device=device, dtype=dtype)
     original, calls = engine_module._forward, []
 
     def timed(model):
@@ -312,13 +360,31 @@ def decode(args) -> None:
 
     def step_seconds(C: int, buckets: bool) -> tuple[float, float]:
         prefix_buckets.USE_BELOW = use_below if buckets else -1.0
+        if device.type == "cuda":
+            return gpu_step_seconds(C)
         calls.clear()
         engine.generate(batch(C), s)
         return sum(calls[:-39]), statistics.median(calls[-32:])
 
+    def gpu_step_seconds(C: int) -> tuple[float, float]:
+        """On a GPU (where CUDA graphs replay the steps without calling the forward): the synchronized wall time
+        of 40 new tokens less that of 8, over the 32 steps between; a first call records the graphs."""
+        seconds = {}
+        for n in (40, 8, 40):
+            short_run = SamplingParams(n=args.decode_rows, max_new_tokens=n, ignore_eos=True)
+            prompts = batch(C)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            engine.generate(prompts, short_run)
+            torch.cuda.synchronize()
+            seconds[n] = time.perf_counter() - start
+        step = (seconds[40] - seconds[8]) / 32
+        return seconds[8] - 8 * step, step
+
     engine.generate(batch(64), s)  # warm-up (and the engine's one-time self-check)
     if not K:
-        print(f"model {args.decode_model} fp32, {args.decode_rows} samples of one prompt, 40 new tokens\n")
+        print(f"model {args.decode_model} {args.dtype} on {args.device}, {args.decode_rows} samples of one prompt, "
+              f"40 new tokens\n")
         print("| context | prefill | decoding step (all rows) | ms per token | per token vs first context |")
         print("|---|---|---|---|---|")
         first = None
@@ -328,7 +394,8 @@ def decode(args) -> None:
             first = first or per
             print(f"| {C} | {prefill:.2f} s | {step * 1e3:.1f} ms | {per:.2f} | {per / first:.2f}x |", flush=True)
         return
-    print(f"model {args.decode_model} fp32, one prompt of C tokens and {K} of {short}, {args.decode_rows} samples "
+    print(f"model {args.decode_model} {args.dtype} on {args.device}, one prompt of C tokens and {K} of {short}, "
+          f"{args.decode_rows} samples "
           f"each ({rows} rows), 40 new tokens\n")
     print("| context | decoding step, padded prefix | in buckets | ms per token, padded | in buckets | "
           "buckets / padded |")
@@ -357,7 +424,9 @@ def main() -> None:
     ap.add_argument("--decode-rows", type=int, default=4)
     ap.add_argument("--short-prompts", type=int, default=0)
     ap.add_argument("--short-length", type=int, default=64)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=tuple(DTYPES), default="fp32")
+    ap.add_argument("--variants", default=",".join(v for v in VARIANTS if v != "packed-sdpa"))
     ap.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     ap.add_argument("--single", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--length", type=int, default=0, help=argparse.SUPPRESS)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The checks only a GPU can make, as one call of about 6 minutes on one NVIDIA GPU (docs/performance.md, "Long
+# responses"; write the numbers there):
+#   1. the CUDA tests: the packed half-precision forward on torch's varlen kernel against float64 and the padded
+#      forward, and CUDA-graph decoding;
+#   2. the actor's training pass on the long-tail mix (median 1k, tail 16k, model M, bf16): packed on the varlen
+#      kernel, packed on per-row sdpa, and padded micro-batches, side by side;
+#   3. decoding at 8k, 16k and 32k contexts (model M, bf16, CUDA graphs).
+# Run from the repository root: `bash tools/gpu_check.sh`; results go to $OUT (or ./gpu_check).
+# Python packages the machine lacks are installed from ./.gpu_wheels when it is there (carry it), made here with
+# `pip download -d .gpu_wheels <packages>` and ignored through .git/info/exclude.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu_check}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [ -d .gpu_wheels ]; then
+  python -m pip install -q --no-index --find-links .gpu_wheels .gpu_wheels/*.whl 2>&1 | tail -3
+fi
+{ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+} 2>&1 | tee "$out/machine.txt"
+python -c "import posttrain.cli" 2>&1 | tail -3 | tee -a "$out/machine.txt"
+
+timeout 180 python -m pytest -q -p no:cacheprovider tests/test_fast_paths.py tests/test_decode_state.py \
+  -k "cuda or varlen" 2>&1 | tail -30 | tee "$out/tests.txt"
+timeout 240 python benchmarks/long_context.py --device cuda --dtype bf16 --variants packed,packed-sdpa,padded 2>&1 \
+  | tail -12 | tee "$out/long_context.txt"
+timeout 120 python benchmarks/long_context.py --device cuda --dtype bf16 --decode --decode-model M \
+  --contexts 8192,16384,32768 2>&1 | tail -8 | tee "$out/decode.txt"
