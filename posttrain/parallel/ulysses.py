@@ -11,7 +11,8 @@ Each rank computes the log-probs (or values) of the response tokens its shard pr
 shards' (B, L) tensors, zero where another rank computed, so every rank of the group holds the whole result and
 computes the same loss. Its backward passes the gradient through unchanged: each rank's weights then get the
 gradient of its own tokens, and FSDP's sum over the group's ranks (it shards over data x sequence ranks) gives
-the gradient of one process. gloo and NCCL both run `all_to_all` (checked on gloo, torch 2.13, CPU).
+the gradient of one process. gloo and NCCL both run `all_to_all_single` (checked on gloo, torch 2.11
+and 2.13, CPU).
 """
 
 from __future__ import annotations
@@ -89,11 +90,13 @@ def on_this_share(valid: torch.Tensor, at: torch.Tensor, start: int, length: int
 
 
 def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group) -> torch.Tensor:
-    sp = dist.get_world_size(group)
-    inputs = [c.contiguous() for c in x.chunk(sp, dim=scatter_dim)]
-    outputs = [torch.empty_like(inputs[0]) for _ in range(sp)]
-    dist.all_to_all(outputs, inputs, group=group)
-    return torch.cat(outputs, dim=gather_dim)
+    """Chunk i of `x` along `scatter_dim` to rank i; the chunks received joined along `gather_dim`. One
+    `all_to_all_single` over the chunks stacked: gloo runs it in every torch posttrain supports, its list form
+    `all_to_all` only from 2.13 on."""
+    chunks = torch.stack(x.chunk(dist.get_world_size(group), dim=scatter_dim))
+    received = torch.empty_like(chunks)
+    dist.all_to_all_single(received, chunks, group=group)
+    return torch.cat(received.unbind(0), dim=gather_dim)
 
 
 class _AllToAll(torch.autograd.Function):

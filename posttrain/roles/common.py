@@ -108,7 +108,8 @@ class ModelRunner:
         if self.par.sp_group is not None and not packs and any(p.requires_grad for p in self.model.parameters()):
             raise ValueError(f"ulysses_sequence_parallel_size={self.par.dims.sp}: {type(self.model).__name__} does "
                              "not run packed rows, which sequence parallel splits (it needs "
-                             "actor_rollout_ref.model.use_remove_padding=True and a text model)")
+                             "actor_rollout_ref.model.use_remove_padding=True, a text model, and its one-time "
+                             "packed check to pass: a warning above says why it failed)")
 
     @property
     def device(self) -> torch.device:
