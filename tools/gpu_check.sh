@@ -7,20 +7,26 @@
 #      kernel, packed on per-row sdpa, and padded micro-batches, side by side;
 #   3. decoding at 8k, 16k and 32k contexts (model M, bf16, CUDA graphs).
 # Run from the repository root: `bash tools/gpu_check.sh`; results go to $OUT (or ./gpu_check).
-# Python packages the machine lacks are installed from ./.gpu_wheels when it is there (carry it), made here with
-# `pip download -d .gpu_wheels <packages>` and ignored through .git/info/exclude.
+# Python packages the machine lacks (see machine.txt) are installed from ./.whl when it is there (ignored by git;
+# name it in the call's carry), made here with `pip download --no-deps -d .whl <packages>`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu_check}
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if [ -d .gpu_wheels ]; then
-  python -m pip install -q --no-index --find-links .gpu_wheels .gpu_wheels/*.whl 2>&1 | tail -3
+if [ -d .whl ]; then
+  python -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -3
 fi
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   python -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 } 2>&1 | tee "$out/machine.txt"
-python -c "import posttrain.cli" 2>&1 | tail -3 | tee -a "$out/machine.txt"
+python - <<'EOF' 2>&1 | tee -a "$out/machine.txt"
+import importlib.util
+wanted = ["transformers", "tokenizers", "peft", "safetensors", "pyarrow", "omegaconf", "yaml", "math_verify", "rich",
+          "tensorboard", "matplotlib", "pytest"]
+missing = [m for m in wanted if importlib.util.find_spec(m) is None]
+print("missing python packages:", ", ".join(missing) or "none")
+EOF
 
 timeout 180 python -m pytest -q -p no:cacheprovider tests/test_fast_paths.py tests/test_decode_state.py \
   -k "cuda or varlen" 2>&1 | tail -30 | tee "$out/tests.txt"
