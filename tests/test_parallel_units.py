@@ -219,7 +219,9 @@ def test_exit_process_keeps_the_exit_code_handlers_threads_and_output(tmp_path, 
     result = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(tmp_path), "join" if joined else "plain"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 3, result.stderr[-2000:]
-    assert result.stdout == "no newline"
+    # torch 2.9's gloo prints its own connection line to stdout
+    ours = "".join(line for line in result.stdout.splitlines(keepends=True) if not line.startswith("[Gloo] "))
+    assert ours == "no newline"
     assert (tmp_path / "atexit").read_text() == "ran"
     assert (tmp_path / "thread").read_text() == "joined"
 
