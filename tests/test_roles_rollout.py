@@ -385,7 +385,7 @@ def test_packed_old_and_reference_log_probs_equal_the_padded_passes(tiny_model_d
 def test_packed_actor_update_gradient_equals_the_padded_one_at_any_micro_batch_split(tiny_model_dir):
     """The actor's accumulated gradient (KL and entropy on) with packed micro-batches is the padded forward's,
     whether the mini-batch runs whole or split by a real-token budget (float32: the update's norm clipping takes
-    float32; float64 gradients: tests/test_fast_paths.py)."""
+    float32; float64 gradients: tests/test_packed.py)."""
     dtype = torch.float32
     grads = {}
     for packed, max_tokens in ((False, None), (True, None), (True, 20)):

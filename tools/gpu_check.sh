@@ -28,7 +28,7 @@ missing = [m for m in wanted if importlib.util.find_spec(m) is None]
 print("missing python packages:", ", ".join(missing) or "none")
 EOF
 
-timeout 180 python -m pytest -q -p no:cacheprovider tests/test_fast_paths.py tests/test_decode_state.py \
+timeout 180 python -m pytest -q -p no:cacheprovider tests/test_fast_paths.py tests/test_packed.py tests/test_decode_state.py \
   -k "cuda or varlen" 2>&1 | tail -30 | tee "$out/tests.txt"
 timeout 240 python benchmarks/long_context.py --device cuda --dtype bf16 --variants packed,packed-sdpa,padded 2>&1 \
   | tail -12 | tee "$out/long_context.txt"
