@@ -77,18 +77,30 @@ def fail_checks_here() -> None:
 
 def rows_of_each_rank(spec: dict, out: Path) -> None:
     """Each rank's own rows (`spec["rows"]`: per rank ids, mask, uids) through the sharded policy, forward and
-    backward, and its log-probs saved to OUT/rows_rank<r>.pt."""
+    backward, and its log-probs saved to OUT/rows_rank<r>.pt. With `mixed_precision` the shards compute in bf16
+    (FSDP's MixedPrecisionPolicy); with `packed` the rows run padding-free; with `check_difference` the one-time
+    fast-path checks see their fast path differ from the plain one by that much. What the checks decided goes to
+    OUT/rows_checks_rank<r>.json."""
     from posttrain.models.load import load_causal_lm
     from posttrain.models.policy import PolicyModel
     from posttrain.models.shared_prompt import prompt_groups
     from posttrain.parallel import ShardSettings, init_parallel, prepare_model
 
+    if spec.get("check_difference"):
+        import posttrain.models.policy as policy
+
+        switch = policy.switch_on_if_equal
+        policy.switch_on_if_equal = lambda module, config, plain, shared, what, **kw: switch(
+            module, config, plain, lambda *args: shared(*args) + spec["check_difference"], what, **kw)
     par = init_parallel(device_name="cpu")
-    model = prepare_model(lambda meta: PolicyModel(load_causal_lm(spec["model"], meta=meta)), par, ShardSettings())
+    settings = ShardSettings(param_dtype=torch.bfloat16 if spec.get("mixed_precision") else None)
+    model = prepare_model(lambda meta: PolicyModel(load_causal_lm(spec["model"], meta=meta)), par, settings)
     ids, mask, uids = torch.load(spec["rows"])[par.rank]
-    logp, _ = model(ids, mask, spec["response_length"], prompts=prompt_groups(uids))
+    logp, _ = model(ids, mask, spec["response_length"], prompts=prompt_groups(uids), packed=spec.get("packed", False))
     logp.sum().backward()
     torch.save(logp.detach(), out / f"rows_rank{par.rank}.pt")
+    (out / f"rows_checks_rank{par.rank}.json").write_text(json.dumps({"shared": model.shared_prompt_ok,
+                                                                       "packed": model.packed_ok}))
     shutdown()
 
 

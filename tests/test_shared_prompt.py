@@ -96,3 +96,25 @@ def test_value_model_shares_prompts_with_the_same_values_and_gradients(tiny_mode
     assert torch.allclose(model(ids, mask)[:, -(L + 1):-1] * valid, v0, atol=1e-5)  # the full-positions form
     for k in g0:
         assert torch.allclose(g0[k], g1[k], atol=1e-6, rtol=1e-4), k
+
+
+@pytest.mark.parametrize("computes_in,difference,keeps", [
+    ("float32", 1e-3, False), ("float32", 5e-5, True), ("bf16 weights", 1e-3, True), ("bf16 autocast", 1e-3, True),
+    ("bf16 weights", 0.1, False)])
+def test_the_check_judges_a_fast_path_at_the_precision_its_forward_computes_in(tiny_model_dir, computes_in,
+                                                                               difference, keeps):
+    """A fast path `difference` off the plain forward: in float32 only rounding (1e-4) is allowed; where the forward
+    computes in bf16 — weights cast, as FSDP's mixed precision casts them, or under autocast — two exact kernels
+    differ by half precision's rounding (5e-2 allowed), and more than that is still refused."""
+    import contextlib
+
+    model = PolicyModel(load_causal_lm(str(tiny_model_dir)))
+    if computes_in == "bf16 weights":
+        model.to(torch.bfloat16)
+    plain = lambda ids, mask, L: response_logprobs(model.lm, ids, mask, L, with_entropy=False)[0]  # noqa: E731
+    off = lambda ids, mask, L: plain(ids, mask, L) + difference  # noqa: E731
+    autocast = torch.autocast("cpu", torch.bfloat16) if computes_in == "bf16 autocast" else contextlib.nullcontext()
+    with autocast:
+        kept = shared_prompt.switch_on_if_equal(model, model.lm.config, plain, off, "log-probs", packed=True)
+    assert kept is keeps
+    assert model.lm.config._attn_implementation == (ATTENTION_NAME if keeps else "sdpa")

@@ -220,10 +220,10 @@ def switch_on_if_equal(module, config, plain, shared, what: str, *, packed: bool
         ids[1, :5], ids[3, :5] = ids[0, :5], ids[2, :5]
         groups = (torch.tensor([0, 2]), torch.tensor([0, 0, 1, 1]))
         try:
-            with eval_mode(module), torch.no_grad():
+            with eval_mode(module), torch.no_grad(), output_dtypes() as computed_in:
                 other = shared(ids, mask, 4) if packed else shared(ids, mask, 4, groups)
                 error = float((plain(ids, mask, 4).float() - other.float()).abs().max())
-            if error > (5e-2 if torch.is_autocast_enabled(device.type) else 1e-4):
+            if error > (5e-2 if computed_in & HALF_DTYPES else 1e-4):
                 reason = f"its {what} differ from the plain forward's by {error:.1e}"
         except Exception as exc:  # an architecture whose modules the shared path cannot drive
             reason = f"{type(exc).__name__}: {exc}"
@@ -235,6 +235,26 @@ def switch_on_if_equal(module, config, plain, shared, what: str, *, packed: bool
         log.warning("%s of %s: computed %s (%s)", what, type(module).__name__,
                     "on padded rows" if packed else "without sharing prompts", reason)
     return reason is None
+
+
+HALF_DTYPES = frozenset({torch.bfloat16, torch.float16})
+
+
+@contextlib.contextmanager
+def output_dtypes():
+    """The set of dtypes of the floating-point tensors that modules called inside return: what a forward computes
+    in, whether autocast set it or FSDP's mixed precision (which casts the weights and leaves autocast off)."""
+    seen: set[torch.dtype] = set()
+
+    def record(module, args, output):
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            seen.add(output.dtype)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        yield seen
+    finally:
+        handle.remove()
 
 
 def leading_padding(mask: torch.Tensor) -> int:
