@@ -5,7 +5,9 @@
 #      forward, and CUDA-graph decoding;
 #   2. the actor's training pass on the long-tail mix (median 1k, tail 16k, model M, bf16): packed on the varlen
 #      kernel, packed on per-row sdpa, and padded micro-batches, side by side;
-#   3. decoding at 8k, 16k and 32k contexts (model M, bf16, CUDA graphs).
+#   3. decoding at 8k, 16k and 32k contexts (model M, bf16, CUDA graphs);
+#   4. the one-time checks that switch the packed and shared-prompt paths on, for model M in bf16 and fp16: how far
+#      each fast path is from the padded forward on the GPU's kernels, against what the check allows.
 # Run from the repository root: `bash tools/gpu_check.sh`; results go to $OUT (or ./gpu_check).
 # Python packages the machine lacks (see machine.txt) are installed from ./.whl when it is there (ignored by git;
 # name it in the call's carry), made here with `pip download --no-deps -d .whl <packages>`.
@@ -30,6 +32,18 @@ EOF
 
 timeout 180 python -m pytest -q -p no:cacheprovider tests/test_fast_paths.py tests/test_packed.py tests/test_decode_state.py \
   -k "cuda or varlen" 2>&1 | tail -30 | tee "$out/tests.txt"
+timeout 60 python - <<'EOF' 2>&1 | tail -8 | tee "$out/checks.txt"
+# the one-time checks that switch the packed and shared-prompt paths on, on model M computing in half precision
+import logging, sys
+sys.path.insert(0, "benchmarks")
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+logging.getLogger("posttrain.models.shared_prompt").setLevel(logging.DEBUG)
+from long_context import model_m
+from posttrain.models.policy import PolicyModel
+for dtype in ("bf16", "fp16"):
+    model = PolicyModel(model_m(64, device="cuda", dtype=dtype))
+    print(dtype, "packed:", model.packs(), "| prompts shared, packed:", model._shares_prompts(True), flush=True)
+EOF
 timeout 240 python benchmarks/long_context.py --device cuda --dtype bf16 --variants packed,packed-sdpa,padded 2>&1 \
   | tail -12 | tee "$out/long_context.txt"
 timeout 120 python benchmarks/long_context.py --device cuda --dtype bf16 --decode --decode-model M \

@@ -223,8 +223,11 @@ def switch_on_if_equal(module, config, plain, shared, what: str, *, packed: bool
             with eval_mode(module), torch.no_grad(), output_dtypes() as computed_in:
                 other = shared(ids, mask, 4) if packed else shared(ids, mask, 4, groups)
                 error = float((plain(ids, mask, 4).float() - other.float()).abs().max())
-            if error > (5e-2 if computed_in & HALF_DTYPES else 1e-4):
+            allowed = 5e-2 if computed_in & HALF_DTYPES else 1e-4
+            if error > allowed:
                 reason = f"its {what} differ from the plain forward's by {error:.1e}"
+            log.debug("%s of %s, %s: %.1e from the plain forward's (%.0e allowed)", what, type(module).__name__,
+                      "packed" if packed else "prompts shared", error, allowed)
         except Exception as exc:  # an architecture whose modules the shared path cannot drive
             reason = f"{type(exc).__name__}: {exc}"
     if not agreed(reason is None, module) and reason is None:  # a sharded model's ranks all take one path
