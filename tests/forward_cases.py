@@ -4,6 +4,7 @@ masks with holes), shared by the shared-prompt and padding-free forward tests.""
 from __future__ import annotations
 
 import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
 
 def shared_case(vocab: int):
@@ -42,3 +43,10 @@ def packed_case(vocab: int):
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def sliding_window_model():
+    """A tiny sliding-window model: the fast paths' checks keep it on the plain path."""
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True,
+                                        sliding_window=4, max_window_layers=0))

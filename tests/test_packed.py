@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from forward_cases import packed_case, relative, shared_case
+from forward_cases import packed_case, relative, shared_case, sliding_window_model
 from posttrain.models.load import enable_checkpointing, load_causal_lm
 from posttrain.models.logprobs import response_logprobs
 from posttrain.models.policy import PolicyModel
@@ -29,21 +28,30 @@ def test_packed_logprobs_entropies_and_gradients_equal_the_padded_forward(tiny_m
         enable_checkpointing(lm)
     lm.train()
     ids, mask, L, response_mask = packed_case(lm.config.vocab_size)
-    weights = response_mask.to(dtype) * torch.linspace(-1, 1, L, dtype=dtype)
+    lp1, e1 = assert_packed_equals_padded(lm, ids, mask, L, response_mask.to(dtype))
+    real = mask[:, -L:].bool()
+    assert not lp1[~real].any() and not e1[~real].any()  # response padding: 0, as the padded path gives
+
+
+def assert_packed_equals_padded(lm, ids, mask, L, weights, prompts=None):
+    """The packed forward's (`prompts` shared when given) log-probs, entropies on real tokens and every gradient of
+    a loss weighting them equal the padded plain forward's (1e-5 relative); returns the packed log-probs and
+    entropies."""
+    weights = weights * torch.linspace(-1, 1, L, dtype=weights.dtype)
     results = []
     for packed in (False, True):
         lm.zero_grad()
         lm.config._attn_implementation = ATTENTION_NAME if packed else "sdpa"
-        logp, ent = response_logprobs(lm, ids, mask, L, packed=packed)
+        logp, ent = response_logprobs(lm, ids, mask, L, packed=packed, prompts=prompts if packed else None)
         ((logp * weights).sum() + 0.3 * (ent * weights).sum()).backward()
         results.append((logp.detach(), ent.detach(), {k: p.grad.clone() for k, p in lm.named_parameters()}))
     (lp0, e0, g0), (lp1, e1, g1) = results
     real = mask[:, -L:].bool()
     torch.testing.assert_close(lp1[real], lp0[real], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(e1[real], e0[real], rtol=1e-5, atol=1e-6)
-    assert not lp1[~real].any() and not e1[~real].any()  # response padding: 0, as the padded path gives
     for k in g0:
         assert relative(g1[k], g0[k]) < 1e-5, k
+    return lp1, e1
 
 
 def test_packed_attention_keeps_each_row_to_itself(tiny_model_dir):
@@ -277,10 +285,7 @@ def test_policy_model_packs_rows_and_shares_prompts_after_its_checks(tiny_model_
 
 
 def test_policy_model_keeps_padded_rows_for_a_sliding_window_model(tiny_tokenizer):
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
-                         max_window_layers=0)
-    model = PolicyModel(Qwen2ForCausalLM(config))
+    model = PolicyModel(sliding_window_model())
     ids, mask, L, _ = packed_case(64)
     out, _ = model(ids, mask, L, packed=True)
     assert model.packed_ok is False and out.shape == (len(ids), L)
@@ -325,20 +330,7 @@ def test_packed_shared_prompt_logprobs_and_gradients_equal_the_padded_forward(ti
         enable_checkpointing(lm)
     lm.train()
     ids, mask, L, uids = shared_case(lm.config.vocab_size)
-    weights = mask[:, -L:].to(dtype) * torch.linspace(-1, 1, L, dtype=dtype)
-    results = []
-    for packed in (False, True):
-        lm.zero_grad()
-        lm.config._attn_implementation = ATTENTION_NAME if packed else "sdpa"
-        logp, ent = response_logprobs(lm, ids, mask, L, packed=packed, prompts=prompt_groups(uids) if packed else None)
-        ((logp * weights).sum() + 0.3 * (ent * weights).sum()).backward()
-        results.append((logp.detach(), ent.detach(), {k: p.grad.clone() for k, p in lm.named_parameters()}))
-    (lp0, e0, g0), (lp1, e1, g1) = results
-    real = mask[:, -L:].bool()
-    torch.testing.assert_close(lp1[real], lp0[real], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(e1[real], e0[real], rtol=1e-5, atol=1e-6)
-    for k in g0:
-        assert relative(g1[k], g0[k]) < 1e-5, k
+    assert_packed_equals_padded(lm, ids, mask, L, mask[:, -L:].to(dtype), prompts=prompt_groups(uids))
 
 
 def test_value_model_packs_shared_prompts_with_the_padded_values_and_gradients(tiny_model_dir):

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from forward_cases import shared_case
+from forward_cases import shared_case, sliding_window_model
 from posttrain.models.load import enable_checkpointing, load_causal_lm
 from posttrain.models.logprobs import response_logprobs
 from posttrain.models.policy import PolicyModel
@@ -67,10 +66,7 @@ def test_policy_model_shares_prompts_after_its_check_and_gives_the_same_logprobs
 
 
 def test_policy_model_keeps_the_plain_path_for_a_sliding_window_model(tiny_tokenizer):
-    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
-                         max_window_layers=0)
-    model = PolicyModel(Qwen2ForCausalLM(config))
+    model = PolicyModel(sliding_window_model())
     ids, mask, L, uids = shared_case(64)
     out, _ = model(ids, mask, L, prompts=prompt_groups(uids))
     assert model.shared_prompt_ok is False and out.shape == (len(ids), L)
