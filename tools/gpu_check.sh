@@ -30,8 +30,8 @@ missing = [m for m in wanted if importlib.util.find_spec(m) is None]
 print("missing python packages:", ", ".join(missing) or "none")
 EOF
 
-timeout 180 python -m pytest -q -p no:cacheprovider tests/test_fast_paths.py tests/test_packed.py tests/test_decode_state.py \
-  -k "cuda or varlen" 2>&1 | tail -30 | tee "$out/tests.txt"
+timeout 180 python -m pytest -q -p no:cacheprovider tests/test_fast_paths.py tests/test_packed.py \
+  tests/test_decode_state.py -k "cuda or varlen" 2>&1 | tail -30 | tee "$out/tests.txt"
 timeout 60 python - <<'EOF' 2>&1 | tail -8 | tee "$out/checks.txt"
 # the one-time checks that switch the packed and shared-prompt paths on, on model M computing in half precision
 import logging, sys
