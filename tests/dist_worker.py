@@ -64,14 +64,22 @@ def record_gradients(role) -> list[dict]:
     return steps
 
 
+def offset_model_checks(difference: float) -> None:
+    """This process's one-time model checks (packed and shared-prompt paths) see their fast path `difference` off
+    the plain one, after running the same passes as elsewhere."""
+    import posttrain.models.policy as policy
+
+    switch = policy.switch_on_if_equal
+    policy.switch_on_if_equal = lambda module, config, plain, shared, what, **kw: switch(
+        module, config, plain, lambda *args: shared(*args) + difference, what, **kw)
+
+
 def fail_checks_here() -> None:
     """This process's one-time fast-path checks find a difference, after running the same passes as elsewhere."""
-    import posttrain.models.policy as policy
     import posttrain.rollout.engine as engine
 
-    switch, compare = policy.switch_on_if_equal, engine.DecodeEngine._compare
-    policy.switch_on_if_equal = lambda module, config, plain, shared, what, **kw: switch(
-        module, config, plain, lambda *args: shared(*args) + 1.0, what, **kw)
+    offset_model_checks(1.0)
+    compare = engine.DecodeEngine._compare
     engine.DecodeEngine._compare = lambda self, model: compare(self, model) or "forced to differ in this process"
 
 
@@ -87,11 +95,7 @@ def rows_of_each_rank(spec: dict, out: Path) -> None:
     from posttrain.parallel import ShardSettings, init_parallel, prepare_model
 
     if spec.get("check_difference"):
-        import posttrain.models.policy as policy
-
-        switch = policy.switch_on_if_equal
-        policy.switch_on_if_equal = lambda module, config, plain, shared, what, **kw: switch(
-            module, config, plain, lambda *args: shared(*args) + spec["check_difference"], what, **kw)
+        offset_model_checks(spec["check_difference"])
     par = init_parallel(device_name="cpu")
     settings = ShardSettings(param_dtype=torch.bfloat16 if spec.get("mixed_precision") else None)
     model = prepare_model(lambda meta: PolicyModel(load_causal_lm(spec["model"], meta=meta)), par, settings)
