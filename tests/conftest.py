@@ -91,3 +91,25 @@ def finished_run(tmp_path_factory, small_task):
         RLTrainer(cfg).fit()
     return {"run": run, "val": files["rl_train"], "console": console.getvalue(), "mlflow_uri": uri,
             "project": "posttrain_tests", "experiment": "finished"}
+
+
+@pytest.fixture(scope="session")
+def lively_model_dir(tmp_path_factory, tiny_model_dir):
+    """The tiny model with larger random weights (normal, std 0.3), whose greedy turns do not repeat one token to
+    the end of the budget: its greedy episodes have several turns."""
+    import shutil
+
+    import torch
+
+    from posttrain.models.load import load_causal_lm
+
+    out = tmp_path_factory.mktemp("lively") / "model"
+    shutil.copytree(tiny_model_dir, out)
+    model = load_causal_lm(str(tiny_model_dir))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.save_pretrained(out)
+    return out
