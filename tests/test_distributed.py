@@ -97,14 +97,16 @@ def run_layout(fixed_batch, tiny_model_dir, name: str, nproc: int, extra: list[s
     cases = cases or {k: v for k, v in CASES.items() if "lora" not in k or "tp_size" not in " ".join(extra)}
     spec = {"base": base, "cases": cases, "batch": str(fixed_batch / "batch.pt"), "out": str(out),
             "count_gathers": count_gathers, **spec_extra}
+    return run_worker(spec, out, nproc, timeout)
+
+
+def run_worker(spec: dict, out: Path, nproc: int, timeout: int = 900) -> Path:
+    """dist_worker.py on `spec` (written to OUT/spec.json): alone for one process, else under torchrun; `out`."""
     (out / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if nproc == 1:
-        cmd = [sys.executable, str(WORKER), str(out / "spec.json")]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               str(WORKER), str(out / "spec.json")]
-    result = run_processes(cmd, env, timeout)
+    cmd = ([sys.executable, str(WORKER), str(out / "spec.json")] if nproc == 1 else
+           [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER),
+            str(out / "spec.json")])
+    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout)
     assert result.returncode == 0, first_and_last(result.stderr)
     return out
 
@@ -201,14 +203,7 @@ def run_straddled_step(fixed_batch, tiny_model_dir, name: str, nproc: int) -> Pa
             "actor_rollout_ref.rollout.dtype=fp32", "actor_rollout_ref.model.enable_gradient_checkpointing=False",
             f"custom_reward_function.path={out / 'reward.py'}", "reward_model.num_workers=0",
             "trainer.logger=['jsonl']", f"trainer.default_local_dir={out / 'run'}", f"trainer.n_gpus_per_node={nproc}"]
-    (out / "spec.json").write_text(json.dumps({"base": base, "cases": STRADDLED_STEPS, "out": str(out),
-                                               "steps": "single"}))
-    cmd = ([sys.executable, str(WORKER), str(out / "spec.json")] if nproc == 1 else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER),
-            str(out / "spec.json")])
-    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, 900)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return out
+    return run_worker({"base": base, "cases": STRADDLED_STEPS, "out": str(out), "steps": "single"}, out, nproc)
 
 
 def test_one_prompt_s_samples_straddle_two_ranks_in_generation_and_the_step_equals_one_process(fixed_batch,
@@ -306,11 +301,7 @@ def run_rows_on_two_ranks(tmp_path: Path, tiny_model_dir, rows: list, **spec_ext
     torch.save(rows, tmp_path / "rows.pt")
     spec = {"model": str(tiny_model_dir), "rows": str(tmp_path / "rows.pt"), "response_length": 4,
             "out": str(tmp_path), **spec_extra}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
-           str(tmp_path / "spec.json")]
-    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_worker(spec, tmp_path, 2, timeout=120)
     return [json.loads((tmp_path / f"rows_checks_rank{rank}.json").read_text()) for rank in (0, 1)]
 
 

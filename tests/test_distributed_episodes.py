@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import (METRICS, SCORE_BY_LENGTH, WORKER, assert_same_update, run_layout,
-                                    run_processes)
+from tests.test_distributed import (METRICS, SCORE_BY_LENGTH, assert_same_update, run_layout, run_processes,
+                                    run_worker)
 from tests.same_update import assert_same_training
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -113,14 +113,7 @@ def run_multi_turn_steps(tmp_path, model_dir, name: str, nproc: int, cases: dict
             f"custom_reward_function.path={tmp_path / 'reward.py'}", "reward_model.num_workers=0",
             "trainer.logger=['jsonl']", f"trainer.default_local_dir={out / 'run'}", f"trainer.n_gpus_per_node={nproc}",
             *MULTI_TURN, *extra]
-    spec = {"base": base, "cases": cases, "out": str(out), "steps": True, **spec_extra}
-    (out / "spec.json").write_text(json.dumps(spec))
-    cmd = ([sys.executable, str(WORKER), str(out / "spec.json")] if nproc == 1 else
-           [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER),
-            str(out / "spec.json")])
-    result = run_processes(cmd, {**os.environ, "OMP_NUM_THREADS": "1"}, 900)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return out
+    return run_worker({"base": base, "cases": cases, "out": str(out), "steps": True, **spec_extra}, out, nproc)
 
 
 STEP_CASES = {
