@@ -56,8 +56,11 @@ def _placeholder(arg: str) -> str:
     return arg
 
 
-def capture(examples: Path, out_dir: Path) -> None:
+def capture(examples: Path, out_dir: Path, root: Path | None = None) -> None:
+    """Record every script under `examples`; each runs from `root` (the checkout, for scripts that find their config
+    files from the current folder) or from an empty folder."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    checkout = (root or examples.parent).resolve()
     scripts = sorted(examples.rglob("*.sh"))
     for script in scripts:
         with tempfile.TemporaryDirectory() as tmp:
@@ -83,12 +86,12 @@ def capture(examples: Path, out_dir: Path) -> None:
             # not allow must not stop the script
             tolerant = ('source() { [ -f "$1" ] && builtin source "$@"; return 0; }; export -f source; '
                         'ulimit() { builtin ulimit "$@" 2>/dev/null || true; }; export -f ulimit; bash "$0"')
-            subprocess.run(["bash", "-c", tolerant, str(script)], cwd=tmp, env=env, stdin=subprocess.DEVNULL,
+            subprocess.run(["bash", "-c", tolerant, str(script)], cwd=root or tmp, env=env, stdin=subprocess.DEVNULL,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
             lines = record.read_text().splitlines() if record.exists() else []
             # stable across runs: the recording machine's home folder and the checkout the scripts lie in
-            lines = [line.replace(str(tmp / "home"), "/home/user").replace(str(examples.resolve().parent),
-                                                                            "/path/to/verl") for line in lines]
+            lines = [line.replace(str(tmp / "home"), "/home/user").replace(str(checkout), "/path/to/verl")
+                     for line in lines]
         name = str(script.relative_to(examples).with_suffix(".json")).replace("/", "__")
         if not lines:
             print(f"{script.relative_to(examples)}: no main_ppo call recorded", file=sys.stderr)
@@ -156,6 +159,8 @@ def main() -> int:
     p = sub.add_parser("capture")
     p.add_argument("examples", type=Path)
     p.add_argument("out_dir", type=Path)
+    p.add_argument("--root", type=Path, default=None, help="run the scripts from this folder (the checkout), as "
+                   "scripts that find their config files from the current folder expect")
     p = sub.add_parser("check")
     p.add_argument("args_dir", type=Path)
     p.add_argument("--model", required=True, help="model directory standing in for every script's model")
@@ -167,7 +172,7 @@ def main() -> int:
                    "scripts' (lora_adapter_path)")
     args = parser.parse_args()
     if args.command == "capture":
-        capture(args.examples, args.out_dir)
+        capture(args.examples, args.out_dir, args.root)
         return 0
     return check(args.args_dir, args.model, args.train, args.val or args.train, args.reward_model or args.model,
                  args.steps, args.lora_adapter)
