@@ -44,6 +44,11 @@ ENVIRONMENTS = ("custom agent loop and interaction classes are not loaded: write
                 "(posttrain.agents.register_environment, docs/agents.md) and name it in a row's agent_name or "
                 "actor_rollout_ref.rollout.agent.default_agent_loop")
 OWN_ENGINE = "posttrain's engine serves the episodes in the training processes; no separate server or manager"
+ROLLOUT_SERVER = ("a setting of the client of verl's rollout server (request time limit, retries and their delay, "
+                  "connection pool, start-up wait); posttrain's engine decodes the episodes in the training "
+                  "processes, so no server starts and no generation request is sent, pooled, retried or timed out: "
+                  "what is generated does not depend on it. Refused with rollout.agent.program, whose requests go "
+                  "to the policy's server (its limits: rollout.agent.num_workers and program_timeout_s)")
 VL = "vision-language rows are read as the model's own image processor decides (images only, no video)"
 NO_SP = ("another engine's sequence-parallel key; posttrain's is actor_rollout_ref.actor."
          "ulysses_sequence_parallel_size (Ulysses, FSDP2)")
@@ -232,8 +237,6 @@ RULES: list[Rule] = [
     Rule("critic.model.lora_rank", "only", "the critic trains all its weights (no LoRA critic)", (0,)),
     Rule("critic.model.lora_alpha", "note", "the critic trains all its weights (no LoRA critic)"),
     Rule("critic.model.target_modules", "note", "the critic trains all its weights (no LoRA critic)"),
-    Rule("actor_rollout_ref.model.custom_chat_template", "only", "put the template in the tokenizer folder "
-         "(chat_template.jinja) instead", (None,)),
     Rule("*.model.external_lib", "only", "posttrain imports no extra model library; register the architecture "
          "with transformers (or use trust_remote_code)", (None,)),
     Rule("critic.model.external_lib", "only", "posttrain imports no extra model library", (None,)),
@@ -289,13 +292,17 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.rollout.enable_rollout_routing_replay", "only", "MoE router replay is not supported",
          (False,)),
     Rule("actor_rollout_ref.rollout.mtp", "only", "multi-token prediction is not supported", (None,)),
+    # the client side of verl's rollout server (a separate engine process the agent loops send HTTP requests to)
+    *[Rule(f"actor_rollout_ref.rollout.server.{k}", "note", ROLLOUT_SERVER)
+      for k in ("timeout", "max_attempts", "retry_delay", "max_connections", "max_start_wait_time")],
+    Rule("actor_rollout_ref.rollout.sglang_rollout_mode", "only", "SGLang's engine inside the training process "
+         "(`engine`) or behind its HTTP server (`server`) decodes the same samples; posttrain's engine decodes in the "
+         "training processes", ("engine", "server")),
 
     # ---- data
     Rule("data.custom_cls.*", "only", "rows are read by posttrain's dataset (parquet/jsonl in the standard layout)",
          (None,)),
     Rule("data.datagen.*", "only", "dynamic data generation is not supported", (None,)),
-    Rule("data.sampler.*", "only", "prompts are sampled by posttrain's seeded shuffle (data.shuffle, data.seed)",
-         (None,)),
     Rule("data.gen_batch_size", "note", "a step's prompts are generated together (DAPO's refills draw "
          "data.train_batch_size prompts each)"),
     Rule("data.dataloader_num_workers", "note", "rows are tokenized once at start-up; no loader workers"),

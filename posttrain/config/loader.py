@@ -280,6 +280,11 @@ class _Loading:
             if dataclasses.is_dataclass(tp):
                 kwargs[name] = self.build(tp, tree[name], key + ".")
                 continue
+            if tp is bool and tree[name] == "":  # `key=` (an unset shell variable): Hydra gives "", which verl's
+                # `if cfg.key:` reads as False
+                self.notes.setdefault("read as posttrain's keys (an empty value, which verl's checks read as False)",
+                                      []).append(f"{key}= -> False")
+                tree[name] = False
             try:
                 kwargs[name] = coerce(tree[name], tp, key)
             except ConfigError as e:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from ..tools.stateful import VERL_BUILTINS
 from ..tools.targets import is_callable_target, load_callable
 from .schema import Config
 
@@ -53,6 +54,12 @@ def check_multi_turn(cfg: Config, check) -> None:
                                        "must be positive (seconds per program run)", "wrong values")
     if agent.program is not None:
         check_program(str(agent.program), cfg, check)
+        server = [k for keys in getattr(cfg, "port_notes", {}).values() for k in keys
+                  if k.startswith("actor_rollout_ref.rollout.server.")]
+        check.unsupported(not server, f"{', '.join(server)} with actor_rollout_ref.rollout.agent.program: the "
+                          "programs' requests go to the policy's server, whose limits are rollout.agent.num_workers "
+                          "(programs at once) and rollout.agent.program_timeout_s (a run's time, its requests "
+                          "included); remove the rollout.server keys")
     if not mt.enable:
         check(agent.default_agent_loop == "single_turn_agent",
               f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop} runs multi-turn "
@@ -104,6 +111,9 @@ def agent_loops_file_problem(path: str) -> str | None:
     return None
 
 
+SEARCH_TOOL = "posttrain.tools.builtin.search.SearchTool"
+
+
 def tool_file_problem(path: str, name: str) -> str | None:
     """What keeps a tool file from loading, found by reading it (nothing is imported or run), or None."""
     file = Path(path).expanduser()
@@ -127,6 +137,18 @@ def tool_file_problem(path: str, name: str) -> str | None:
     if not isinstance(tools, list) or not all(isinstance(t, dict) and t.get("class_name") for t in tools):
         return (f"{file} must hold a list `tools:` whose entries each have a class_name (and config, tool_schema), "
                 "as verl's tool YAML files do")
+    missing = [str(t["class_name"]) for t in tools
+               if str(t["class_name"]).startswith("verl.") and t["class_name"] not in VERL_BUILTINS]
+    if missing:
+        return (f"{file} names verl's own tool {', '.join(missing)}, which posttrain has no built-in for (it has "
+                f"{', '.join(VERL_BUILTINS)}); write the tool as a class of your own (the interface of "
+                "posttrain.tools.stateful.BaseTool) and name its module.Class")
+    search = [t for t in tools if VERL_BUILTINS.get(t["class_name"], t["class_name"]) == SEARCH_TOOL
+              and not (t.get("config") or {}).get("corpus_path")]
+    if search:
+        return (f"{file}: {search[0]['class_name']} searches a local corpus here (BM25), not a retrieval server: set "
+                "its config.corpus_path to the corpus's JSONL file (the documents your retriever serves); "
+                "retrieval_service_url is not used")
     return None
 
 

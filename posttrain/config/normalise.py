@@ -7,6 +7,8 @@ from __future__ import annotations
 from .schema import Config
 
 ENVIRONMENT_PROGRAM = "posttrain.agents.verifiers_env:run_episode"  # the agent program of data.environment
+# SGLang's tool-call parser names (verl's SGLang rollout passed multi_turn.format on to it) for the hermes format
+TOOL_CALL_FORMAT_ALIASES = {"qwen": "hermes", "qwen25": "hermes"}
 
 
 def normalise(cfg: Config) -> Config:
@@ -30,6 +32,11 @@ def normalise(cfg: Config) -> Config:
     if layout_fits:
         _whole_shard_with_sequence_parallel(cfg, world // tp)
     _async_layout(cfg)
+    mt = arr.rollout.multi_turn
+    if mt.format in TOOL_CALL_FORMAT_ALIASES:
+        _note(cfg, f"actor_rollout_ref.rollout.multi_turn.format={mt.format} -> hermes", "SGLang's name for the "
+              "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> format of the Qwen chat templates")
+        mt.format = TOOL_CALL_FORMAT_ALIASES[mt.format]
     if cfg.data.environment and arr.rollout.agent.program is None:
         arr.rollout.agent.program = ENVIRONMENT_PROGRAM  # the environment's rollouts are its episodes
     return cfg

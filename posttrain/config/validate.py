@@ -12,6 +12,7 @@ from .loader import Problems
 from .distillation import check_distillation
 from .multi_turn import check_multi_turn
 from .normalise import normalise
+from .user_code import check_user_code
 from .notes import OTHER_ENGINES
 from .schema import Config
 from .sources import check_sources
@@ -174,6 +175,7 @@ def _validate(cfg: Config, check: Checks) -> None:
     check(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n must be >= 1")
     check.choice(rollout.mode, ("async", "sync"), "actor_rollout_ref.rollout.mode")
     check_multi_turn(cfg, check)
+    check_user_code(cfg, check)
 
     # ---- data
     check.choice(d.truncation, ("error", "left", "right", "middle"), "data.truncation")

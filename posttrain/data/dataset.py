@@ -266,10 +266,6 @@ def epoch_batches(n_items: int, batch_size: int, *, shuffle: bool, seed: int, ep
         yield order[start:start + batch_size]
 
 
-def batches_per_epoch(n_items: int, batch_size: int) -> int:
-    return n_items // batch_size
-
-
 def collate_prompts(items: Sequence[PromptItem], pad_id: int):
     """Left-padded prompt ids and mask (B, P) plus the per-prompt fields."""
     import torch

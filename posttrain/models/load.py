@@ -74,13 +74,17 @@ def eval_mode(model):
         model.train(was_training)
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, *, key: str = "tokenizer path"):
-    """`key` is the setting `path` came from, named in the error when it leads to no tokenizer."""
+def load_tokenizer(path: str, trust_remote_code: bool = False, *, key: str = "tokenizer path",
+                   chat_template: str | None = None):
+    """`key` is the setting `path` came from, named in the error when it leads to no tokenizer. `chat_template`
+    replaces the tokenizer's own (`model.custom_chat_template`, as verl sets it on the tokenizer it loads)."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(resolve_model_source(path, key=key), trust_remote_code=trust_remote_code)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if chat_template is not None:
+        tok.chat_template = chat_template
     return tok
 
 

@@ -131,16 +131,22 @@ class VisionProcessor:
         return ids, {"pixel_values": pixels, "image_grid_thw": grid}
 
 
-def load_vision_processor(path: str, tokenizer, *, trust_remote_code: bool = False,
-                          key: str = "model path") -> VisionProcessor | None:
-    """The processor of a VL model at `path` (a folder or hub id, see hub.py), or None for a text-only model."""
+def load_vision_processor(path: str, tokenizer, *, trust_remote_code: bool = False, key: str = "model path",
+                          chat_template: str | None = None) -> VisionProcessor | None:
+    """The processor of a VL model at `path` (a folder or hub id, see hub.py), or None for a text-only model.
+    `chat_template` replaces the processor's own (`model.custom_chat_template`, as verl sets it on the processor)."""
     from transformers import AutoConfig
 
     from .hub import resolve_model_source
 
     path = resolve_model_source(path, key=key)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    return VisionProcessor(path, tokenizer, trust_remote_code=trust_remote_code) if is_vision_config(config) else None
+    if not is_vision_config(config):
+        return None
+    vision = VisionProcessor(path, tokenizer, trust_remote_code=trust_remote_code)
+    if chat_template is not None and vision.processor is not None:
+        vision.processor.chat_template = chat_template
+    return vision
 
 
 def _rope_owner(module):

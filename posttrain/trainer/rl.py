@@ -20,7 +20,7 @@ from ..algo.rollout_correction import rollout_is_weights, rollout_probs_diff, ro
 from ..algo.staleness import staleness_metrics
 from ..config import ConfigError, to_dict
 from ..data.batch import Batch
-from ..data.dataset import collate_prompts, epoch_batches
+from ..data.dataset import collate_prompts
 from ..models.vision import MM_KEY
 from ..parallel import Parallel, shutdown
 from ..parallel.samples import first_sample_rows, prompt_rows
@@ -191,6 +191,7 @@ class RLTrainer:
             metrics |= episode_metrics(batch.meta["episode"])
         metrics |= self._program_counts()
         metrics |= self.learn(batch, timing, trainer_version=self.global_step - 1)  # the weights it trains
+        self.parts.order.update(batch)  # a curriculum sampler sees the trained batch before the next draw
         timing["step"] = time.perf_counter() - t_step
         metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
         metrics["perf/throughput"] = int(batch["attention_mask"].sum()) / timing["step"] / self.par.world  # per device
@@ -391,13 +392,11 @@ class RLTrainer:
         return last_val
 
     def _next_items(self):
-        """The next batch of prompts; the order depends only on (data.seed, epoch), so a resume replays it."""
-        epoch, pos = divmod(self.data_cursor, self.parts.steps_per_epoch)
+        """The next batch of prompts (data/sampler.py: the order depends only on data.seed, the epoch and a sampler
+        class's updates, so a resume replays it)."""
+        indices = self.parts.order.batch(self.data_cursor)
         self.data_cursor += 1
-        d = self.cfg.data
-        data = self.parts.train_data
-        order = list(epoch_batches(len(data), d.train_batch_size, shuffle=d.shuffle, seed=d.seed, epoch=epoch))
-        return [data[i] for i in order[pos]]
+        return [self.parts.train_data[i] for i in indices]
 
     def save(self) -> Path:
         tr, parts = self.cfg.trainer, self.parts

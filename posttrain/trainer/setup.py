@@ -15,7 +15,8 @@ import torch
 from ..algo import EstimatorInfo, estimator_info, make_kl_controller
 from ..config import ConfigError, to_yaml
 from ..config.distillation import settings as distill_settings, teachers as configured_teachers
-from ..data.dataset import RLDataset, batches_per_epoch
+from ..data.dataset import RLDataset
+from ..data.sampler import PromptOrder
 from ..models.hub import resolve_model_source
 from ..models.load import LoraSettings, compute_dtype, load_causal_lm, load_tokenizer, model_config
 from ..models.moe import reject_tensor_parallel
@@ -235,6 +236,7 @@ class RLParts:
     train_data: RLDataset
     val_data: RLDataset | None
     vision: bool  # prompts carry images (a vision-language model's processor was found)
+    order: PromptOrder  # which training prompts each draw takes (data.shuffle, or data.sampler's class)
     steps_per_epoch: int
     total_steps: int
     rule_reward: RewardManager  # validation scores with it (as in verl)
@@ -269,9 +271,14 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
     torch.manual_seed(tr.seed)
     sources = model_sources(cfg)  # hub ids fetched before anything loads, on every rank
     tok_key = "actor_rollout_ref.model." + ("tokenizer_path" if arr.model.tokenizer_path else "path")
-    tokenizer = load_tokenizer(sources[tok_key], arr.model.trust_remote_code, key=tok_key)
+    tokenizer = load_tokenizer(sources[tok_key], arr.model.trust_remote_code, key=tok_key,
+                               chat_template=arr.model.custom_chat_template)
     train_data, val_data, vision = _datasets(cfg, par, tokenizer, sources["actor_rollout_ref.model.path"])
-    steps_per_epoch = batches_per_epoch(len(train_data), cfg.data.train_batch_size)
+    try:
+        order = PromptOrder(train_data, cfg.data, cfg.data.train_batch_size)
+    except ValueError as e:  # the sampler class fails to build
+        raise ConfigError(f"data.sampler.class_name={cfg.data.sampler.class_name}: {e}") from None
+    steps_per_epoch = order.batches_per_epoch
     total_steps = tr.total_training_steps or steps_per_epoch * tr.total_epochs
     datasets = [d for d in (train_data, val_data) if d is not None]
 
@@ -301,7 +308,7 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
         a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size or cfg.algorithm.use_kl_in_reward
         or r.calculate_log_probs or rc.rollout_is is not None or rc.rollout_rs is not None)
     parts = RLParts(
-        run_dir=run_dir, tokenizer=tokenizer, train_data=train_data, val_data=val_data, vision=vision,
+        run_dir=run_dir, tokenizer=tokenizer, train_data=train_data, val_data=val_data, vision=vision, order=order,
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, rule_reward=rule_reward, reward=reward,
         actor=roles.actor, reference=roles.reference, critic=roles.critic, engine=roles.engine, trained=roles.trained,
         kl_ctrl=kl_ctrl, info=info, max_new=max_new, needs_old_log_prob=needs_old_log_prob,
@@ -335,7 +342,8 @@ def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
     images; notes about dropped rows are printed once, by rank 0."""
     d = cfg.data
     processor = load_vision_processor(model_dir, tokenizer,
-                                      trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code)
+                                      trust_remote_code=cfg.actor_rollout_ref.model.trust_remote_code,
+                                      chat_template=cfg.actor_rollout_ref.model.custom_chat_template)
     data_kwargs = dict(prompt_key=d.prompt_key, reward_fn_key=d.reward_fn_key, max_prompt_length=d.max_prompt_length,
                        filter_overlong_prompts=d.filter_overlong_prompts, truncation=d.truncation,
                        return_raw_chat=d.return_raw_chat, image_key=d.image_key,

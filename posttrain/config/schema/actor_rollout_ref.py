@@ -39,6 +39,10 @@ class ModelConfig:
     name must match (`.*visual.*`), or a list of names (a name matches a module whose name ends with it)"""
     override_config: dict = field(default_factory=dict)
     """entries set on the model config before loading (e.g. `attention_dropout`)"""
+    custom_chat_template: Optional[str] = None
+    """a Jinja chat template that replaces the tokenizer's own (and a vision-language model's processor's), as verl
+    sets it: prompts, multi-turn episodes, agent programs' server and the checkpoints' tokenizer all use it (checked to
+    parse when the config loads)"""
     dtype: str = "auto"
     """compute dtype: `auto` = bf16 where the hardware supports it (a CPU needs AVX512-BF16 or AMX), else fp32; or
     `bf16`, `fp16`, `fp32` (autocast in one process, FSDP's mixed precision when sharded). bf16 on a CPU without
@@ -253,7 +257,9 @@ class MultiTurnConfig:
     docstring); may be set together with `tool_config_path` (a name in both is an error)"""
     format: str = "hermes"
     """how tool calls are written in the policy's text: `hermes`, the only format
-    (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as the Qwen2.5 / Qwen3 chat templates write them)"""
+    (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as the Qwen2.5 / Qwen3 chat templates write them);
+    `qwen` and `qwen25`, SGLang's names for that same format (which verl's SGLang rollout passed on), are read as
+    `hermes`"""
     use_inference_chat_template: bool = False
     """False (the only value): the policy continues from exactly the tokens it sampled, reasoning included, and only
     the appended messages are tokenized; True (re-rendering earlier turns with the chat template, which may drop

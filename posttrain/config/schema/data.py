@@ -9,6 +9,21 @@ StrOrList = Union[str, list]
 
 
 @dataclass
+class SamplerConfig:
+    class_path: Optional[str] = None
+    """a sampler class of your own that orders the training prompts instead of `shuffle`, as verl's
+    `create_rl_sampler` loads it: the module (`pkg://package.module`, or a file: `file://path.py` / `path.py`) holding
+    `class_name`, built as `Class(data_source=<the training prompts>, data_config=<data.* as a DictConfig>)` and
+    iterated for dataset indices, an epoch at a time, `data.train_batch_size` of them per step (its length sets the
+    steps per epoch). A curriculum sampler (one with an `update(batch)` method, verl's `AbstractCurriculumSampler`)
+    gets each trained step's whole batch (docs/porting.md says what it holds) before the next prompts are drawn.
+    Every process draws the same indices (the random generators are seeded from `data.seed` around each draw). The
+    class is imported when the config loads"""
+    class_name: Optional[str] = None
+    """the sampler class in `class_path` (both or neither)"""
+
+
+@dataclass
 class DataConfig:
     train_files: Optional[StrOrList] = None
     """parquet or jsonl file, or a list of them (rows in the layout of DESIGN.md)"""
@@ -53,6 +68,7 @@ class DataConfig:
     """use only the first N usable training rows (-1 = all)"""
     val_max_samples: int = -1
     """use only the first N usable validation rows (-1 = all)"""
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
     missing_chat_template: str = "error"
     """a tokenizer without a chat template: `error` (stop before training) or `join` (the message contents joined by
     newlines, for base models)"""

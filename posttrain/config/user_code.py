@@ -1,0 +1,52 @@
+"""Checks of what a config asks posttrain to load from the user besides models, data and rewards, made when the config
+loads: a chat template that replaces the tokenizer's (`actor_rollout_ref.model.custom_chat_template`) and a sampler
+class that orders the training prompts (`data.sampler.*`)."""
+
+from __future__ import annotations
+
+from ..data.sampler import is_curriculum, load_sampler_class
+from .schema import Config
+
+
+def check_user_code(cfg: Config, check) -> None:
+    """Add each problem to `check` (validate.Checks)."""
+    template = cfg.actor_rollout_ref.model.custom_chat_template
+    if template is not None:
+        problem = chat_template_problem(template)
+        check(problem is None, f"actor_rollout_ref.model.custom_chat_template: {problem}", "wrong values")
+    sampler, key = cfg.data.sampler, "data.sampler"
+    if not (sampler.class_path or sampler.class_name):
+        return
+    if not (sampler.class_path and sampler.class_name):
+        check(False, f"{key}.class_path and {key}.class_name name a sampler class together: set both (or neither)",
+              "wrong values")
+        return
+    try:
+        cls = load_sampler_class(sampler.class_path, sampler.class_name)
+    except ValueError as e:
+        check(False, f"{key}.class_path={sampler.class_path!r}, class_name={sampler.class_name!r}: {e}",
+              "files, models and packages")
+        return
+    check.unsupported(cfg.rollout.n_gpus_per_node <= 0 or not is_curriculum(cls),
+                      f"{key}.class_name={sampler.class_name} is a curriculum sampler (it has update(batch)) and "
+                      "rollout.n_gpus_per_node > 0 runs asynchronous RL, whose generating process draws the prompts "
+                      "ahead of the training steps; use it with rollout.n_gpus_per_node=0")
+
+
+def chat_template_problem(template) -> str | None:
+    """Why a chat template cannot be used (not text, or not Jinja that transformers compiles), or None."""
+    if not isinstance(template, str) or not template.strip():
+        return "must be the text of a Jinja chat template"
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # another transformers layout: Jinja itself, with the loop controls transformers enables
+        import jinja2.ext
+        import jinja2.sandbox
+
+        def _compile_jinja_template(text):
+            return jinja2.sandbox.ImmutableSandboxedEnvironment(extensions=[jinja2.ext.loopcontrols]).from_string(text)
+    try:
+        _compile_jinja_template(template)
+    except Exception as e:  # noqa: BLE001 - jinja raises TemplateSyntaxError and others
+        return f"is not a Jinja template transformers can compile ({type(e).__name__}: {e})"
+    return None

@@ -1,0 +1,353 @@
+"""verl's multi-turn command lines (tests/data/multiturn_scripts_2026_04): each loads with only its paths changed, or
+fails at load with one message naming every reason; and the keys they needed act: a custom chat template, a sampler
+class (a curriculum one updated each step), SGLang's tool-call format name, the rollout-server keys and an empty
+value."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.config import ConfigError, config_warnings, hydra_config, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "data" / "multiturn_scripts_2026_04"
+OK = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+
+VL = "episodes are text-only"
+GEO3K_TOOL = "verl's own tool verl.tools.geo3k_tool.Geo3kTool"
+CUSTOM_DATASET = "data.custom_cls.path="
+# The scripts that do not load, each with fragments of its one message: every reason it gives.
+NOT_LOADING = {
+    "geo3k/run_qwen2.5-3b_geo3k_multiturn.sh": [VL, GEO3K_TOOL],
+    "geo3k/run_qwen2.5-3b_geo3k_multiturn_4xgpu.sh": [VL, GEO3K_TOOL],
+    "geo3k/run_qwen2.5-3b_megatron_geo3k_multiturn.sh": [VL, GEO3K_TOOL],
+    "run_qwen3_4b_dapo_multiturn.sh": [CUSTOM_DATASET],
+    "search_r1_like/run_qwen2.5-3b_instruct_search_multiturn.sh": ["searches a local corpus here (BM25), not a "
+                                                                   "retrieval server: set its config.corpus_path"],
+    "recipe/retool/run_gpt_oss_ppo.sh": [CUSTOM_DATASET, "format='gpt-oss'"],
+    "recipe/retool/run_qwen2-32b_dapo.sh": [CUSTOM_DATASET],
+    "recipe/retool/run_qwen2-32b_ppo.sh": [CUSTOM_DATASET],
+    "recipe/retool/run_qwen2_7b_dapo.sh": [CUSTOM_DATASET],
+}
+
+
+def substitute(arg: str, model: str, data: str) -> str:
+    """Only paths change: the model and data, the config folder and the files the scripts name in verl's checkout
+    (or a recipe checkout) become this folder's copies and stand-ins."""
+    key, eq, value = arg.partition("=")
+    if eq and value.startswith("recipe/retool/"):  # the recipe scripts' paths, relative to a verl checkout
+        arg = f"{key}={SCRIPTS / 'recipe_retool' / value.removeprefix('recipe/retool/')}"
+    return (arg.replace("$MODEL_PATH", model).replace("$TRAIN_FILES", data).replace("$VAL_FILES", data)
+            .replace("/path/to/verl/examples/sglang_multiturn/config", str(SCRIPTS / "config"))
+            .replace("/path/to/verl/examples/sglang_multiturn/gsm8k_toolcall_shaping", str(SCRIPTS))
+            .replace("/path/to/verl/recipe/retool", str(SCRIPTS / "recipe_retool"))
+            .replace("pkg://tests.utils.dataset.test_create_rl_sampler_on_cpu", str(SCRIPTS / "samplers.py")))
+
+
+def recorded(name: str, model: str, data: str) -> tuple[str, str | None, list[str]]:
+    """(script, config file, overrides) of one recording with its paths changed."""
+    record = json.loads((SCRIPTS / name).read_text())
+    argv = [substitute(a, model, data) for a in record["argv"]]
+    hydra = {a.split("=")[0]: a.split("=", 1)[1] for a in argv if a.startswith("--config-")}
+    config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
+    return record["script"], config_file, base + [a for a in argv if not a.startswith("--config-")]
+
+
+@pytest.fixture(scope="module")
+def tools_data(tmp_path_factory) -> tuple[str, str]:
+    """GSM8K in the tool-agent layout (`posttrain prepare gsm8k --tools`), standing in for every script's data."""
+    from posttrain.data.preprocess import prepare
+
+    written = prepare("gsm8k", None, tmp_path_factory.mktemp("gsm8k_tools"), tools=True)
+    return str(written["train"][0]), str(written["test"][0])
+
+
+@pytest.fixture(scope="module")
+def tiny_vl_dir(tmp_path_factory) -> str:
+    """The geo3k scripts train Qwen2.5-VL: the tiny vision-language model stands in for it."""
+    from posttrain.data.synthetic_visual import tokenizer_corpus
+    from posttrain.models.tiny_vl import build_tiny_vl_model
+
+    return str(build_tiny_vl_model(tmp_path_factory.mktemp("tiny_vl"), tokenizer_corpus(), seed=0))
+
+
+@pytest.fixture
+def tracking_installed(monkeypatch):
+    """As with `pip install 'posttrain[tracking]'`: the scripts log to wandb and mlflow."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name in ("wandb", "mlflow") else real(name, *a))
+
+
+def test_multiturn_scripts_load_or_name_every_reason(tiny_model_dir, tiny_vl_dir, tools_data, tracking_installed):
+    """The 15 multi-turn example scripts and the 4 ReTool recipe scripts: the count docs/porting.md reports load,
+    and each of the others fails with one message naming all its reasons."""
+    loaded, failed = [], {}
+    for path in sorted(SCRIPTS.glob("*.json")):
+        model = tiny_vl_dir if path.name.startswith("geo3k__") else str(tiny_model_dir)
+        script, config_file, overrides = recorded(path.name, model, tools_data[0])
+        try:
+            load_config(config_file, overrides)
+            loaded.append(script)
+        except ConfigError as e:
+            failed[script] = str(e)
+    examples = [s for s in loaded + list(failed) if not s.startswith("recipe/")]
+    assert len(examples) == 15 and len(loaded) + len(failed) == 19
+    assert set(failed) == set(NOT_LOADING), {s: failed.get(s) for s in set(failed) ^ set(NOT_LOADING)}
+    for script, fragments in NOT_LOADING.items():
+        for fragment in fragments:
+            assert fragment in failed[script], (script, fragment, failed[script])
+    count = sum(1 for s in loaded if not s.startswith("recipe/"))
+    assert count == 10
+    doc = (ROOT / "docs" / "porting.md").read_text()
+    assert f"**{count} of 15 load" in doc and "0 of the 4 ReTool recipe scripts load" in doc
+
+
+def test_an_empty_value_of_a_bool_key_is_false_as_verl_reads_it(tiny_model_dir, tools_data, tracking_installed):
+    """`use_kl_loss=${use_kl_loss}` with the variable unset passes `use_kl_loss=`: Hydra gives "", which verl's
+    `if config.actor.use_kl_loss:` reads as False; posttrain reads False and says so. Other types stay refused."""
+    cfg = load_config(None, OK + ["actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.use_kl_loss="])
+    assert cfg.actor_rollout_ref.actor.use_kl_loss is False
+    assert "actor_rollout_ref.actor.use_kl_loss= -> False" in "\n".join(config_warnings(cfg))
+    with pytest.raises(ConfigError, match="'data.max_prompt_length' expects int, got ''"):
+        load_config(None, OK + ["data.max_prompt_length="])
+    _, config_file, overrides = recorded("run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.json", str(tiny_model_dir),
+                                         tools_data[0])
+    assert "actor_rollout_ref.actor.use_kl_loss=" in overrides  # as recorded: the script's variable is never set
+    assert load_config(config_file, overrides).actor_rollout_ref.actor.use_kl_loss is False
+
+
+def test_sglang_tool_call_format_names_read_as_hermes(tiny_model_dir, tools_data, tmp_path, tracking_installed):
+    """`multi_turn.format=qwen` (the search example's config file) is SGLang's parser name for the hermes format,
+    `<tool_call>{"name": ..., "arguments": ...}</tool_call>`; another format is refused with the reason."""
+    from posttrain.agents.settings import AgentSettings
+
+    _, config_file, overrides = recorded("search_r1_like__run_qwen2.5-3b_instruct_search_multiturn.json",
+                                         str(tiny_model_dir), tools_data[0])
+    corpus = tmp_path / "corpus.jsonl"  # the search tool reads the retriever's documents (a retrieval server: no)
+    corpus.write_text(json.dumps({"contents": "Paris\nThe capital of France."}) + "\n")
+    search_yaml = SCRIPTS / "config" / "tool_config" / "search_tool_config.yaml"
+    (tmp_path / "search.yaml").write_text(search_yaml.read_text().replace(
+        "retrieval_service_url:", f"corpus_path: {corpus}\n      retrieval_service_url:"))
+    overrides = [o.replace(str(search_yaml), str(tmp_path / "search.yaml")) for o in overrides]
+    cfg = load_config(config_file, overrides)
+    assert AgentSettings.from_config(cfg).format == "hermes"
+    assert "multi_turn.format=qwen -> hermes" in "\n".join(config_warnings(cfg))
+    assert load_config(None, OK + ["actor_rollout_ref.rollout.multi_turn.format=qwen25"]
+                       ).actor_rollout_ref.rollout.multi_turn.format == "hermes"
+    with pytest.raises(ConfigError, match="format='pythonic': posttrain parses tool calls in the hermes format"):
+        load_config(None, OK + ["actor_rollout_ref.rollout.multi_turn.format=pythonic"])
+
+
+def test_rollout_server_keys(tiny_model_dir, tools_data, tmp_path, tracking_installed):
+    """verl's rollout-server keys (its client's request limit, retries, pool, start-up wait) load with a note: no
+    request is sent here; with an agent program, whose requests do go to a server, they are refused with the reason.
+    `sglang_rollout_mode` accepts SGLang's two modes only."""
+    _, config_file, overrides = recorded("run_qwen2.5-3b_gsm8k_multiturn_server.json", str(tiny_model_dir),
+                                         tools_data[0])
+    notes = "\n".join(config_warnings(load_config(config_file, overrides)))
+    for key in ("timeout", "max_attempts", "retry_delay", "max_connections", "max_start_wait_time"):
+        assert f"actor_rollout_ref.rollout.server.{key}" in notes
+    assert "no generation request is sent" in notes
+    (tmp_path / "program.py").write_text("def play(row, base_url, api_key):\n    return 1.0\n")
+    program = [f"actor_rollout_ref.rollout.agent.program={tmp_path / 'program.py'}:play",
+               "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.rollout.server.timeout=60"]
+    with pytest.raises(ConfigError, match="server.timeout with actor_rollout_ref.rollout.agent.program: the programs"):
+        load_config(None, OK + program)
+    assert load_config(None, OK + ["actor_rollout_ref.rollout.sglang_rollout_mode=engine"])
+    with pytest.raises(ConfigError, match="sglang_rollout_mode='spmd' is not supported"):
+        load_config(None, OK + ["actor_rollout_ref.rollout.sglang_rollout_mode=spmd"])
+
+
+GEO3K_CONFIG = SCRIPTS / "config" / "geo3k_multiturn_grpo.yaml"
+
+
+def test_custom_chat_template_renders_the_prompts(tiny_model_dir, tiny_vl_dir, tools_data, tmp_path,
+                                                  tracking_installed):
+    """The geo3k config file's `custom_chat_template` (a Qwen2.5-VL template: Qwen's tools block, a default system
+    prompt) replaces the tokenizer's: the run's tokenizer, the prompts it encodes and the episode loop's rendering all
+    use it, and a vision-language model's processor too; a template that does not compile is refused at load."""
+    from test_porting import tiny_knobs
+
+    from posttrain.agents.tool_agent import toolbox_for
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.data.dataset import read_rows
+    from posttrain.models.load import load_tokenizer
+    from posttrain.models.vision import load_vision_processor
+    from posttrain.trainer.rl import RLTrainer
+
+    import yaml
+
+    template = yaml.safe_load(GEO3K_CONFIG.read_text())["actor_rollout_ref"]["model"]["custom_chat_template"]
+    tools = str(SCRIPTS / "config" / "tool_config" / "gsm8k_tool_config.yaml")
+    cfg = load_config(str(GEO3K_CONFIG), [f"actor_rollout_ref.model.path={tiny_model_dir}",
+                                          f"data.train_files={tools_data[0]}", f"data.val_files={tools_data[1]}",
+                                          f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                                          *tiny_knobs(tmp_path / "run"), "data.train_max_samples=8",
+                                          "data.max_prompt_length=2048",
+                                          "actor_rollout_ref.rollout.prompt_length=2048"])
+    assert cfg.actor_rollout_ref.model.custom_chat_template == template
+    parts = RLTrainer(cfg).parts
+    assert parts.tokenizer.chat_template == template and parts.episodes.tokenizer is parts.tokenizer
+    own = load_tokenizer(str(tiny_model_dir))
+    row = read_rows(tools_data[0])[parts.train_data.items[0].extra_info["index"]]
+    schemas = toolbox_for(AgentSettings.from_config(cfg)).schemas()
+    rendered = own.apply_chat_template(list(row["prompt"]), tools=schemas, chat_template=template,
+                                       add_generation_prompt=True, tokenize=False)
+    assert "You may call one or more functions to assist with the user query." in rendered  # its tools block
+    assert parts.train_data.items[0].prompt_ids == own(rendered, add_special_tokens=False)["input_ids"]
+    assert parts.train_data.items[0].prompt_ids != own.apply_chat_template(
+        list(row["prompt"]), tools=schemas, add_generation_prompt=True, tokenize=True)
+    vl_tok = load_tokenizer(tiny_vl_dir, chat_template=template)
+    processor = load_vision_processor(tiny_vl_dir, vl_tok, chat_template=template)
+    messages = [{"role": "user", "content": "two plus two"}]
+    ids, _ = processor.encode(messages, [])
+    assert ids == vl_tok(vl_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                         add_special_tokens=False)["input_ids"]
+    assert "You are a helpful assistant." in vl_tok.decode(ids)
+    if processor.processor is not None:
+        assert processor.processor.chat_template == template
+    with pytest.raises(ConfigError, match="custom_chat_template: is not a Jinja template transformers can compile"):
+        load_config(None, OK + ["actor_rollout_ref.model.custom_chat_template='{% for m in messages %}'"])
+
+
+REVERSED = '''
+from verl.experimental.dataset.sampler import AbstractSampler
+
+
+class Reversed(AbstractSampler):
+    """The prompts last to first."""
+
+    def __init__(self, data_source, data_config):
+        self.n = len(data_source)
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+    def __len__(self):
+        return self.n
+
+
+class OutOfRange(Reversed):
+    def __iter__(self):
+        return iter([self.n + 5] * self.n)
+'''
+
+
+def sampler_cfg(path, name, *more):
+    return load_config(None, OK + [f"data.sampler.class_path={path}", f"data.sampler.class_name={name}", *more])
+
+
+def test_a_sampler_class_orders_the_prompts_the_same_on_every_rank(tmp_path):
+    """`data.sampler.class_path/class_name` load a class as verl's create_rl_sampler does (verl's sampler interfaces
+    import without verl), and its indices are the prompts drawn, `train_batch_size` at a time, an epoch per
+    iteration; a resumed run replays them; a sampler drawing from torch's global generator (the recorded scripts'
+    RandomCurriculumSampler) gives every process the same indices whatever their generators' states; problems are
+    named at load."""
+    from posttrain.data.dataset import epoch_batches
+    from posttrain.data.sampler import PromptOrder
+
+    (tmp_path / "mine.py").write_text(REVERSED)
+    cfg = sampler_cfg(f"file://{tmp_path / 'mine.py'}", "Reversed", "data.train_batch_size=4",
+                      "actor_rollout_ref.actor.ppo_mini_batch_size=4")
+    order = PromptOrder(list(range(10)), cfg.data, 4)
+    assert order.batches_per_epoch == 2
+    assert [order.batch(c) for c in range(3)] == [[9, 8, 7, 6], [5, 4, 3, 2], [9, 8, 7, 6]]
+    assert PromptOrder(list(range(10)), cfg.data, 4).batch(1) == [5, 4, 3, 2]  # a resumed run
+    plain = load_config(None, OK).data
+    assert PromptOrder(list(range(10)), plain, 4).batch(1) == list(epoch_batches(10, 4, shuffle=True, seed=1,
+                                                                                 epoch=0))[1]
+    recorded_sampler = sampler_cfg(SCRIPTS / "samplers.py", "RandomCurriculumSampler").data
+    draws = []
+    for rank_seed in (0, 1):  # two processes whose generators have drawn differently
+        torch.manual_seed(rank_seed)
+        torch.rand(rank_seed + 3)
+        order = PromptOrder(list(range(32)), recorded_sampler, 8)
+        draws.append([order.batch(c) for c in range(5)])
+    assert draws[0] == draws[1] and sorted(sum(draws[0][:4], [])) == list(range(32))
+    assert draws[0][4] != draws[0][0]  # the next epoch is another order
+    assert PromptOrder(list(range(32)), recorded_sampler, 8).batch(3) == draws[0][3]
+    with pytest.raises(ValueError, match=r"OutOfRange gave \[15, 15, 15\], not indices of the 10 training prompts"):
+        PromptOrder(list(range(10)), sampler_cfg(tmp_path / "mine.py", "OutOfRange").data, 4).batch(0)
+    with pytest.raises(ConfigError, match="mine.py has no 'Nope'"):
+        sampler_cfg(tmp_path / "mine.py", "Nope")
+    with pytest.raises(ConfigError, match="no file .*missing.py"):
+        sampler_cfg(tmp_path / "missing.py", "Reversed")
+    with pytest.raises(ConfigError, match="class_path and data.sampler.class_name name a sampler class together"):
+        load_config(None, OK + ["data.sampler.class_name=Reversed"])
+    with pytest.raises(ConfigError, match="RandomCurriculumSampler is a curriculum sampler .* asynchronous RL"):
+        sampler_cfg(SCRIPTS / "samplers.py", "RandomCurriculumSampler", "rollout.n_gpus_per_node=1")
+
+
+CURRICULUM = '''
+import json
+import os
+
+from verl.experimental.dataset.sampler import AbstractCurriculumSampler
+
+
+class Blocks(AbstractCurriculumSampler):
+    """Prompts in blocks of 4, block k drawn after k updates (so a draw made before the step's update would show);
+    each draw and each update is written to the file $SAMPLER_RECORD."""
+
+    def __init__(self, data_source, data_config):
+        self.prompts, self.updates = data_source, 0
+        self.record = os.environ["SAMPLER_RECORD"]
+
+    def __len__(self):
+        return len(self.prompts)
+
+    def __iter__(self):
+        for _ in range(len(self) // 4):
+            block = [(4 * self.updates + j) % len(self) for j in range(4)]
+            self._write({"drawn": block, "ground_truth": [str(self.prompts[i].ground_truth) for i in block]})
+            yield from block
+
+    def update(self, batch):
+        self.updates += 1
+        self._write({"rows": len(batch), "uid": sorted(set(batch.non_tensor_batch["uid"])),
+                     "ground_truth": sorted(set(map(str, batch.non_tensor_batch["ground_truth"]))),
+                     "tensors": sorted(batch.batch), "index": [int(i) for i in batch.non_tensor_batch["index"]]})
+
+    def _write(self, entry):
+        with open(self.record, "a") as f:
+            f.write(json.dumps(entry) + "\\n")
+'''
+
+
+def test_a_curriculum_sampler_is_updated_with_each_trained_batch(tiny_model_dir, tools_data, tmp_path, monkeypatch,
+                                                                 tracking_installed):
+    """The recorded curriculum script with its paths changed and the recorded scripts' size knobs, its sampler class
+    replaced by one that draws block k of prompts after k updates: 2 steps train on the blocks it chose (not the
+    seeded shuffle's), and `update` gets each step's whole scored batch (4 prompts x 2 samples, advantages
+    computed) before the next draw."""
+    from test_porting import tiny_knobs, trained_steps
+
+    from posttrain.trainer.rl import run_rl
+
+    (tmp_path / "blocks.py").write_text(CURRICULUM)
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("SAMPLER_RECORD", str(record))
+    _, config_file, overrides = recorded("run_qwen0.5b_gsm8k_multiturn_curriculum.json", str(tiny_model_dir),
+                                         tools_data[0])
+    assert "data.sampler.class_name=RandomCurriculumSampler" in overrides
+    cfg = load_config(config_file, overrides + tiny_knobs(tmp_path / "run") + [
+        "data.train_max_samples=16", f"data.sampler.class_path={tmp_path / 'blocks.py'}",
+        "data.sampler.class_name=Blocks"])
+    run_rl(cfg)
+    trained_steps(tmp_path / "run")
+    entries = [json.loads(line) for line in record.read_text().splitlines()]
+    draws = [e for e in entries if "drawn" in e]
+    updates = [e for e in entries if "rows" in e]
+    assert [e["drawn"] for e in draws] == [[0, 1, 2, 3], [4, 5, 6, 7]]  # the second block: after one update
+    assert ["drawn" in e for e in entries] == [True, False, True, False]  # draw, update, draw, update
+    assert len(updates) == 2 and all(u["rows"] == 8 and len(u["uid"]) == 4 for u in updates)
+    for draw, update in zip(draws, updates):
+        assert sorted(set(draw["ground_truth"])) == update["ground_truth"]
+        assert {"advantages", "responses", "response_mask", "token_level_scores"} <= set(update["tensors"])
