@@ -353,8 +353,8 @@ def test_every_bad_request_is_an_openai_error_and_the_server_serves_on(stack):
     assert isinstance(e, openai.BadRequestError) and "context" in e.message
     e = status_error(lambda: c.completions.create(model=MODEL, prompt=[len(tokenizer) + 50], max_tokens=2))
     assert isinstance(e, openai.BadRequestError)
-    for refused in (dict(top_logprobs=2, logprobs=True), dict(tool_choice="required"), dict(presence_penalty=1.0),
-                    dict(response_format={"type": "json_object"})):
+    for refused in (dict(top_logprobs=2), dict(tool_choice="required"), dict(presence_penalty=3.0),  # no tools
+                    dict(response_format={"type": "xml"}), dict(extra_body={"use_beam_search": True})):
         e = status_error(lambda: c.chat.completions.create(model=MODEL, messages=USER, max_tokens=2, **refused))
         assert isinstance(e, openai.BadRequestError), refused
     e = status_error(lambda: c.chat.completions.create(model=MODEL, messages=[]))

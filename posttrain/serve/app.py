@@ -26,7 +26,8 @@ try:
 except ImportError as e:  # the serve extra is optional
     raise ImportError("the server needs FastAPI and uvicorn: pip install 'posttrain[serve]'") from e
 
-from .chat import ChatError, SampleText, render, tool_message
+from . import answers, fields
+from .chat import ChatError, SampleText, render
 from .generation import Cancelled, Generation, GenerationFailed, RequestTimeout
 from .protocol import ChatRequest, CompletionRequest, RewardRequest, error_body
 from .recorder import Call, Recorder
@@ -88,6 +89,10 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
     async def api_error(_, e: APIError):
         return JSONResponse(e.body, status_code=e.status)
 
+    @app.exception_handler(fields.FieldError)
+    async def refused(_, e: fields.FieldError):
+        return JSONResponse(error_body(str(e), "invalid_request_error", param=e.param), status_code=400)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_, e: RequestValidationError):
         first = e.errors()[0] if e.errors() else {}
@@ -124,7 +129,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
             raise APIError(404, f"the model {name!r} does not exist; this server serves {served.name!r}",
                            code="model_not_found", param="model")
 
-    def sampling_for(body, prompt_len: int) -> RequestSampling:
+    def sampling_for(body, prompt_len: int, options: dict) -> RequestSampling:
         room = scheduler.context_length - prompt_len
         if room <= 0:
             raise _bad(f"the prompt is {prompt_len} tokens, and the model's context is {scheduler.context_length}",
@@ -133,10 +138,11 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         top_k = body.top_k if body.top_k and body.top_k > 0 else -1
         s = RequestSampling(temperature=1.0 if body.temperature is None else body.temperature,
                             top_p=1.0 if body.top_p is None else body.top_p, top_k=top_k,
-                            max_tokens=room if asked is None else asked, seed=body.seed)
+                            max_tokens=room if asked is None else asked, seed=body.seed, **options)
         if sampling_override is not None:
             o = sampling_override
-            s = replace(s, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, stop_token_ids=o.stop_token_ids,
+            s = replace(s, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
+                        stop_token_ids=tuple(dict.fromkeys(o.stop_token_ids + s.stop_token_ids)),
                         max_tokens=min(s.max_tokens, o.max_tokens))
         return s
 
@@ -197,13 +203,6 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         for choice, (sample, finish) in enumerate(zip(samples, finishes)):
             recorder.record(episode, Call(list(prompts[choice // n]), list(sample.ids), list(sample.logprobs), finish))
 
-    def token_entries(tokens: list[tuple[int, float]]) -> list[dict]:
-        out = []
-        for token, logprob in tokens:
-            text = tokenizer.decode([token], skip_special_tokens=False)
-            out.append({"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8")), "top_logprobs": []})
-        return out
-
     def usage(prompts: list[list[int]], n: int, samples: list[SampleText]) -> dict:
         prompt_tokens = sum(len(p) for p in prompts)
         completion = sum(len(s.ids) for s in samples)
@@ -215,11 +214,15 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
 
     async def start(request: Request, body, prompts: list[list[int]], watch: str | None):
         """The samples submitted, and a Generation over them."""
-        sampling = sampling_for(body, max(len(p) for p in prompts))
+        eos_ids = getattr(getattr(scheduler, "engine", None), "eos_ids", None) or {tokenizer.eos_token_id}
+        options = await fields.options(body, tokenizer, getattr(scheduler, "vocab_size", len(tokenizer)), eos_ids)
+        sampling = sampling_for(body, max(len(p) for p in prompts), options)
         deadline = time.monotonic() + request_timeout_s
         handles = submit(prompts, body.n, sampling)
-        samples = [SampleText(tokenizer, body.stop_strings(), watch, whole=not body.stream)
+        samples = [SampleText(tokenizer, body.stop_strings(), watch, whole=not body.stream,
+                              include_stop=body.include_stop_str_in_output, skip_special=body.skip_special_tokens)
                    for _ in range(len(prompts) * body.n)]
+
         return Generation(handles, body.n, samples, deadline), samples
 
     async def streamed(gen: Generation, request: Request, chunks, on_done):
@@ -284,20 +287,19 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
         check_model(body.model)
-        if (why := body.unsupported()) is not None:
-            raise _bad(why)
+        fields.screen(body)
         tools = body.tools if body.tools and body.tool_choice != "none" else None
         try:
-            prompt = render(tokenizer, body.messages, tools)
+            prompt = render(tokenizer, body.messages, tools, body.chat_template_kwargs)
         except ChatError as e:
             raise _bad(str(e), "messages") from None
         gen, samples = await start(request, body, [prompt], OPEN if tools else None)
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        rid, created = f"chatcmpl-{body.request_id or uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "created": created, "model": served.name}
 
         def message(choice: int) -> tuple[dict, str]:
             sample = samples[choice]
-            content, calls = tool_message(sample.text, tools is not None, served.tool_format)
+            content, calls = answers.turn(sample.text, tools is not None, served.tool_format, body.parallel_tool_calls)
             reason = "tool_calls" if calls and gen.finish[choice] == "stop" else gen.finish[choice]
             return {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}, reason
 
@@ -307,7 +309,8 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
             for i, sample in enumerate(samples):
                 msg, reason = message(i)
                 reasons.append(reason)
-                lp = {"content": token_entries(list(zip(sample.ids, sample.logprobs)))} if body.logprobs else None
+                lp = (answers.chat_logprobs(tokenizer, zip(sample.ids, sample.logprobs, sample.tops)) if body.logprobs
+                      else None)
                 choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reason})
             record(request, [prompt], body.n, samples, reasons)
             return {**head, "object": "chat.completion", "choices": choices, "usage": usage([prompt], body.n, samples)}
@@ -316,7 +319,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         reasons: list[str | None] = [None] * len(samples)
 
         def chunk(choice: int, delta: dict, tokens=(), reason=None) -> dict:
-            lp = {"content": token_entries(list(tokens))} if body.logprobs and tokens else None
+            lp = answers.chat_logprobs(tokenizer, tokens) if body.logprobs and tokens else None
             return {**head, "object": "chat.completion.chunk",
                     "choices": [{"index": choice, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
 
@@ -332,7 +335,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                 _, reason = message(update.choice)
                 reasons[update.choice] = reason
                 if tail:
-                    content, calls = tool_message(tail, True, served.tool_format)
+                    content, calls = answers.turn(tail, True, served.tool_format, body.parallel_tool_calls)
                     if content:
                         out.append(chunk(update.choice, {"content": content}))
                     if calls:
@@ -353,8 +356,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
-        if (why := body.unsupported()) is not None:
-            raise _bad(why)
+        fields.screen(body)
         prompts = []
         for p in body.prompts():
             ids = tokenizer(p, add_special_tokens=True)["input_ids"] if isinstance(p, str) else list(p)
@@ -366,32 +368,30 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         if not prompts:
             raise _bad("no prompt given", "prompt")
         gen, samples = await start(request, body, prompts, None)
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        rid, created = f"cmpl-{body.request_id or uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "created": created, "model": served.name, "object": "text_completion"}
+        given = body.prompts()
 
-        def logprobs(tokens, offset: int = 0) -> dict | None:
-            if body.logprobs is None:
-                return None
-            texts = [tokenizer.decode([t], skip_special_tokens=False) for t, _ in tokens]
-            offsets = [offset + sum(len(x) for x in texts[:k]) for k in range(len(texts))]
-            return {"tokens": texts, "token_logprobs": [lp for _, lp in tokens], "top_logprobs": None,
-                    "text_offset": offsets}
+        def echo(k: int):  # prompt k's text, ids and scored log-probs (set on its handle before its first token)
+            p = given[k] if isinstance(given[k], str) else tokenizer.decode(prompts[k], skip_special_tokens=False)
+            return lambda: (p, prompts[k], getattr(gen.handles[k], "prompt_logprobs", None))
+
+        texts = [answers.CompletionText(tokenizer, body.logprobs, echo(i // body.n) if body.echo else None)
+                 for i in range(len(samples))]
 
         if not body.stream:
             await collect(gen, request)
-            choices = [{"index": i, "text": s.text, "logprobs": logprobs(list(zip(s.ids, s.logprobs))),
+            choices = [{"index": i, **dict(zip(("text", "logprobs"),
+                                               texts[i].piece(s.text, zip(s.ids, s.logprobs, s.tops)))),
                         "finish_reason": gen.finish[i]} for i, s in enumerate(samples)]
             record(request, prompts, body.n, samples, list(gen.finish))
             return {**head, "choices": choices, "usage": usage(prompts, body.n, samples)}
 
-        sent = [0] * len(samples)
-
         def chunks(update):
             if not (update.text or update.tokens or update.finish):
                 return []
-            lp = logprobs(update.tokens, sent[update.choice])
-            sent[update.choice] += len(update.text)
-            return [{**head, "choices": [{"index": update.choice, "text": update.text, "logprobs": lp,
+            text, lp = texts[update.choice].piece(update.text, update.tokens)
+            return [{**head, "choices": [{"index": update.choice, "text": text, "logprobs": lp,
                                           "finish_reason": update.finish}]}]
 
         def done():

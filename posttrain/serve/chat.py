@@ -66,12 +66,14 @@ def template_messages(messages: list) -> list[dict]:
     return out
 
 
-def render(tokenizer, messages: list, tools: list[dict] | None) -> list[int]:
-    """Prompt ids: the chat template over `messages` (protocol.Message) with the generation prompt."""
+def render(tokenizer, messages: list, tools: list[dict] | None, template_kwargs: dict | None = None) -> list[int]:
+    """Prompt ids: the chat template over `messages` (protocol.Message) with the generation prompt (and the
+    request's `chat_template_kwargs`, e.g. Qwen3's enable_thinking)."""
     from ..data.rows import DataError
 
     try:
-        return encode_prompt(tokenizer, template_messages(messages), tools=tools or None, where="the messages")
+        return encode_prompt(tokenizer, template_messages(messages), template_kwargs, tools=tools or None,
+                             where="the messages")
     except DataError as e:
         raise ChatError(str(e)) from None
 
@@ -107,29 +109,34 @@ class SampleText:
     when a stop string matched (the text is cut at it; the caller cancels the sample and ignores later tokens).
     `watch` (e.g. `<tool_call>`): once it appears, nothing after it is sent before `finish` (tool_message parses it).
     `whole=True` (an answer sent whole, not streamed) with no stop strings: no text is needed before `finish`, which
-    decodes every id at once (the same text; one decode per sample instead of two per token).
+    decodes every id at once (the same text; one decode per sample instead of two per token). `include_stop`: the
+    text keeps the stop string it ended on; `skip_special=False`: special tokens are decoded as text too.
     """
 
     WINDOW = 6  # tokens decoded before the new ones, so a token's leading space or merged bytes come out right
 
-    def __init__(self, tokenizer, stops: list[str] = (), watch: str | None = None, whole: bool = False):
+    def __init__(self, tokenizer, stops: list[str] = (), watch: str | None = None, whole: bool = False,
+                 include_stop: bool = False, skip_special: bool = True):
         self.tokenizer, self.stops, self.watch = tokenizer, list(stops), watch
+        self.include_stop, self.skip_special = include_stop, skip_special
         self.incremental = not whole or bool(self.stops)  # False: its text is wanted at `finish` only
         self.ids: list[int] = []
         self.logprobs: list[float] = []
+        self.tops: list[list | None] = []  # each token's top log-probs (processors.py), where the request asks
         self.text = ""  # decoded so far (cut at a stop string)
         self.sent = 0  # characters of `text` given out
         self.stopped = False
         self._prefix, self._read = 0, 0  # decode window: ids[_prefix:_read] gave text already in `text`
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False)
 
-    def push(self, token: int, logprob: float) -> str:
+    def push(self, token: int, logprob: float, top: list | None = None) -> str:
         if self.stopped:  # sampled before the cancel reached the scheduler: not part of the answer
             return ""
         self.ids.append(token)
         self.logprobs.append(logprob)
+        self.tops.append(top)
         if not self.incremental:
             return ""
         before = self._decode(self.ids[self._prefix:self._read])
@@ -139,9 +146,10 @@ class SampleText:
         searched = max(0, len(self.text) - max((len(s) for s in self.stops), default=1))
         self.text += now[len(before):]
         self._prefix, self._read = max(0, len(self.ids) - self.WINDOW), len(self.ids)
-        hits = [i for i in (self.text.find(s, searched) for s in self.stops) if i != -1]
+        hits = [(i, i + len(s) if self.include_stop else i) for s in self.stops
+                if (i := self.text.find(s, searched)) != -1]
         if hits:
-            self.text, self.stopped = self.text[:min(hits)], True
+            self.text, self.stopped = self.text[:min(hits)[1]], True
             return self._flush()
         return self._ready()
 

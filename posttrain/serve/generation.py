@@ -32,7 +32,7 @@ class Cancelled(Exception):
 class Update:
     choice: int
     text: str  # text that may be sent now
-    tokens: list[tuple[int, float]] = field(default_factory=list)  # the sampled (id, log-prob)s it came from
+    tokens: list[tuple] = field(default_factory=list)  # the sampled (id, log-prob, top log-probs)s it came from
     finish: str | None = None  # "stop" or "length" on a choice's last update
 
 
@@ -93,8 +93,8 @@ class Generation:
         if event.finish is None:
             if sample.stopped:
                 return None
-            text = sample.push(event.token, event.logprob)
-            tokens = [(event.token, event.logprob)]
+            text = sample.push(event.token, event.logprob, event.top)
+            tokens = [(event.token, event.logprob, event.top)]
             if sample.stopped:
                 self.handles[i].cancel(event.sample)
                 self.finish[choice] = "stop"

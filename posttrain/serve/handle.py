@@ -19,6 +19,7 @@ class Event:
     token: int | None
     logprob: float | None  # under the distribution the token was drawn from (greedy: the model's own)
     finish: str | None = None
+    top: list[tuple[int, float]] | None = None  # the most likely (token, log-prob)s there, when the request asks
 
 
 class Handle:
@@ -33,6 +34,7 @@ class Handle:
         self._events: collections.deque[Event] = collections.deque()
         self._lock = threading.Lock()
         self._wake: tuple | None = None  # (loop or None, callback, final only): see `notify`
+        self.prompt_logprobs: list | None = None  # echo: set by the scheduler before the first event
 
     def _put(self, events: list[Event], wakes: "_Wakes | None" = None) -> None:
         """Events to the consumer; its wake-up goes to `wakes` (run after the step) or runs now."""

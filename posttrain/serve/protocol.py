@@ -1,9 +1,9 @@
 """The OpenAI wire format the server speaks: request bodies (validated) and the error body.
 
-Fields an OpenAI client may send are accepted; the ones the server cannot honour with a non-default value
-(penalties, logit bias, top log-probs, forced tool choice, JSON output, echo, suffix, best_of) are refused by
-`unsupported` with a 400 naming the field, never silently ignored. Unknown fields are ignored, as OpenAI's
-servers do. Responses are plain dicts built in app.py (their layout is the one the OpenAI client parses).
+Every field of these models acts (fields.py says how; tests/test_serve_fields.py checks each); vLLM's fields that
+posttrain does not implement are kept as extras and refused by `fields.screen` with a 400 naming them when given
+a value other than their default; fields neither API knows are ignored with a warning in the log, as vLLM does.
+Responses are plain dicts built in app.py and answers.py (their layout is the one the OpenAI client parses).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ class Ignoring(BaseModel):
 
 class StreamOptions(Ignoring):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; refused when true
 
 
 class FunctionCall(Ignoring):
@@ -40,8 +41,10 @@ class Message(Ignoring):
     tool_call_id: str | None = None
 
 
-class Sampling(Ignoring):
-    """What chat and text completions share."""
+class Sampling(BaseModel):
+    """What chat and text completions share (vLLM's extras included; other fields kept in `model_extra`)."""
+    model_config = ConfigDict(extra="allow")
+
     model: str
     n: int = Field(1, ge=1, le=128)
     temperature: float | None = Field(None, ge=0, le=2)
@@ -52,21 +55,31 @@ class Sampling(Ignoring):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
+    presence_penalty: float | None = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float | None = Field(0.0, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0)
     logit_bias: dict[str, float] | None = None
+    min_p: float | None = Field(None, ge=0, le=1)
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    response_format: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
     user: str | None = None
+    session_id: str | None = None
+    request_id: str | None = None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return [s for s in stops if s]
-
-    def common_unsupported(self) -> str | None:
-        if self.presence_penalty or self.frequency_penalty:
-            return "presence_penalty / frequency_penalty are not supported"
-        if self.logit_bias:
-            return "logit_bias is not supported"
-        return None
 
 
 class ChatRequest(Sampling):
@@ -77,16 +90,7 @@ class ChatRequest(Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: dict[str, Any] | None = None
-
-    def unsupported(self) -> str | None:
-        if self.top_logprobs:
-            return "top_logprobs is not supported (logprobs=true gives each sampled token's log-prob)"
-        if self.tool_choice not in (None, "auto", "none"):
-            return "tool_choice: only 'auto' and 'none' are supported"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format: only {'type': 'text'} is supported"
-        return self.common_unsupported()
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def new_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -99,17 +103,6 @@ class CompletionRequest(Sampling):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
-
-    def unsupported(self) -> str | None:
-        if self.logprobs:
-            return "logprobs > 0 (top log-probs) is not supported; logprobs=0 gives each sampled token's log-prob"
-        if self.echo:
-            return "echo is not supported"
-        if self.suffix:
-            return "suffix is not supported"
-        if self.best_of is not None and self.best_of != self.n:
-            return "best_of is not supported"
-        return self.common_unsupported()
 
     def new_tokens(self) -> int | None:
         return self.max_tokens

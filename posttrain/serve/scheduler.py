@@ -52,8 +52,10 @@ from ..models.load import attention_backends, autocast, eval_mode
 from ..rollout.base import SamplingParams
 from ..rollout.sampling import next_tokens, sampled_logprobs
 from ..rollout.weights import inference_weights
+from . import processors
 from .handle import Event, Handle, _Wakes
 from .prefix_cache import PrefixCache
+from .processors import Processing
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,9 @@ class RequestSampling:
     max_tokens: int = 256  # new tokens per sample
     seed: int | None = None  # same seed + same request -> same tokens
     stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS ids
+    ignore_eos: bool = False  # the model's EOS ids do not end a sample (stop_token_ids still do)
+    processing: Processing | None = None  # penalties, biases, masks, grammar, top log-probs (processors.py)
+    prompt_logprobs: int | None = None  # echo: the prompt's log-probs (and this many top ones) onto the handle
 
 
 class QueueFull(Exception):
@@ -91,14 +96,19 @@ class _Request:
         # rows sharing a sampling call: greedy rows all together, sampled ones by their filters, seeded ones alone
         self.kind = ("greedy",) if not self.params.do_sample else (
             ("seeded", id(self)) if self.generator is not None else (s.temperature, s.top_p, s.top_k))
+        if s.processing is not None:  # processed rows are sampled apart: the plain rows' call stays as it was
+            self.kind = ("processed",) + self.kind
 
 
 class _Row:
-    __slots__ = ("request", "sample", "count", "tokens")
+    __slots__ = ("request", "sample", "count", "tokens", "processing")
 
     def __init__(self, request: _Request, sample: int):
         self.request, self.sample, self.count = request, sample, 0
         self.tokens: list[int] = []  # sampled so far
+        p, params = request.sampling.processing, request.params
+        self.processing = None if p is None else p.start(request.prompt, request.stops, params.temperature,
+                                                         params.greedy)
 
 
 class Scheduler:
@@ -162,6 +172,11 @@ class Scheduler:
             self._cache.clear()
 
     @property
+    def vocab_size(self) -> int:
+        """The width of the model's logits (token ids a request may name lie below it)."""
+        return self._vocab
+
+    @property
     def context_length(self) -> int:
         """Prompt + new tokens a request may reach (the model's `max_position_embeddings`; unknown: no limit)."""
         return self._context if self._context is not None else 2**63 - 1
@@ -189,7 +204,8 @@ class Scheduler:
         prompt = [int(t) for t in prompt_ids]
         self._check(prompt, n, sampling)
         handle = Handle(self, n)
-        stops = frozenset(self.engine.eos_ids) | frozenset(int(t) for t in sampling.stop_token_ids)
+        stops = frozenset(() if sampling.ignore_eos else self.engine.eos_ids) | frozenset(
+            int(t) for t in sampling.stop_token_ids)
         request = _Request(handle, prompt, sampling, stops, self.engine.device)
         with self._cond:
             if self._closed:
@@ -299,8 +315,8 @@ class Scheduler:
         if not self._rows:
             return
         try:
-            token, logprob = self._sample()
-            keep = self._emit(token.tolist(), logprob.tolist())
+            token, logprob, tops = self._sample()
+            keep = self._emit(token.tolist(), logprob.tolist(), tops)
             if keep is not None:
                 self._keep(keep)
                 token = token[keep.to(token.device)]
@@ -322,6 +338,7 @@ class Scheduler:
 
     def _join(self, model, requests: list[_Request]) -> None:
         """`requests` into the batch: those resuming a kept prefix together, the others together."""
+        requests = self._score(model, requests)
         if not requests:
             return
         self._counts["requests"] += len(requests)
@@ -344,6 +361,23 @@ class Scheduler:
             for match in matches.values():
                 if match is not None and hasattr(match[0], "release"):
                     match[0].release()
+
+    def _score(self, model, requests: list[_Request]) -> list[_Request]:
+        """`echo`: the prompt log-probs of each request asking, onto its handle before it joins (a failure ends that
+        request); the requests that go on."""
+        going = []
+        for r in requests:
+            if r.sampling.prompt_logprobs is not None:
+                try:
+                    r.handle.prompt_logprobs = processors.score_prompt(self.engine, model, r.prompt,
+                                                                       r.sampling.prompt_logprobs)
+                except Exception:
+                    log.exception("scoring a prompt failed; its request ends with finish=error")
+                    r.handle._put([Event(s, None, None, "error") for s in sorted(r.live)])
+                    r.live.clear()
+                    continue
+            going.append(r)
+        return going
 
     def _join_together(self, model, requests: list[_Request], matches: dict) -> None:
         """Prefill `requests` into the batch together; if that fails, one by one, so that a failing prompt ends its
@@ -397,8 +431,9 @@ class Scheduler:
             self._rows = self._rows + rows
         self._plan = None
 
-    def _sample(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's next token and its log-prob: one sampling call per kind of request."""
+    def _sample(self) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+        """Each row's next token, its log-prob, and the top log-probs of rows that ask (row -> entries; None when no
+        row asks): one sampling call per kind of request; processed rows have their logits adjusted first."""
         if self._plan is None:
             kinds: dict[tuple, list[int]] = {}
             for j, row in enumerate(self._rows):
@@ -406,28 +441,40 @@ class Scheduler:
             device = self._logits.device
             self._plan = [(self._rows[js[0]].request.params,
                            None if len(kinds) == 1 else torch.tensor(js, device=device),
-                           self._rows[js[0]].request.generator) for js in kinds.values()]
+                           self._rows[js[0]].request.generator,
+                           None if self._rows[js[0]].processing is None else [self._rows[j].processing for j in js])
+                          for js in kinds.values()]
         logits = self._logits
-        if len(self._plan) == 1:
-            s, _, generator = self._plan[0]
+        if len(self._plan) == 1 and self._plan[0][3] is None:
+            s, _, generator, _ = self._plan[0]
             token = next_tokens(logits, s, generator)
-            return token, sampled_logprobs(logits, token, s)
+            return token, sampled_logprobs(logits, token, s), None
         token = torch.empty(len(logits), dtype=torch.long, device=logits.device)
         logprob = torch.empty(len(logits), dtype=torch.float32, device=logits.device)
-        for s, js, generator in self._plan:
-            part = logits.index_select(0, js)
-            t = next_tokens(part, s, generator)
-            token[js], logprob[js] = t, sampled_logprobs(part, t, s)
-        return token, logprob
+        tops: dict[int, list] = {}
+        for s, js, generator, states in self._plan:
+            part = logits if js is None else logits.index_select(0, js)
+            if states is None:
+                t = next_tokens(part, s, generator)
+                lp = sampled_logprobs(part, t, s)
+            else:
+                t, lp, top = processors.sample(part, s, generator, states)
+                rows = range(len(states)) if js is None else js.tolist()
+                tops.update((j, entries) for j, entries in zip(rows, top) if entries is not None)
+            if js is None:
+                token, logprob = t, lp.float()
+            else:
+                token[js], logprob[js] = t, lp
+        return token, logprob, tops or None
 
-    def _emit(self, tokens: list[int], logprobs: list[float]) -> torch.Tensor | None:
+    def _emit(self, tokens: list[int], logprobs: list[float], tops: dict | None = None) -> torch.Tensor | None:
         """Each row's token to its consumer, and the final event of each sample that ended on it (its keys and
         values into the prefix cache, under the prompt and every sampled token but the last, never decoded); the
         rows that go on (None: all of them). The consumers are woken once all events are out."""
         kept, ended, wakes = [], False, _Wakes()
         try:
             for j, (row, t, lp) in enumerate(zip(self._rows, tokens, logprobs)):
-                request = row.request
+                request, top = row.request, tops.get(j) if tops else None
                 row.count += 1
                 row.tokens.append(t)
                 if t in request.stops:
@@ -435,7 +482,7 @@ class Scheduler:
                 elif row.count >= request.sampling.max_tokens:
                     finish = "length"
                 else:
-                    request.handle._put([Event(row.sample, t, lp)], wakes)
+                    request.handle._put([Event(row.sample, t, lp, top=top)], wakes)
                     kept.append(j)
                     continue
                 ended = True
@@ -443,7 +490,8 @@ class Scheduler:
                 if self._cache is not None:  # kept before its consumer learns of the end (and sends its next turn)
                     past = self._state.sequence(j) if self.paged else self._state.past(j)
                     self._cache.put(request.prompt + row.tokens[:-1], past)
-                request.handle._put([Event(row.sample, t, lp), Event(row.sample, None, None, finish)], wakes)
+                request.handle._put([Event(row.sample, t, lp, top=top), Event(row.sample, None, None, finish)],
+                                    wakes)
         finally:
             wakes.run()
         return torch.tensor(kept, dtype=torch.long) if ended else None
