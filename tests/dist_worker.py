@@ -10,7 +10,8 @@ records how many parameter all-gathers one generate call makes, for two response
 what it decided to OUT/<case>_checks_rank<r>.json. A spec with `rows` runs `rows_of_each_rank` instead; a spec with
 `steps` runs whole multi-turn steps (`multi_turn_steps`): rollouts on each rank, gathered, then learn and validate;
 with `slow_rank` that rank's environments answer the first prompt's episodes late; `steps: "single"` runs whole
-single-turn steps (`single_turn_steps`).
+single-turn steps (`single_turn_steps`); `tp_episodes` runs multi-turn episodes on a tensor-parallel pair whose
+environments answer differently in each process (`tp_episodes`).
 """
 
 import json
@@ -105,6 +106,52 @@ def rows_of_each_rank(spec: dict, out: Path) -> None:
     torch.save(logp.detach(), out / f"rows_rank{par.rank}.pt")
     (out / f"rows_checks_rank{par.rank}.json").write_text(json.dumps({"shared": model.shared_prompt_ok,
                                                                        "packed": model.packed_ok}))
+    shutdown()
+
+
+def tp_episodes(spec: dict, out: Path) -> None:
+    """Multi-turn episodes on a tensor-parallel pair (2 processes, tp=2), greedy, with an environment whose answer
+    differs between processes (it names its process, with a length that differs too) and counts a tool call on the
+    episode: each process saves its episodes' prompts, tokens, masks, messages and tool counts to
+    OUT/tp_episodes_rank<r>.json."""
+    import os
+
+    from posttrain.agents.environment import Reset, Step
+    from posttrain.agents.loop import EpisodeRunner
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.models.load import load_causal_lm, load_tokenizer
+    from posttrain.models.policy import PolicyModel
+    from posttrain.parallel import ShardSettings, init_parallel, prepare_model
+    from posttrain.rollout.engine import DecodeEngine
+
+    class Differs:
+        def reset(self, row):
+            self.seen = 0
+            return Reset(messages=[{"role": "user", "content": f"Count to {row['uid']}."}])
+
+        def step(self, episode):
+            self.seen += 1
+            episode.tool_calls += 1
+            if self.seen > 2:
+                return Step(done=True)
+            me = int(os.environ["RANK"])
+            return Step(messages=[{"role": "tool", "content": f"process {me} " + "x" * (1 + 7 * me)}], reward=me)
+
+        def close(self):
+            pass
+
+    par = init_parallel(device_name="cpu", tp=2)
+    tok = load_tokenizer(spec["model"])
+    model = prepare_model(lambda meta: PolicyModel(load_causal_lm(spec["model"], meta=meta)), par,
+                          ShardSettings(param_dtype=torch.float32))
+    engine = DecodeEngine(model, tok, device=par.device, dtype=torch.float32)
+    runner = EpisodeRunner(engine, tok, AgentSettings(tokenization_sanity_check_mode="disable"),
+                           environments=lambda row: Differs())
+    short_turns(runner)
+    episodes = runner.run([{"uid": "p0"}, {"uid": "p1"}], 2, SamplingParams(n=2, do_sample=False, max_new_tokens=60))
+    (out / f"tp_episodes_rank{par.rank}.json").write_text(json.dumps([
+        {"prompt": e.prompt_ids, "tokens": e.tokens, "mask": e.mask, "messages": e.messages, "reward": e.env_reward,
+         "tool_calls": e.tool_calls, "turns": e.assistant_turns} for e in episodes]))
     shutdown()
 
 
@@ -246,6 +293,8 @@ def main(spec_path: str) -> None:
     out = Path(spec["out"])
     if "rows" in spec:
         return rows_of_each_rank(spec, out)
+    if spec.get("tp_episodes"):
+        return tp_episodes(spec, out)
     if spec.get("steps") == "single":
         return single_turn_steps(spec, out)
     if spec.get("steps"):

@@ -159,14 +159,18 @@ def test_sampled_turns_keep_the_log_prob_each_token_was_drawn_with(lm, tiny_toke
 
 
 @pytest.mark.parametrize("continuous", [True, False])
-def test_weights_swapped_between_decoding_steps_tag_each_policy_token_with_its_version(lm, tiny_tokenizer,
-                                                                                       continuous):
+def test_weights_swapped_between_decoding_steps_label_each_token_with_the_oldest_weights_it_attended_to(
+        lm, tiny_tokenizer, continuous):
     """Partial rollouts in both loops: the engine's `between_steps` hook runs before every forward and names a new
-    version each time, so an episode's policy tokens carry strictly increasing versions (one token per forward;
-    appended tokens 0); the weights it swaps in at its 3rd call sample every token of version >= 3, and each policy
-    token's log-prob is the plain forward's under its version's weights (the swap changes the last layer's output
-    projection, which no cached key or value depends on)."""
+    version each time; the weights it swaps in at its 3rd call sample the tokens after it, over keys and values the
+    old weights computed. Each policy token's version is the oldest weights among what it attended to: the version
+    of the forward that computed its episode's prompt (the continuous loop keeps every key), or its turn's prefill
+    (the turn-by-turn loop recomputes the conversation each turn) — not the newer version that sampled it. Each
+    token's log-prob is the plain forward's under the weights that sampled it (the swap changes the last layer's
+    output projection, which no cached key or value depends on), and the staleness metrics count the labels."""
     import copy
+
+    from posttrain.algo.staleness import staleness_metrics
 
     new = copy.deepcopy(lm)
     target = new.model.layers[1].mlp.down_proj.weight
@@ -184,21 +188,40 @@ def test_weights_swapped_between_decoding_steps_tag_each_policy_token_with_its_v
     engine.between_steps = between_steps
     torch.manual_seed(3)
     s = SamplingParams(n=2, temperature=1.0, max_new_tokens=40, logprobs=True)
-    mixed = 0
-    alone = runner.run(rows()[:1], 1, s, continuous=continuous)  # each turn's end empties the batch
-    for ep in runner.run(rows(), 2, s, continuous=continuous) + alone:
-        versions = [v for v, m in zip(ep.versions, ep.mask) if m]
-        assert all(a < b for a, b in zip(versions, versions[1:])), versions
+    swapped_under_old_keys = 0
+    for ep in runner.run(rows(), 2, s, continuous=continuous):
         assert all(v == 0 for v, m in zip(ep.versions, ep.mask) if not m)
-        mixed += versions[0] < 3 <= versions[-1]
+        turns = [(i, j) for i, j in _spans(ep.mask) if ep.mask[i]]
+        if continuous:
+            assert {ep.versions[t] for i, j in turns for t in range(i, j)} == {1}  # the prompts' prefill
+        else:
+            firsts = [ep.versions[i] for i, _ in turns]
+            assert all(len({ep.versions[t] for t in range(i, j)}) == 1 for i, j in turns)
+            assert firsts == sorted(firsts) and len(set(firsts)) == len(firsts)  # a new prefill each turn
         for t, (token, m, lp, v) in enumerate(zip(ep.tokens, ep.mask, ep.logprobs, ep.versions)):
-            if m:
-                with torch.no_grad():
-                    logits = (new if v >= 3 else lm)(input_ids=torch.tensor([ep.prompt_ids + ep.tokens[:t]])).logits
-                assert lp == pytest.approx(float(torch.log_softmax(logits[0, -1].double(), -1)[token]), abs=1e-4)
-    assert mixed and alone[0].assistant_turns > 1
-    batch = episodes_batch(Batch({}, {}), alone, engine.pad_id, logprobs=True, versions=True)
-    assert batch["rollout_versions"].tolist() == [[v * m for v, m in zip(alone[0].versions, alone[0].mask)]]
+            if not m:
+                continue
+            with torch.no_grad():
+                old_lp, new_lp = (float(torch.log_softmax(w(input_ids=torch.tensor([ep.prompt_ids + ep.tokens[:t]]))
+                                                          .logits[0, -1].double(), -1)[token]) for w in (lm, new))
+            assert lp == pytest.approx(old_lp, abs=1e-4) or lp == pytest.approx(new_lp, abs=1e-4)
+            swapped_under_old_keys += v < 3 and lp == pytest.approx(new_lp, abs=1e-4) and abs(old_lp - new_lp) > 1e-3
+        batch = episodes_batch(Batch({}, {}), [ep], engine.pad_id, logprobs=True, versions=True)
+        assert batch["rollout_versions"].tolist() == [[v * m for v, m in zip(ep.versions, ep.mask)]]
+        metrics = staleness_metrics(batch["rollout_versions"], batch["response_mask"], trainer_version=len(calls))
+        assert metrics["async/staleness_max"] == len(calls) - min(v for v, m in zip(ep.versions, ep.mask) if m)
+    assert len(calls) > 3 and swapped_under_old_keys > 0  # new weights over old keys: labelled old
+
+
+def _spans(mask: list[int]) -> list[tuple[int, int]]:
+    spans, i = [], 0
+    while i < len(mask):
+        j = i
+        while j < len(mask) and mask[j] == mask[i]:
+            j += 1
+        spans.append((i, j))
+        i = j
+    return spans
 
 
 def test_a_slow_environment_delays_only_its_own_episode(lm, tiny_tokenizer):
@@ -224,6 +247,94 @@ def test_turn_limits_end_episodes(lm, tiny_tokenizer):
     runner, _ = runner_for(lm, tiny_tokenizer, lambda row: Scripted(turns=50, role="user"), max_user_turns=1)
     for ep in runner.run(rows(), 1, SamplingParams(n=1, do_sample=False, max_new_tokens=200)):
         assert ep.user_turns <= 1 and (ep.assistant_turns == 2 or ep.truncated)
+
+
+class Rounds:
+    """Answers every turn with two messages of `role` (one environment round), for ever."""
+
+    def __init__(self, role):
+        self.role = role
+
+    def reset(self, row):
+        return Reset(messages=row["prompt"])
+
+    def step(self, episode):
+        return Step(messages=[{"role": self.role, "content": "a"}, {"role": self.role, "content": "b"}])
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("role", ["tool", "user"])
+def test_max_user_turns_counts_each_environment_round_as_verl_does(lm, tiny_tokenizer, role):
+    """verl's user turns: each environment answer that appends messages is one, whatever their roles and however
+    many (two tool results of one round are one turn); at `max_user_turns` = 2 the episode ends after the policy's
+    turn that follows the 2nd round — 3 assistant turns, 2 appended rounds."""
+    runner, _ = runner_for(lm, tiny_tokenizer, lambda row: Rounds(role), max_user_turns=2)
+    episodes = runner.run(rows(), 1, SamplingParams(n=1, do_sample=False, max_new_tokens=300))
+    for ep in episodes:
+        if not ep.truncated:
+            assert (ep.user_turns, ep.assistant_turns) == (2, 3)
+            assert sum(1 for i, _ in _spans(ep.mask) if not ep.mask[i]) == 2
+    assert any(not ep.truncated for ep in episodes)
+
+
+HANGING = """
+import sys, threading
+import torch
+from posttrain.agents.environment import Reset
+from posttrain.agents.loop import EpisodeRunner
+from posttrain.agents.settings import AgentSettings
+from posttrain.models.load import load_causal_lm, load_tokenizer
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.engine import DecodeEngine
+
+class Hangs:
+    def reset(self, row):
+        return Reset(messages=[{"role": "user", "content": "Add 2 and 3."}])
+    def step(self, episode):
+        threading.Event().wait()  # never answers
+    def close(self):
+        pass
+
+class Quick(AgentSettings):
+    @property
+    def step_timeout_s(self):
+        return 0.2
+
+tok = load_tokenizer(sys.argv[1])
+model = load_causal_lm(sys.argv[1])
+torch.manual_seed(0)
+with torch.no_grad():
+    for p in model.parameters():
+        if p.dim() == 2:
+            p.normal_(0, 0.3)
+engine = DecodeEngine(model, tok, device=torch.device("cpu"), dtype=torch.float32)
+engine.eos_ids = {t for t in range(len(tok)) if t % 5 == 0} | {tok.convert_tokens_to_ids("<|im_end|>")}
+runner = EpisodeRunner(engine, tok, Quick(tokenization_sanity_check_mode="disable"), environments=lambda row: Hangs())
+for continuous in (True, False):
+    ep, = runner.run([{"uid": "p0"}], 1, SamplingParams(n=1, do_sample=False, max_new_tokens=60), continuous=continuous)
+    print(ep.tool_errors, flush=True)
+"""
+
+
+def test_a_process_whose_environment_step_hangs_past_its_time_limit_still_exits(tmp_path, tiny_model_dir):
+    """An environment step that never returns ends its episode at `step_timeout_s` (counted) in both loops, and the
+    abandoned step's thread does not keep the process from exiting (a thread pool's would be joined at exit)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "hangs.py").write_text(HANGING)
+    path = os.pathsep.join(p for p in (str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")) if p)
+    try:
+        done = subprocess.run([sys.executable, str(tmp_path / "hangs.py"), str(tiny_model_dir)], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path})
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the process did not exit: {e.stdout!r}") from None
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["{'environment_timeout': 1}"] * 2
 
 
 def test_an_environment_that_raises_or_hangs_ends_only_its_episode_counted(lm, tiny_tokenizer):

@@ -190,6 +190,21 @@ def test_multi_turn_step_with_tensor_parallel_equals_one_process(tmp_path, livel
                             torch.load(tp / "ppo_greedy.pt", weights_only=False), "ppo_greedy")
 
 
+def test_a_tensor_parallel_pair_runs_each_environment_once_and_appends_the_same_tokens(tmp_path, lively_model_dir):
+    """Two processes of one tensor-parallel pair, an environment whose tool answer names its process (and so differs
+    in length): the environments run on the pair's first process only and the other receives their answers, so both
+    hold the same episodes — the first process's tool results, rewards and tool counts — and went on after them
+    (before, each process appended its own answer and the pair's collectives no longer matched)."""
+    out = run_worker({"tp_episodes": True, "model": str(lively_model_dir), "out": str(tmp_path)}, tmp_path, 2,
+                     timeout=300)
+    first, second = (json.loads((out / f"tp_episodes_rank{r}.json").read_text()) for r in range(2))
+    assert first == second
+    tools = [m["content"] for e in first for m in e["messages"] if m["role"] == "tool"]
+    assert tools and all(t == "process 0 x" for t in tools)
+    assert all(e["reward"] == 0 and e["tool_calls"] >= 1 for e in first)
+    assert max(e["turns"] for e in first) > 1
+
+
 # ------------------------------------------------------------------ agent programs over ranks
 
 RANKED_PROGRAM = '''

@@ -20,8 +20,8 @@ class Episode:
     tokens: list[int] = field(default_factory=list)  # every token after the prompt
     mask: list[int] = field(default_factory=list)  # 1: sampled by the policy; 0: appended
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob of each policy token; 0.0 elsewhere
-    versions: list[int] = field(default_factory=list)  # partial rollouts: the weight version that sampled each
-    # policy token; 0 on appended tokens (masked)
+    versions: list[int] = field(default_factory=list)  # partial rollouts: for each policy token the oldest weight
+    # version among the keys and values it attended to (the staleness it saw); 0 on appended tokens (masked)
     assistant_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -39,7 +39,7 @@ class Episode:
     def add_policy(self, tokens: list[int], logprobs: list[float] | None = None,
                    versions: list[int] | None = None) -> None:
         """A turn the policy sampled (its tokens as sampled, the end-of-turn token included when it was sampled), and
-        the weight version that sampled each (partial rollouts; else 0)."""
+        for each the oldest weight version it attended to (partial rollouts; else 0)."""
         self.tokens += tokens
         self.mask += [1] * len(tokens)
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(tokens)
@@ -56,6 +56,17 @@ class Episode:
     def response_length(self) -> int:
         """Every token after the prompt, policy and appended alike (what `data.max_response_length` bounds)."""
         return len(self.tokens)
+
+    ENVIRONMENT_COUNTERS = ("tool_calls", "tool_errors", "tool_time_s", "tool_reward")  # what environments write
+
+    def environment_counters(self) -> dict:
+        """The counters an environment's `step` keeps on the episode (the tool agent's), to hand to another
+        process: under tensor parallel one process of the group runs the environment."""
+        return {name: getattr(self, name) for name in self.ENVIRONMENT_COUNTERS}
+
+    def set_environment_counters(self, counters: dict) -> None:
+        for name, value in counters.items():
+            setattr(self, name, dict(value) if isinstance(value, dict) else value)
 
     def count_error(self, kind: str) -> None:
         self.tool_errors[kind] = self.tool_errors.get(kind, 0) + 1

@@ -3,9 +3,19 @@ environment answers (tools run in worker threads), and comes back with its keys 
 tokens are computed. A slow tool delays only its own episode.
 
 Token-in / token-out: the policy's sampled tokens are kept as sampled; appended messages are tokenized alone (the
-template's delta, template.py). An episode ends on a turn its environment answers with `done` (the tool agent: a turn
-without a tool call), at `max_assistant_turns` / `max_user_turns`, when its environment fails (counted), or at the
-response budget (`data.max_response_length`: every token after the prompt, policy and appended alike; `truncated`).
+chat template's rendering of them after an assistant turn, template.py). An episode ends on a turn its environment
+answers with `done` (the tool agent: a turn without a tool call), at `max_assistant_turns` assistant turns or after
+`max_user_turns` environment rounds (verl's count: each answer that appends messages, tool results or a user turn, is
+one), when its environment fails or the template cannot render its answer (counted), or at the response budget
+(`data.max_response_length`: every token after the prompt, policy and appended alike; `truncated`).
+
+Environment steps run in daemon threads: one past its time limit is abandoned and never keeps the process from
+exiting (a thread pool would join it at exit). Under tensor parallel an episode's environment runs once, on the
+first process of the group, and the others receive its answers (the group must append the same tokens).
+
+`Episode.versions` (partial rollouts): for each policy token, the oldest weight version whose keys and values it
+attended to — the version that prefilled the episode's context (in the turn-by-turn loop, each turn's) — so the
+staleness metrics count what a token saw, not the newer weights a swap put in before its own forward.
 
 `run_episodes` turns a batch of prompts into the multi-turn batch the trainer consumes (docs/agents.md: `responses`
 holds every token after the prompt, `response_mask` is 1 on policy tokens only, `response_attention_mask` 1 on every
@@ -15,22 +25,25 @@ real token).
 from __future__ import annotations
 
 import concurrent.futures as futures
+import logging
+import threading
 import time
 from typing import Callable
 
 import torch
 
 from ..models.load import attention_backends, autocast, eval_mode
-from ..parallel import tensor_parallel
+from ..parallel.shard import from_tensor_parallel_first, tensor_parallel, tensor_parallel_first
 from ..rollout.base import SamplingParams
 from ..rollout.sampling import next_tokens, sampled_logprobs
 from ..rollout.weights import inference_weights
 from .environment import ENVIRONMENTS, Environment, Step
 from .episode import Episode
 from .settings import AgentSettings
-from .template import Template, encode_start, full_render
+from .template import Template, TemplateError, encode_start, full_render
 
 POLL_S = 0.005  # how long the loop waits for an environment when no episode is decoding
+log = logging.getLogger(__name__)
 
 
 def environment_for(row: dict, settings: AgentSettings) -> Environment:
@@ -48,7 +61,7 @@ class EpisodeRunner:
                  environments: Callable[[dict], Environment] | None = None):
         self.engine, self.tokenizer, self.settings = engine, tokenizer, settings
         self.environments = environments or (lambda row: environment_for(row, settings))
-        self.template = Template(tokenizer, engine.eos_ids)
+        self.template = Template(tokenizer, engine.eos_ids, settings.template_kwargs)
 
     # ------------------------------------------------------------------ the run
 
@@ -57,18 +70,16 @@ class EpisodeRunner:
         prompt. `continuous=False` runs the plain loop instead: each turn re-prefills every conversation and waits
         for the slowest episode (what the benchmark compares with; also the path of engines that cannot park, and
         of a tensor-parallel model, whose processes must decode the same rows in the same order)."""
-        episodes, envs = [], []
-        for row in rows:
-            for _ in range(n):
-                env = self.environments(row)
-                start = env.reset(row)
-                envs.append(env)
-                episodes.append(Episode(prompt_ids=encode_start(self.tokenizer, start.messages, start.tools),
-                                        messages=[dict(m) for m in start.messages], row=row, tools=start.tools))
         engine, self._budget = self.engine, sampling.max_new_tokens
-        pool = futures.ThreadPoolExecutor(max_workers=max(1, self.settings.num_workers),
-                                          thread_name_prefix="environment")
+        self._tp = tensor_parallel(engine.model)  # the group's first process runs the environments, once
+        each = [row for row in rows for _ in range(n)]
+        envs, starts = self._reset(each)
+        pool = StepThreads(max(1, self.settings.num_workers))
         try:
+            episodes = [Episode(prompt_ids=encode_start(self.tokenizer, start.messages, start.tools,
+                                                        self.settings.template_kwargs),
+                                messages=[dict(m) for m in start.messages], row=row, tools=start.tools)
+                        for row, start in zip(each, starts)]
             with inference_weights(engine.model, engine.dtype) as model, \
                     attention_backends(torch.device(engine.device)):
                 engine.prepare(model)
@@ -84,19 +95,41 @@ class EpisodeRunner:
                     else:
                         self._turn_by_turn(model, episodes, envs, sampling, generator, pool)
         finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.close()
             for env in envs:
                 _close(env)
         return episodes
+
+    def _reset(self, rows: list[dict]) -> tuple[list, list]:
+        """Each row's environment and its `reset`; under tensor parallel made on the group's first process only
+        (the others hold None and receive the resets, or the error that stopped them)."""
+        envs, starts, error = [], [], None
+        if tensor_parallel_first(self.engine.model):
+            try:
+                for row in rows:
+                    envs.append(self.environments(row))
+                    starts.append(envs[-1].reset(row))
+            except Exception as e:  # noqa: BLE001 - raised below, on every process of the group alike
+                error = e
+        if self._tp:
+            starts, message = from_tensor_parallel_first(
+                (starts, None if error is None else f"{type(error).__name__}: {error}"), self.engine.model)
+            if message is not None and error is None:
+                raise RuntimeError(f"the environments of the tensor-parallel group's first process failed to "
+                                   f"start: {message}")
+        if error is not None:
+            for env in envs:
+                _close(env)
+            raise error
+        return envs or [None] * len(rows), starts
 
     def _continuous(self, model, episodes, envs, n, sampling, generator, pool) -> None:
         engine, budget = self.engine, sampling.max_new_tokens
         shared = all(episodes[i].prompt_ids == episodes[i - i % n].prompt_ids for i in range(len(episodes)))
         firsts = episodes[::n] if shared else episodes
         ids, mask = _left_padded([e.prompt_ids for e in firsts], engine.pad_id)
-        version = self._version(model)
+        seen = self._version(model)  # the prompts' keys: the oldest weights every later token attends to
         logits, state = engine.start(model, ids, mask, n if shared else 1, budget, share_prefix=False)
-        made = [version] * len(state.ids)  # the weight version whose forward gave each row of `logits`
         turn: dict[int, tuple[list[int], list[float], list[int]]] = {i: ([], [], []) for i in range(len(episodes))}
         waiting: dict[futures.Future, tuple[int, object, float]] = {}  # future -> (episode, parked past, start)
         with engine.decoding(model):
@@ -109,22 +142,22 @@ class EpisodeRunner:
                         tokens, logprobs, versions = turn[e]
                         tokens.append(t)
                         logprobs.append(lps[j] if lps is not None else 0.0)
-                        versions.append(made[j])
+                        versions.append(seen)
                         full = len(episodes[e].tokens) + len(tokens) >= budget
                         (ended if t in engine.eos_ids or full else kept).append(j)
                     if ended:
                         for j in ended:
                             e = int(state.ids[j])
                             if self._end_turn(episodes[e], *turn.pop(e)):
-                                waiting[pool.submit(envs[e].step, episodes[e])] = (e, state.past(j), time.monotonic())
+                                waiting[pool.submit(envs[e].step, episodes[e])] = (e, state.past(j),
+                                                                                   time.monotonic())
                             turn[e] = ([], [], [])
                         keep = torch.tensor(kept, dtype=torch.long, device=state.ids.device)
                         state.keep(keep)
-                        logits, token, made = logits[keep], token[keep], [made[j] for j in kept]
+                        logits, token = logits[keep], token[keep]
                     if len(state.ids):
-                        version = self._version(model)
+                        self._version(model)
                         logits = engine.step(model, state, token)
-                        made = [version] * len(state.ids)
                 if waiting:
                     idle = not len(state.ids)
                     done, _ = futures.wait(list(waiting), timeout=POLL_S if idle else 0,
@@ -134,16 +167,15 @@ class EpisodeRunner:
                     back = []
                     for f in list(done) + late:
                         e, past, _ = waiting.pop(f)
-                        appended = self._answer(episodes[e], f)
+                        appended = self._answer(episodes[e], _outcome(f))
                         if appended is not None:
                             last = episodes[e].tokens[-len(appended) - 1]  # the turn's end token, not in `past`
                             back.append((e, past, torch.tensor([last] + appended)))
                     if back:  # the episodes whose environments answered rejoin together: one forward
-                        version = self._version(model)
+                        self._version(model)
                         more = engine.resume_many(model, state, back,
                                                   max(budget - len(episodes[e].tokens) for e, _, _ in back))
                         logits = torch.cat([logits, more.to(logits.dtype)])
-                        made += [version] * len(back)
         for ep in episodes:
             ep.done = True
 
@@ -165,16 +197,29 @@ class EpisodeRunner:
                 stop = next((i for i, t in enumerate(own) if t in engine.eos_ids), None)
                 own = own if stop is None else own[: stop + 1]
                 lps = logprobs[j, : len(own)].tolist() if logprobs is not None else None
-                versions = (step_versions + step_versions[-1:] * len(own))[:len(own)] if step_versions else None
+                versions = step_versions[:1] * len(own) if step_versions else None  # the turn's prefill's
                 if self._end_turn(episodes[e], own, lps, versions):
-                    steps[e] = (pool.submit(envs[e].step, episodes[e]), time.monotonic())
-            live = []
-            for e, (f, started) in steps.items():
-                futures.wait([f], timeout=max(0.0, self.settings.step_timeout_s - (time.monotonic() - started)))
-                if self._answer(episodes[e], f) is not None:
-                    live.append(e)
+                    steps[e] = None
+            outcomes = self._step_all(steps, episodes, envs, pool)
+            live = [e for e in steps if self._answer(episodes[e], outcomes[e]) is not None]
         for ep in episodes:
             ep.done = True
+
+    def _step_all(self, steps: dict, episodes, envs, pool) -> dict:
+        """The environment's answer to each episode of `steps` (a Step, or the kind of its failure), each waited
+        for up to `step_timeout_s`; under tensor parallel stepped on the group's first process only, whose answers
+        (with the counters the environment keeps on the episode) every process of the group then holds."""
+        first = tensor_parallel_first(self.engine.model)
+        if first:
+            started = {e: (pool.submit(envs[e].step, episodes[e]), time.monotonic()) for e in steps}
+            for e, (f, t0) in started.items():
+                futures.wait([f], timeout=max(0.0, self.settings.step_timeout_s - (time.monotonic() - t0)))
+                steps[e] = (_outcome(f), episodes[e].environment_counters())
+        if self._tp:
+            steps = from_tensor_parallel_first(steps, self.engine.model)
+            for e, (_, counters) in steps.items():
+                episodes[e].set_environment_counters(counters)
+        return {e: outcome for e, (outcome, _) in steps.items()}
 
     # ------------------------------------------------------------------ turns
 
@@ -186,7 +231,8 @@ class EpisodeRunner:
 
     def _end_turn(self, ep: Episode, tokens: list[int], logprobs: list[float] | None,
                   versions: list[int] | None = None) -> bool:
-        """The policy's turn `tokens` joins the episode; True when its environment is to answer it."""
+        """The policy's turn `tokens` joins the episode; True when its environment is to answer it (not after
+        `max_assistant_turns` assistant turns, nor after `max_user_turns` environment rounds: verl's checks)."""
         ep.add_policy(tokens, logprobs, versions)
         ep.assistant_turns += 1
         ended = bool(tokens) and tokens[-1] in self.engine.eos_ids
@@ -195,35 +241,33 @@ class EpisodeRunner:
         if not ended:  # the response budget ran out mid-turn
             ep.truncated = True
             return self._finish(ep)
-        limit = self.settings.max_assistant_turns
-        if limit is not None and ep.assistant_turns >= limit:
+        s = self.settings
+        if (s.max_assistant_turns is not None and ep.assistant_turns >= s.max_assistant_turns) or \
+                (s.max_user_turns is not None and ep.user_turns >= s.max_user_turns):
             return self._finish(ep)
         return True
 
-    def _answer(self, ep: Episode, f: futures.Future) -> list[int] | None:
-        """The environment's answer to `ep`'s last turn applied: the tokens appended (the episode goes on), or None
-        (it ended)."""
-        if not f.done():
-            ep.count_error("environment_timeout")
+    def _answer(self, ep: Episode, outcome: Step | str) -> list[int] | None:
+        """The environment's answer to `ep`'s last turn applied (a Step, or the kind of the failure that ended the
+        episode): the tokens appended (the episode goes on), or None (it ended)."""
+        if not isinstance(outcome, Step):
+            ep.count_error(outcome)
             return self._finish(ep)
-        try:
-            step = f.result()
-            if not isinstance(step, Step):
-                raise TypeError(f"step() returned {type(step).__name__}, not Step")
-        except Exception:  # an environment's fault ends its own episode, counted
-            ep.count_error("environment_raised")
-            return self._finish(ep)
+        step = outcome
         ep.env_reward += float(step.reward)
         ep.add_metrics(step.metrics)
-        users = sum(m.get("role") == "user" for m in step.messages)
-        limit = self.settings.max_user_turns
-        if step.done or not step.messages or (limit is not None and ep.user_turns + users > limit):
+        if step.done or not step.messages:
             return self._finish(ep, log_only=step.messages)
-        appended = self.template.appended(step.messages)
+        try:
+            appended = self.template.appended(step.messages)
+        except TemplateError as e:  # messages this chat template cannot render end their own episode, counted
+            _warn_once(str(e))
+            ep.count_error("template_error")
+            return self._finish(ep, log_only=step.messages)
         if len(ep.tokens) + len(appended) >= self._budget:
             ep.truncated = True
             return self._finish(ep, log_only=step.messages)
-        ep.user_turns += users
+        ep.user_turns += 1  # one environment round (verl's user turn), whatever roles its messages have
         ep.add_appended(appended)
         ep.messages.extend(dict(m) for m in step.messages)
         return appended
@@ -240,13 +284,61 @@ class EpisodeRunner:
     def _same_as_rendered(self, ep: Episode, *, strict: bool) -> bool:
         kept = ep.prompt_ids + ep.tokens
         try:
-            full = full_render(self.tokenizer, ep.messages, ep.tools)
+            full = full_render(self.tokenizer, ep.messages, ep.tools, self.settings.template_kwargs)
         except Exception:  # a template that cannot re-render the conversation counts as a mismatch
             return False
         if strict:
             return full[:len(kept)] == kept and full[len(kept):] in ([], self.template.glue)
         squash = lambda ids: "".join(self.tokenizer.decode(ids, skip_special_tokens=False).split())  # noqa: E731
         return squash(full) == squash(kept + self.template.glue) or squash(full) == squash(kept)
+
+
+class StepThreads:
+    """Environment steps, each in a daemon thread of its own, at most `workers` running at once. A step past its
+    time limit is abandoned: its thread finishes or hangs on its own and never blocks the process's exit (a
+    `ThreadPoolExecutor` joins its threads at exit, so a hung step would keep the process alive). After `close`,
+    steps still waiting for a slot do not run."""
+
+    def __init__(self, workers: int):
+        self.slots, self.closed = threading.BoundedSemaphore(workers), False
+
+    def submit(self, fn, *args) -> futures.Future:
+        f: futures.Future = futures.Future()
+
+        def run() -> None:
+            with self.slots:
+                if self.closed or not f.set_running_or_notify_cancel():
+                    return
+                try:
+                    f.set_result(fn(*args))
+                except BaseException as e:  # noqa: BLE001 - the caller reads it from the future
+                    f.set_exception(e)
+
+        threading.Thread(target=run, daemon=True, name="environment-step").start()
+        return f
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _outcome(f: futures.Future) -> Step | str:
+    """A finished step's Step, or the kind of failure: not finished in time, raised, or returned no Step."""
+    if not f.done():
+        return "environment_timeout"
+    try:
+        step = f.result()
+    except Exception:  # an environment's fault ends its own episode, counted
+        return "environment_raised"
+    return step if isinstance(step, Step) else "environment_raised"
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s; the episode ends there (counted in agent/tool_errors/template_error)", message)
 
 
 def _close(env) -> None:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 
@@ -24,6 +24,7 @@ class AgentSettings:
     tool_timeout_s: float = 30.0  # each tool call's time limit
     program: str | None = None  # an agent program (program.py) plays the episodes instead of the environments
     program_timeout_s: float = 600.0  # each program run's time limit
+    template_kwargs: dict = field(default_factory=dict)  # the chat template's own arguments (enable_thinking, ...)
 
     @property
     def step_timeout_s(self) -> float:
@@ -53,4 +54,5 @@ class AgentSettings:
                    tokenization_sanity_check_mode=mt.tokenization_sanity_check_mode,
                    default_agent_loop=agent.default_agent_loop, num_workers=agent.num_workers,
                    tool_timeout_s=mt.tool_timeout_s, program=agent.program,
-                   program_timeout_s=agent.program_timeout_s)
+                   program_timeout_s=agent.program_timeout_s,
+                   template_kwargs=dict(cfg.data.apply_chat_template_kwargs or {}))

@@ -1,12 +1,21 @@
 """The chat template's tokens for messages appended to a conversation, without re-tokenizing the conversation.
 
-The policy's own tokens are kept as sampled; what follows them is computed from the template alone:
+The policy's own tokens are kept as sampled; what follows an assistant turn is taken from the template alone, as the
+template writes it in a whole conversation: everything after that turn's end-of-turn token (the *glue*, e.g. the
+newline after Qwen's `<|im_end|>`), the new messages, and the next generation prompt.
 
-- the *glue* after an assistant turn's end-of-turn token (Qwen's ChatML writes `<|im_end|>` then a newline; the
-  policy samples `<|im_end|>` and stops, so the newline is appended);
-- the *delta* of new messages: the template applied to a fixed stand-in conversation that ends with an assistant
-  turn, with and without the new messages (and the next generation prompt); the tokens after the shorter rendering
-  are the new messages' tokens, whatever came before them in the real conversation.
+How: the template renders a fixed stand-in conversation — a user turn, an assistant turn, then the new messages and
+the generation prompt — and the tokens after the stand-in assistant's end-of-turn token are the appended ones. Only
+the new messages' part is kept, so whatever came before them in the real conversation does not matter (verl's tool
+agent loop likewise renders only the new messages and strips the template's system prefix). Starting the stand-in
+with a user turn serves templates that insert a default system prompt (Qwen2.5: it stays before the cut), that
+refuse a conversation not starting with a user turn or whose roles do not alternate (Gemma, Mistral), and that
+render the last assistant turn differently from earlier ones (Qwen3 writes an empty `<think></think>` into the last
+one only): the cut is after the stand-in turn, whichever way it is rendered. The tokens are the tokenization of the
+whole rendered text, sliced at the cut, so a tokenizer that treats the start of a text specially changes nothing.
+
+A template that cannot render the stand-in raises `TemplateError` when the runner is built; one that cannot render
+some appended messages (Gemma has no `tool` role) raises it for those, and the episode loop ends that episode.
 
 `full_render` re-renders a whole conversation, for `tokenization_sanity_check_mode` only.
 """
@@ -18,60 +27,89 @@ import json
 
 from ..data.dataset import encode_prompt
 
-_STAND_IN = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+_ANSWER = "Stand-in answer 7."  # the stand-in assistant turn's content: where the appended text starts
+_STAND_IN = [{"role": "user", "content": "Stand-in question."}, {"role": "assistant", "content": _ANSWER}]
 
 
 class TemplateError(ValueError):
     """The chat template cannot render the appended messages as a continuation of the conversation."""
 
 
-def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool) -> list[int]:
+def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, add_generation_prompt: bool,
+           **template_kwargs) -> list[int]:
     """Token ids of the chat template over `messages` (`tools=` offered when given)."""
     kwargs = {"tools": tools} if tools else {}
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True,
-                                        **kwargs)
+                                        **kwargs, **template_kwargs)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def encode_start(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
+def encode_start(tokenizer, messages: list[dict], tools: list[dict] | None,
+                 template_kwargs: dict | None = None) -> list[int]:
     """The prompt of an episode: its first messages and the generation prompt."""
-    return encode_prompt(tokenizer, messages, {"tools": tools} if tools else None, where="an episode's first messages")
+    return encode_prompt(tokenizer, messages, template_kwargs, where="an episode's first messages", tools=tools)
 
 
 class Template:
-    """The appended tokens of one tokenizer's chat template. `eos_ids`: the tokens that end a policy turn."""
+    """The appended tokens of one tokenizer's chat template. `eos_ids`: the tokens that end a policy turn;
+    `template_kwargs`: the template's own arguments (`data.apply_chat_template_kwargs`, e.g. `enable_thinking`)."""
 
-    def __init__(self, tokenizer, eos_ids: set[int]):
+    def __init__(self, tokenizer, eos_ids: set[int], template_kwargs: dict | None = None):
         self.tokenizer, self.eos_ids = tokenizer, set(eos_ids)
-        self.glue = self._glue()
+        self.kwargs = dict(template_kwargs or {})
+        self.ends = sorted({tokenizer.decode([t], skip_special_tokens=False) for t in self.eos_ids} - {""},
+                           key=len, reverse=True)
+        base = self._text(_STAND_IN, generation=False)
+        self.glue = self._ids_after(base, self._cut(base))
 
-    def _glue(self) -> list[int]:
-        """The template's tokens after an assistant turn's end-of-turn token ([] when it writes none, or when it
-        ends turns with no token the policy stops on)."""
-        prompt = render(self.tokenizer, _STAND_IN[:1], None, add_generation_prompt=True)
-        whole = render(self.tokenizer, _STAND_IN, None, add_generation_prompt=False)
-        turn = whole[len(prompt):] if whole[:len(prompt)] == prompt else whole
-        ends = [i for i, t in enumerate(turn) if t in self.eos_ids]
-        return turn[ends[0] + 1:] if ends else []
-
-    def appended(self, messages: list[dict], *, ended_turn: bool = True) -> list[int]:
-        """Tokens to append after an assistant turn for `messages` (tool results, user or environment turns),
-        ending with the generation prompt of the next assistant turn. `ended_turn`: the policy's turn ended with an
-        end-of-turn token (else the glue is left out: the template's glue follows that token)."""
-        return (self.glue if ended_turn else []) + list(self._delta(json.dumps(messages, sort_keys=True)))
+    def appended(self, messages: list[dict]) -> list[int]:
+        """Tokens to append after an assistant turn that ended with an end-of-turn token, for `messages` (tool
+        results, user or environment turns): the glue, the messages, the next generation prompt."""
+        return list(self._appended(json.dumps(messages, sort_keys=True)))
 
     @functools.lru_cache(maxsize=4096)
-    def _delta(self, messages: str) -> tuple[int, ...]:
-        new = json.loads(messages)
-        base = render(self.tokenizer, _STAND_IN, None, add_generation_prompt=False)
-        full = render(self.tokenizer, _STAND_IN + new, None, add_generation_prompt=True)
-        if full[:len(base)] != base:
-            raise TemplateError("the chat template renders a conversation differently once messages follow its "
-                                "last assistant turn, so appended messages have no tokens of their own; use a "
-                                "template that renders each message independently of the ones after it")
-        return tuple(full[len(base):])
+    def _appended(self, messages: str) -> tuple[int, ...]:
+        whole = self._text(_STAND_IN + json.loads(messages), generation=True)
+        return tuple(self._ids_after(whole, self._cut(whole)))
+
+    def _text(self, messages: list[dict], *, generation: bool) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False,
+                                                      **self.kwargs)
+        except Exception as e:  # jinja's errors, the template's own raise_exception
+            roles = [m.get("role") for m in messages[len(_STAND_IN):]]
+            what = f"messages of roles {roles} after an assistant turn" if roles else "a user turn and an answer"
+            raise TemplateError(f"the chat template cannot render {what} ({type(e).__name__}: {e})") from None
+
+    def _cut(self, text: str) -> int:
+        """Where the stand-in assistant turn ends in `text`: after its end-of-turn token (whitespace between the
+        content and it allowed), or right after its content when the template writes no token the policy stops
+        on."""
+        at = text.find(_ANSWER)
+        if at < 0:
+            raise TemplateError("the chat template does not write an assistant turn's content as it is; appended "
+                                "messages cannot be placed after the policy's own tokens")
+        at += len(_ANSWER)
+        rest = text[at:].lstrip()
+        for end in self.ends:
+            if rest.startswith(end):
+                return len(text) - len(rest) + len(end)
+        return at
+
+    def _ids_after(self, text: str, cut: int) -> list[int]:
+        """The ids of `text`'s tokenization from `cut` on (a token boundary: the cut follows a special token)."""
+        try:
+            enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        except (NotImplementedError, ValueError):  # a tokenizer without offsets: the text after the cut alone
+            return list(self.tokenizer(text[cut:], add_special_tokens=False)["input_ids"])
+        ids, offsets = enc["input_ids"], enc["offset_mapping"]
+        first = next((i for i, (_, end) in enumerate(offsets) if end > cut), len(ids))
+        if first < len(ids) and offsets[first][0] < cut:
+            return list(self.tokenizer(text[cut:], add_special_tokens=False)["input_ids"])
+        return list(ids[first:])
 
 
-def full_render(tokenizer, messages: list[dict], tools: list[dict] | None) -> list[int]:
+def full_render(tokenizer, messages: list[dict], tools: list[dict] | None,
+                template_kwargs: dict | None = None) -> list[int]:
     """The whole conversation rendered at once (for the tokenization sanity check)."""
-    return render(tokenizer, messages, tools, add_generation_prompt=False)
+    return render(tokenizer, messages, tools, add_generation_prompt=False, **(template_kwargs or {}))

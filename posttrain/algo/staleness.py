@@ -1,4 +1,6 @@
-"""How stale a batch is: per policy token, the trainer's weight version minus the version that sampled it.
+"""How stale a batch is: per policy token, the trainer's weight version minus the token's version — with partial
+rollouts the oldest version among the keys and values the token attended to (its prompt's), which can be older than
+the weights that sampled it (docs/algorithms.md, "Asynchronous RL").
 
 Asynchronous runs sample with weights some optimizer steps behind the trainer; these metrics say how far behind,
 so a run can check its staleness bound and read the decoupled objective's weights against it.

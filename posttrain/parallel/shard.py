@@ -178,12 +178,36 @@ def is_sharded(model: nn.Module) -> bool:
 def tensor_parallel(model: nn.Module) -> bool:
     """Does `model`'s forward run collectives of its own (layers split over a tensor-parallel group)? Then the ranks
     of the group must run the same forwards, on the same rows, in the same order."""
+    return _tp_mesh(model) is not None
+
+
+def _tp_mesh(model: nn.Module):
+    """The tensor-parallel mesh `model`'s layers are split over (None: not split)."""
     for p in model.parameters():
         mesh = getattr(p, "device_mesh", None)
         names = (mesh.mesh_dim_names or ()) if mesh is not None else ()
         if "tp" in names and mesh["tp"].size() > 1:
-            return True
-    return False
+            return mesh["tp"]
+    return None
+
+
+def tensor_parallel_first(model: nn.Module) -> bool:
+    """Is this process the first of `model`'s tensor-parallel group (True where the model is not split)? What the
+    group must do once (an episode's environment) runs there, and `from_tensor_parallel_first` gives the others
+    its result."""
+    mesh = _tp_mesh(model)
+    return mesh is None or mesh.get_local_rank() == 0
+
+
+def from_tensor_parallel_first(obj, model: nn.Module):
+    """`obj` as the first process of `model`'s tensor-parallel group holds it, on every process of the group (a
+    collective of the group; the others' `obj` is ignored). The identity where the model is not split."""
+    mesh = _tp_mesh(model)
+    if mesh is None:
+        return obj
+    box = [obj if mesh.get_local_rank() == 0 else None]
+    dist.broadcast_object_list(box, group=mesh.get_group(), group_src=0)
+    return box[0]
 
 
 def agreed(ok: bool, model: nn.Module) -> bool:

@@ -51,7 +51,7 @@ def response_mask_from(responses: torch.Tensor, eos_ids: set[int], pad_id: int, 
 class RolloutEngine:
     """generate(batch, sampling) -> batch with `responses` (B*n, L), `response_mask`, `input_ids`, `attention_mask`
     (and `rollout_log_probs` (B*n, L) with `sampling.logprobs`; and `rollout_versions` (B*n, L) with a
-    `between_steps` hook).
+    `between_steps` hook: the oldest weight version each token attended to).
 
     The input batch holds left-padded `prompts` / `prompt_mask` (B, P) and per-prompt meta; every row is repeated
     `sampling.n` times (consecutively, sharing a `uid`). An engine implements `_generate` on one chunk of rows
@@ -67,7 +67,8 @@ class RolloutEngine:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(self.eos_ids))
         # Partial rollouts (asynchronous RL): `between_steps(decoding_model) -> version` may swap newer weights into
         # the decoding model; it is called before each chunk of rows and (DecodeEngine) before each decoding step,
-        # and `generate` returns the version that sampled each token as `rollout_versions`.
+        # and `generate` returns, per token, the oldest version among the weights it attended to (its chunk's
+        # prefill) as `rollout_versions`.
         self.between_steps = None
         self.step_versions: list[int] | None = None  # the current chunk's version per decoding step
 
@@ -137,10 +138,10 @@ class RolloutEngine:
 
 
 def _token_versions(step_versions: list[int], rows: int, width: int) -> torch.Tensor:
-    """(rows, width): token t of every row was sampled by step_versions[t] (the last one for any later step; an
-    engine that records no steps samples the whole chunk with the version before it)."""
-    v = (step_versions + step_versions[-1:] * width)[:width]
-    return torch.tensor(v, dtype=torch.long).expand(rows, width).clone()
+    """(rows, width): the version of the chunk's prefill (step_versions[0]) on every token: the oldest weights whose
+    keys and values a token attends to (its prompt's), however newer the weights a swap put in before its own step
+    (those it was sampled with). Staleness counts what a token saw."""
+    return torch.full((rows, width), int(step_versions[0]), dtype=torch.long)
 
 
 def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:

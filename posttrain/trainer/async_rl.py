@@ -8,7 +8,8 @@ push, T = `async_training.trigger_parameter_sync_step` (verl's bound, counted in
 
 The generator receives weights in a thread of its own, always ready, so a push never waits for a generation; the
 weights it receives are staged and taken between batches (with `async_training.partial_rollout` also between two
-decoding steps of a batch, each token keeping the version that sampled it). It sends batches from another thread, so
+decoding steps of a batch: each token is then labelled with the oldest version among the keys and values it attended
+to, its prompt's, not the newer one that sampled it; docs/algorithms.md). It sends batches from another thread, so
 generating the next batch never waits for the trainer to take the last one: the staleness bound alone holds
 generation back. So with T = 1 and threshold 1 batch k+1 is generated while step k trains (one-step-off-policy),
 threshold 0 (or 0.1) makes the groups take turns, and every batch starts at most A - 1 versions before the one it
@@ -277,6 +278,9 @@ class Generator:
             metrics |= rl._program_counts()
             if "rollout_versions" not in batch:  # partial rollouts: the engine's, per token
                 batch["rollout_versions"] = batch["response_mask"].long() * version
+            # partial rollouts: versions swapped in while the batch decoded (its tokens' labels are older, what
+            # their keys saw, so the staleness metrics do not show these swaps)
+            metrics["async/versions_taken_mid_batch"] = inbox.current - version
             gen_s = time.perf_counter() - t0
             outbox.put((batch, metrics | {f"timing_s/{k}": v for k, v in timing.items()},
                         {"version": version, "data_cursor": rl.data_cursor, "gen_s": gen_s, "wait_s": wait_s}))

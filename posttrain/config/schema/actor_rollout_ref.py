@@ -240,8 +240,9 @@ class MultiTurnConfig:
     max_assistant_turns: Optional[int] = None
     """most assistant (policy) turns of an episode; null = no limit but the response budget"""
     max_user_turns: Optional[int] = None
-    """most turns the environment answers in an episode (tool results or a user message); null = no limit but the
-    response budget"""
+    """most environment rounds of an episode, counted as verl counts its user turns: each answer of the environment
+    that appends messages is one, whatever their roles and number (a round of three tool results is one); checked
+    after each assistant turn, so N rounds allow N + 1 assistant turns; null = no limit but the response budget"""
     max_parallel_calls: int = 1
     """most tool calls of one assistant turn that are run (concurrently, each within `tool_timeout_s`)"""
     max_tool_response_length: int = 256

@@ -35,8 +35,10 @@ class AsyncTrainingConfig:
     """True: weights pushed while a batch generates are swapped in between two decoding steps, so the responses in
     flight (the episodes of `rollout.multi_turn.enable` too, across their turns) go on with the new weights (their
     earlier tokens' keys and values stay those of the old ones; under LoRA the pushed adapters are merged again into
-    the decoding copy); each sampled token keeps the version that sampled it (`rollout_versions`) and its behaviour
-    log-prob, appended tool or environment tokens neither (masked). False: a batch is generated with the weights it
+    the decoding copy); each sampled token keeps its behaviour log-prob and is labelled (`rollout_versions`, what
+    `async/staleness_*` count) with the oldest weight version among the keys and values it attended to: the version
+    that prefilled its prompt (in the turn-by-turn episode loop, its turn's prefill), not the newer one that sampled
+    it; appended tool or environment tokens neither (masked). False: a batch is generated with the weights it
     started with (`rollout.name=hf` swaps between chunks of rows only). Not with `rollout.agent.program`"""
     trigger_parameter_sync_step: int = 1
     """with `rollout.n_gpus_per_node` > 0: training steps (updates on one batch each) between two weight pushes to
