@@ -6,10 +6,47 @@ from __future__ import annotations
 import torch
 
 from ..data.batch import Batch
+from ..errors import ConfigError
 from ..models.load import eval_mode
 from .reference import Reference
 
 TEACHER_TEMPERATURE = 1.0  # the teacher's own distribution, whatever the student sampled with
+
+
+def teacher_rows(student_tok, teacher_tok, student_vocab: int, teacher_vocab: int, key: str) -> int | None:
+    """How much of the teacher's output head scores the student's tokens: None (all of it: the same size) or
+    `student_vocab`, for a teacher whose embedding is padded beyond the student's (Qwen2.5-7B's 152064 rows
+    teaching Qwen2.5-1.5B's 151936): its rows past the student's are cut off before it scores, so its
+    distribution is over the student's vocabulary. The teacher scores the student's token ids, so the two
+    tokenizers must be one (the same token for every id, the same special tokens): a ConfigError names the first
+    difference, or a teacher with fewer rows than the student (the student can sample ids it has no row for)."""
+    difference = tokenizer_difference(student_tok, teacher_tok)
+    if difference is not None:
+        raise ConfigError(f"{key}: the teacher's tokenizer differs from the student's ({difference}); the teacher "
+                          "scores the student's token ids, so both must use one tokenizer")
+    if teacher_vocab < student_vocab:
+        raise ConfigError(f"{key}: the teacher's embedding has {teacher_vocab} rows, fewer than the student's "
+                          f"{student_vocab}: the student can sample ids the teacher has no row for")
+    return student_vocab if teacher_vocab > student_vocab else None
+
+
+def tokenizer_difference(a, b) -> str | None:
+    """The first difference between two tokenizers' id mappings and special tokens, in words (None: the same)."""
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        only_a, only_b = sorted(set(va) - set(vb)), sorted(set(vb) - set(va))
+        moved = sorted(t for t in set(va) & set(vb) if va[t] != vb[t])
+        parts = [f"{len(va)} and {len(vb)} tokens"]
+        parts += [f"the student's has {only_a[:3]} the teacher's lacks"] if only_a else []
+        parts += [f"the teacher's has {only_b[:3]} the student's lacks"] if only_b else []
+        parts += [f"{moved[:3]} have other ids"] if moved else []
+        return "; ".join(parts)
+    special = lambda tok: {i: t.content for i, t in tok.added_tokens_decoder.items() if t.special}  # noqa: E731
+    sa, sb = special(a), special(b)
+    if sa != sb:
+        ids = sorted(set(sa.items()) ^ set(sb.items()))[:3]
+        return f"other special tokens: {ids}"
+    return None
 
 
 class Teachers:

@@ -33,7 +33,7 @@ from ..roles.critic import Critic
 from ..roles.judge_model import Judge
 from ..roles.reference import Reference
 from ..roles.reward_model import RewardModel
-from ..roles.teacher import Teachers
+from ..roles.teacher import Teachers, teacher_rows
 from ..rollout.base import SamplingParams
 from ..agents.environment import ENVIRONMENTS
 from ..agents.loop import EpisodeRunner
@@ -147,7 +147,7 @@ class Roles:
                            total_steps=total_steps, seed=tr.seed, offload_optimizer=_moves_adam(a.fsdp_config),
                            max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row, distill=distill,
                            rejection=_bypass_rejection(cfg.algorithm.rollout_correction))
-        self.teachers = _teachers(cfg, par, distill) if distill is not None else None
+        self.teachers = _teachers(cfg, par, distill, tokenizer) if distill is not None else None
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             ref_runner = actor_runner if lora else policy(arr.ref.fsdp_config, trainable=False, with_lora=None)
@@ -186,9 +186,10 @@ class Roles:
         return {"actor": self.actor, **({"critic": self.critic} if self.critic is not None else {})}
 
 
-def _teachers(cfg, par: Parallel, distill) -> Teachers:
+def _teachers(cfg, par: Parallel, distill, tokenizer) -> Teachers:
     """The frozen teachers, placed like the reference (its fsdp_config: sharded over the ranks, offload) with their
-    weights and compute in the rollout's dtype; each must share the student's vocabulary."""
+    weights and compute in the rollout's dtype; each must use the student's tokenizer (`tokenizer`), and one whose
+    embedding is padded further has its output head cut to the student's rows (roles/teacher.py, teacher_rows)."""
     arr = cfg.actor_rollout_ref
     dtype = compute_dtype(arr.rollout.dtype, par.device)
     ref = arr.ref.fsdp_config
@@ -199,14 +200,18 @@ def _teachers(cfg, par: Parallel, distill) -> Teachers:
         key = teacher_key(t)
         vocab = model_config(t.model_path, trust_remote_code=arr.model.trust_remote_code,
                              key=key).get_text_config().vocab_size
-        if vocab != student_vocab:
-            raise ConfigError(f"{key}: the teacher's vocabulary ({vocab} tokens) differs from the student's "
-                              f"({student_vocab}); the teacher scores the student's token ids, so both must share "
-                              "one tokenizer")
+        try:
+            own = load_tokenizer(t.model_path, arr.model.trust_remote_code, key=key)
+        except Exception as e:  # noqa: BLE001 - a folder without a tokenizer
+            raise ConfigError(f"{key}: the teacher's tokenizer does not load ({type(e).__name__}: {e}); it is "
+                              "compared with the student's, whose token ids the teacher scores") from None
+        rows = teacher_rows(tokenizer, own, student_vocab, vocab, key)
 
-        def build(meta: bool, path=t.model_path, key=key):
-            return PolicyModel(load_causal_lm(path, meta=meta, dtype=dtype,
-                                              trust_remote_code=arr.model.trust_remote_code, key=key))
+        def build(meta: bool, path=t.model_path, key=key, rows=rows):
+            lm = load_causal_lm(path, meta=meta, dtype=dtype, trust_remote_code=arr.model.trust_remote_code, key=key)
+            if rows is not None:  # the teacher's padded rows past the student's vocabulary: never scored
+                lm.resize_token_embeddings(rows, mean_resizing=False)
+            return PolicyModel(lm)
 
         model = prepare_model(build, par, ShardSettings(param_dtype=dtype, reduce_dtype=torch.float32,
                                                         offload=ref.param_offload,
