@@ -55,4 +55,4 @@ class AgentSettings:
                    default_agent_loop=agent.default_agent_loop, num_workers=agent.num_workers,
                    tool_timeout_s=mt.tool_timeout_s, program=agent.program,
                    program_timeout_s=agent.program_timeout_s,
-                   template_kwargs=dict(cfg.data.apply_chat_template_kwargs or {}))
+                   template_kwargs=dict(getattr(cfg.data, "apply_chat_template_kwargs", None) or {}))
