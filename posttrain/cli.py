@@ -234,6 +234,7 @@ def cmd_sandbox_server(args) -> int:
 
 def cmd_serve(args) -> int:
     try:
+        from .serve.limits import Limits
         from .serve.server import serve_engine
     except ImportError as e:  # the serve extra is not installed: checked before the model loads
         print(f"error: {e}", file=sys.stderr)
@@ -249,10 +250,12 @@ def cmd_serve(args) -> int:
     engine = build_engine("posttrain", PolicyModel(lm.to(device)), tokenizer, device=device,
                           dtype=compute_dtype(args.dtype, device))
     name = args.served_model_name or args.model
+    limits = Limits(max_body_bytes=int(args.max_body_mb * 2**20), read_timeout_s=args.read_timeout_s,
+                    max_connections=args.max_connections)
     serve_engine(engine, tokenizer, name, host=args.host, port=args.port, api_key=args.api_key,
                  max_running=args.max_running, max_waiting=args.max_waiting,
                  prefix_cache_tokens=args.prefix_cache_tokens,
-                 request_timeout_s=args.request_timeout_s,
+                 request_timeout_s=args.request_timeout_s, limits=limits, shutdown_grace_s=args.shutdown_grace_s,
                  on_ready=lambda url: print(f"serving {name} at {url}", flush=True))
     return 0
 
@@ -395,6 +398,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens whose keys and values are kept for requests continuing a conversation (0: off)")
     p.add_argument("--request-timeout-s", type=float, default=600.0,
                    help="a request running longer is cancelled and answered 504")
+    p.add_argument("--max-body-mb", type=float, default=16.0, help="a larger request body is refused (413)")
+    p.add_argument("--read-timeout-s", type=float, default=30.0,
+                   help="a request's headers, and then its body, must arrive within it (else 408 and closed)")
+    p.add_argument("--max-connections", type=int, default=None,
+                   help="open connections; one more is answered 503 (default: the open-file limit less 128)")
+    p.add_argument("--shutdown-grace-s", type=float, default=5.0,
+                   help="on SIGTERM / SIGINT, the time requests in flight have to finish; then they fail (503)")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--trust-remote-code", action="store_true")

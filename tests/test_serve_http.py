@@ -456,12 +456,21 @@ def test_a_request_over_its_time_limit_is_cancelled_and_answered_504(stack):
     assert client(url).chat.completions.create(model=MODEL, messages=USER, max_tokens=2).choices
 
 
-def test_a_full_queue_is_answered_429(stack):
+def test_a_full_queue_is_answered_429_and_a_request_that_never_fits_400(stack):
     tokenizer, _, scheduler, _, _ = stack
-    full = Scheduler(scheduler.engine, max_running=1, max_waiting=0)  # never started: nothing may wait
+    full = Scheduler(scheduler.engine, max_running=2, max_waiting=2)  # never started: what waits stays
+    full.submit([1, 2], 1, RequestSampling())
     with serve_in_thread(build_app(Served(MODEL, tokenizer, full))) as server:
-        e = status_error(lambda: client(server.base_url).chat.completions.create(model=MODEL, messages=USER))
+        c = client(server.base_url)
+        e = status_error(lambda: c.completions.create(model=MODEL, prompt=["1+1=", "2+2="]))  # one place left
         assert isinstance(e, openai.RateLimitError) and e.status_code == 429
+        assert full.stats["requests_waiting"] == 1  # the prompt that fitted was taken back
+        # more prompts than may ever wait, more samples than may ever run: no retry helps
+        e = status_error(lambda: c.completions.create(model=MODEL, prompt=["1+1="] * 3))
+        assert isinstance(e, openai.BadRequestError) and e.body["param"] == "prompt" and "max_waiting" in e.message
+        e = status_error(lambda: c.chat.completions.create(model=MODEL, messages=USER, n=3))
+        assert isinstance(e, openai.BadRequestError) and e.body["param"] == "n" and "max_running" in e.message
+    full.submit([1, 2], 1, RequestSampling())
     with pytest.raises(QueueFull):
         full.submit([1, 2], 1, RequestSampling())
 
@@ -574,6 +583,69 @@ def test_sampling_override_sets_the_distribution_and_caps_max_tokens(stack):
     want, _ = greedy(lm, tokenizer, rendered(tokenizer, USER), 3)
     assert r.choices[0].message.content == text_of(tokenizer, want)
     assert recorder.take("ep")[0][0].completion_ids == want
+
+
+def test_in_training_a_clients_seed_is_dropped_and_counted(stack):
+    """n runs of one row sending one fixed seed must not draw one sample n times (a group without variance): with a
+    sampling override the client's seed is ignored, and the recorder counts it."""
+    tokenizer, _, scheduler, _, _ = stack
+    recorder = Recorder()
+    override = RequestSampling(temperature=1.0, max_tokens=8)
+    with serve_in_thread(build_app(Served(MODEL, tokenizer, scheduler), recorder=recorder,
+                                   sampling_override=override)) as server:
+        c = client(server.base_url, "ep-seeded")
+        answers = [c.chat.completions.create(model=MODEL, messages=USER, seed=7).choices[0].message.content
+                   for _ in range(3)]
+        c.chat.completions.create(model=MODEL, messages=USER)  # no seed: nothing dropped
+    assert len(set(answers)) > 1
+    assert recorder.counts() == {"seeds_dropped": 3}
+
+
+def full_forward_logprobs(lm, prompt: list[int], tokens: list[int], temperature: float = 1.0) -> list[float]:
+    """log-softmax(logits / temperature) of a full float64 forward at each sampled token."""
+    with torch.no_grad():
+        logits = lm(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].double()
+    return torch.log_softmax(logits / temperature, dim=-1)[torch.arange(len(tokens)), tokens].tolist()
+
+
+def test_clients_see_the_raw_distributions_logprobs_and_training_records_the_sampled_ones(stack):
+    """`logprobs` reports each token's log-prob under the model's own distribution (vLLM's default logprobs_mode,
+    raw_logprobs) whatever the temperature, so temperature 0 and 1e-6 (greedy below vLLM's epsilon) agree; the
+    recorder keeps the log-prob of the distribution the token was drawn from (training's behaviour policy)."""
+    tokenizer, lm, _, recorder, url = stack
+    c = client(url, "ep-logprobs")
+    prompt = rendered(tokenizer, USER)
+    greedy_ids, greedy_logprobs = greedy(lm, tokenizer, prompt, 6)
+    for temperature in (0, 1e-6):
+        r = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, temperature=temperature,
+                                      logprobs=True)
+        assert [e.logprob for e in r.choices[0].logprobs.content] == pytest.approx(greedy_logprobs, abs=1e-4)
+    r = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, temperature=0.5, seed=3, logprobs=True)
+    streamed = c.chat.completions.create(model=MODEL, messages=USER, max_tokens=6, temperature=0.5, seed=3,
+                                         logprobs=True, stream=True)
+    streamed = [e.logprob for ch in streamed if ch.choices and ch.choices[0].logprobs
+                for e in ch.choices[0].logprobs.content]
+    calls, _ = recorder.take("ep-logprobs")  # two greedy, the sampled one, streamed the same
+    assert [call.logprobs for call in calls[:2]] == [pytest.approx(greedy_logprobs, abs=1e-4)] * 2
+    ids = calls[2].completion_ids
+    shown = [e.logprob for e in r.choices[0].logprobs.content]
+    assert shown == pytest.approx(full_forward_logprobs(lm, prompt, ids), abs=1e-4) and streamed == shown
+    assert calls[2].logprobs == pytest.approx(full_forward_logprobs(lm, prompt, ids, 0.5), abs=1e-4)
+    assert calls[3].logprobs == calls[2].logprobs
+
+
+@pytest.mark.parametrize("tiny", [dict(temperature=1e-300), dict(top_p=1e-300), dict(temperature=1e-6, top_p=1e-9)])
+def test_a_vanishing_temperature_or_top_p_decodes_greedily_with_finite_logprobs(stack, tiny):
+    tokenizer, lm, _, _, url = stack
+    prompt = rendered(tokenizer, USER)
+    want, logprobs = greedy(lm, tokenizer, prompt, 5)
+    for stream in (False, True):  # a stream's JSON too: nothing non-finite
+        r = httpx.post(url + "/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 5,
+                                                        "logprobs": True, "stream": stream, **tiny}, timeout=60)
+        assert r.status_code == 200 and "Infinity" not in r.text and "NaN" not in r.text
+    r = client(url).chat.completions.create(model=MODEL, messages=USER, max_tokens=5, logprobs=True, **tiny)
+    assert r.choices[0].message.content == text_of(tokenizer, want)
+    assert [e.logprob for e in r.choices[0].logprobs.content] == pytest.approx(logprobs, abs=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------- the command

@@ -582,6 +582,44 @@ def test_weights_changed_inside_a_pause_are_not_read_from_kept_keys_and_values(e
     assert resumed == [] and sched.stats["prefix_cache_hits"] == 0
 
 
+def test_a_sample_decoding_across_a_pause_is_not_kept(engine, scheduler, lm, monkeypatch, resumed):
+    """A sample that started before a pause in which the weights changed has keys of both weights: when it ends it
+    is not kept (counted stale), and the next turn is prefilled on the new weights whole."""
+    engine.eos_ids = {10**6}
+    sched = scheduler()
+    gate, resume = threading.Event(), threading.Event()
+    on_step(engine, monkeypatch, {3: lambda: (gate.set(), resume.wait(10))})
+    first = conversation(11)
+    running = sched.submit(first, 1, RequestSampling(temperature=0.0, max_tokens=10))
+    sched.start()
+    assert gate.wait(10)
+    k_proj = next(p for name, p in lm.named_parameters() if "k_proj.weight" in name)
+    saved = k_proj.detach().clone()
+
+    changed = []
+
+    def change_weights():
+        with sched.paused(), torch.no_grad():
+            k_proj.mul_(-1.5)
+            changed.append(copy.deepcopy(lm).double())  # the model is not in decoding mode inside a pause
+    pauser = threading.Thread(target=change_weights)
+    try:
+        pauser.start()
+        while not sched._pauses:  # the pause is asked for while the step is under way
+            time.sleep(0.01)
+        resume.set()  # the step ends, the pause comes, the sample goes on on the new weights
+        pauser.join(10)
+        completion = collect(running)[0][0]
+        stats = sched.stats
+        assert stats["prefix_cache_sequences"] == 0 and stats["prefix_cache_stale"] == 1
+        second = first + completion + [5]
+        assert_full_forward(changed[0], second, run_turn(sched, second))
+    finally:
+        with torch.no_grad():
+            k_proj.copy_(saved)
+    assert resumed == [] and sched.stats["prefix_cache_hits"] == 0
+
+
 def test_the_prefix_cache_finds_the_longest_kept_prefix_and_keeps_no_prefix_of_a_kept_sequence():
     """Of two kept sequences, a prompt reuses the one it shares more tokens with (to the token, past a block
     boundary), always leaving its last token to compute; keeping a sequence drops kept ones that are its prefixes,

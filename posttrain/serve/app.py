@@ -1,11 +1,14 @@
 """The OpenAI-compatible HTTP API over a Scheduler: `/v1/chat/completions`, `/v1/completions`, `/v1/models`,
 `/health`, and `POST /rl/reward` (an episode's reward, for training).
 
-Every failure is an HTTP error with OpenAI's error body, and the server goes on serving the other requests:
-malformed or invalid JSON and unsupported fields 400, a wrong or missing key 401, an unknown model or route 404, a
-prompt over the context 400, a full queue 429, a request over `request_timeout_s` 504 (its samples cancelled), a
-decoding failure 500. A client that disconnects has its samples cancelled. A stream that fails after its first
-chunk ends with an `error` event (the OpenAI client raises it).
+Every failure is an HTTP error with OpenAI's error body (errors.py), and the server goes on serving the other
+requests: malformed or invalid JSON and unsupported fields 400 (naming the field), a wrong or missing key 401, an
+unknown model or route 404, a body over the limit 413 or too slow 408 (limits.py), a prompt over the context or a
+request that could never fit the scheduler's limits 400, a full queue 429, a request over `request_timeout_s` 504
+(its samples cancelled), a decoding failure 500, a server shutting down 503. A client that disconnects has its
+samples cancelled. A stream that fails after its first chunk ends with an `error` event and `[DONE]` (the OpenAI
+client raises it). Prompts are rendered and tokenized off the event loop, and a text too long for the context is
+refused before it is tokenized (admission.py).
 """
 
 from __future__ import annotations
@@ -13,28 +16,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import secrets
+import logging
 import time
 import uuid
 from dataclasses import dataclass, replace
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, StreamingResponse
-    from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as e:  # the serve extra is optional
     raise ImportError("the server needs FastAPI and uvicorn: pip install 'posttrain[serve]'") from e
 
 from . import answers, fields
-from .chat import ChatError, SampleText, render
-from .generation import Cancelled, Generation, GenerationFailed, RequestTimeout
+from .admission import Admission
+from .chat import SampleText
+from .errors import APIError, bad as _bad, install_error_handlers
+from .generation import Cancelled, Generation, GenerationFailed, RequestTimeout, ServerClosing
+from .limits import BodyLimits, KeyCheck, Limits
 from .protocol import ChatRequest, CompletionRequest, RewardRequest, error_body
 from .recorder import Call, Recorder
 from .scheduler import PromptTooLong, QueueFull, RequestSampling
 from ..tools.parse import OPEN
 
+log = logging.getLogger(__name__)
+
 DISCONNECT_POLL_S = 0.25
+SAMPLING_EPS = 1e-5  # a temperature or top_p below it decodes greedily (vLLM's _SAMPLING_EPS)
 
 
 @dataclass
@@ -47,71 +54,22 @@ class Served:
     tool_format: str = "hermes"
 
 
-class APIError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-                 param: str | None = None):
-        super().__init__(message)
-        self.status, self.body = status, error_body(message, kind, code, param)
-
-
-def _bad(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param=param)
-
-
-class KeyCheck:
-    """ASGI middleware: `/v1/...` and `/rl/...` need `Authorization: Bearer <api_key>` (checked before the body is
-    read, so a request without the key learns nothing else); `/health` does not."""
-
-    def __init__(self, app, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"].startswith(("/v1/", "/rl/")):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(given, self.expected):
-                body = error_body("a wrong or missing API key (Authorization: Bearer KEY)", "invalid_request_error",
-                                  "invalid_api_key")
-                await JSONResponse(body, status_code=401)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder | None = None,
-              request_timeout_s: float = 600, sampling_override: RequestSampling | None = None) -> FastAPI:
+              request_timeout_s: float = 600, sampling_override: RequestSampling | None = None,
+              limits: Limits = Limits()) -> FastAPI:
     """The app; `sampling_override` (training): temperature / top_p / top_k / stop ids from it, not from the client,
     and the client's max_tokens capped at its max_tokens."""
     app = FastAPI(title="posttrain", docs_url=None, redoc_url=None, openapi_url=None)
-    if api_key is not None:
+    app.add_middleware(BodyLimits, max_body_bytes=limits.max_body_bytes, timeout_s=limits.read_timeout_s)
+    if api_key is not None:  # added last, so it runs first: a request without the key has no body read
         app.add_middleware(KeyCheck, api_key=api_key)
+    install_error_handlers(app)
     tokenizer, scheduler = served.tokenizer, served.scheduler
-
-    @app.exception_handler(APIError)
-    async def api_error(_, e: APIError):
-        return JSONResponse(e.body, status_code=e.status)
+    admission = Admission(tokenizer, scheduler)
 
     @app.exception_handler(fields.FieldError)
     async def refused(_, e: fields.FieldError):
         return JSONResponse(error_body(str(e), "invalid_request_error", param=e.param), status_code=400)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        if first.get("type") == "json_invalid":
-            message = f"the body is not valid JSON ({first.get('ctx', {}).get('error', first.get('msg'))})"
-        elif not where:
-            message = "the body must be a JSON object (Content-Type: application/json)"
-        else:
-            message = f"{where or 'body'}: {first.get('msg', 'invalid')}"
-        return JSONResponse(error_body(message, "invalid_request_error", param=where or None), status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(_, e: StarletteHTTPException):
-        return JSONResponse(error_body(str(e.detail), "invalid_request_error"), status_code=e.status_code)
-
-    @app.exception_handler(Exception)
-    async def crashed(_, e: Exception):
-        return JSONResponse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"), status_code=500)
 
     def episode_of(request: Request) -> str | None:
         given = request.headers.get("x-episode-id")
@@ -138,13 +96,28 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         top_k = body.top_k if body.top_k and body.top_k > 0 else -1
         s = RequestSampling(temperature=1.0 if body.temperature is None else body.temperature,
                             top_p=1.0 if body.top_p is None else body.top_p, top_k=top_k,
-                            max_tokens=room if asked is None else asked, seed=body.seed, **options)
+                            max_tokens=room if asked is None else asked, seed=body.seed,
+                            logprobs=body.logprobs is not None and body.logprobs is not False, **options)
+        if s.temperature < SAMPLING_EPS or s.top_p < SAMPLING_EPS:  # 1e-300 would overflow the scaled logits
+            s = replace(s, temperature=0.0, top_p=1.0, top_k=-1)
         if sampling_override is not None:
             o = sampling_override
-            s = replace(s, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
+            if s.seed is not None:  # n runs of a row sending one seed would draw one sample n times
+                seed_dropped()
+            s = replace(s, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k, seed=None,
                         stop_token_ids=tuple(dict.fromkeys(o.stop_token_ids + s.stop_token_ids)),
                         max_tokens=min(s.max_tokens, o.max_tokens))
         return s
+
+    warned = []
+
+    def seed_dropped() -> None:
+        if recorder is not None:
+            recorder.count("seeds_dropped")
+        if not warned:
+            warned.append(True)
+            log.warning("training: a client's seed is ignored (the samples of a row's runs must differ); counted in "
+                        "the recorder's seeds_dropped; logged once")
 
     def submit(prompts: list[list[int]], n: int, sampling: RequestSampling) -> list:
         handles = []
@@ -182,16 +155,22 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         finally:
             watcher.cancel()
 
+    def failure(e: Exception) -> APIError:
+        """What a client is told of a generation that ended without its answer."""
+        if isinstance(e, RequestTimeout):
+            return timed_out()
+        if isinstance(e, ServerClosing):
+            return APIError(503, str(e), "server_error", code="server_shutting_down")
+        return APIError(500, str(e), "server_error")
+
     async def collect(gen: Generation, request: Request) -> None:
         """Every update consumed (the samples' text and ids accumulate in them); the client watched meanwhile."""
         try:
             async with watching(gen, request):
                 async for _ in gen.updates():
                     pass
-        except RequestTimeout:
-            raise timed_out() from None
-        except GenerationFailed as e:
-            raise APIError(500, str(e), "server_error") from None
+        except (RequestTimeout, GenerationFailed) as e:
+            raise failure(e) from None
         except Cancelled:  # nobody reads this answer
             raise APIError(499, "the client closed the connection", "invalid_request_error") from None
         finally:
@@ -210,7 +189,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                 "total_tokens": prompt_tokens + completion}
 
     def sse(obj) -> str:
-        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+        return f"data: {json.dumps(obj, ensure_ascii=False, allow_nan=False)}\n\n"  # JSON has no NaN
 
     async def start(request: Request, body, prompts: list[list[int]], watch: str | None):
         """The samples submitted, and a Generation over them."""
@@ -222,7 +201,6 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         samples = [SampleText(tokenizer, body.stop_strings(), watch, whole=not body.stream,
                               include_stop=body.include_stop_str_in_output, skip_special=body.skip_special_tokens)
                    for _ in range(len(prompts) * body.n)]
-
         return Generation(handles, body.n, samples, deadline), samples
 
     async def streamed(gen: Generation, request: Request, chunks, on_done):
@@ -234,11 +212,9 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                 first = await updates.__anext__()
         except StopAsyncIteration:
             first = None
-        except RequestTimeout:
-            raise timed_out() from None
-        except GenerationFailed as e:
+        except (RequestTimeout, GenerationFailed) as e:
             gen.cancel()
-            raise APIError(500, str(e), "server_error") from None
+            raise failure(e) from None
         except Cancelled:
             raise APIError(499, "the client closed the connection", "invalid_request_error") from None
 
@@ -252,15 +228,16 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
                             yield sse(chunk)
                 for chunk in on_done():
                     yield sse(chunk)
-                yield "data: [DONE]\n\n"
-            except RequestTimeout:
-                yield sse(timed_out().body)
-            except GenerationFailed as e:
-                yield sse(error_body(str(e), "server_error"))
+            except (RequestTimeout, GenerationFailed) as e:  # the stream ends with an error event, then [DONE]
+                yield sse(failure(e).body)
+            except Exception as e:  # noqa: BLE001 - a failure building a chunk still ends the stream as OpenAI's do
+                log.exception("a stream failed")
+                yield sse(error_body(f"internal error: {type(e).__name__}: {e}", "server_error"))
             finally:  # also when the client went away (the response task is cancelled)
                 gen.cancel()
                 with contextlib.suppress(Exception):
                     await updates.aclose()
+            yield "data: [DONE]\n\n"
 
         return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -289,10 +266,8 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         check_model(body.model)
         fields.screen(body)
         tools = body.tools if body.tools and body.tool_choice != "none" else None
-        try:
-            prompt = render(tokenizer, body.messages, tools, body.chat_template_kwargs)
-        except ChatError as e:
-            raise _bad(str(e), "messages") from None
+        admission.check_fits(1, body.n)
+        prompt = await admission.chat_prompt(body.messages, tools, body.chat_template_kwargs)
         gen, samples = await start(request, body, [prompt], OPEN if tools else None)
         rid, created = f"chatcmpl-{body.request_id or uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "created": created, "model": served.name}
@@ -309,7 +284,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
             for i, sample in enumerate(samples):
                 msg, reason = message(i)
                 reasons.append(reason)
-                lp = (answers.chat_logprobs(tokenizer, zip(sample.ids, sample.logprobs, sample.tops)) if body.logprobs
+                lp = (answers.chat_logprobs(tokenizer, zip(sample.ids, sample.shown, sample.tops)) if body.logprobs
                       else None)
                 choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": reason})
             record(request, [prompt], body.n, samples, reasons)
@@ -357,14 +332,8 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
     async def completions(body: CompletionRequest, request: Request):
         check_model(body.model)
         fields.screen(body)
-        prompts = []
-        for p in body.prompts():
-            ids = tokenizer(p, add_special_tokens=True)["input_ids"] if isinstance(p, str) else list(p)
-            if not ids:
-                raise _bad("the prompt is empty", "prompt")
-            if any(not 0 <= t < len(tokenizer) for t in ids):
-                raise _bad(f"prompt token ids must lie in [0, {len(tokenizer)})", "prompt")
-            prompts.append(ids)
+        admission.check_fits(len(body.prompts()), body.n)
+        prompts = await admission.completion_prompts(body.prompts())
         if not prompts:
             raise _bad("no prompt given", "prompt")
         gen, samples = await start(request, body, prompts, None)
@@ -382,7 +351,7 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         if not body.stream:
             await collect(gen, request)
             choices = [{"index": i, **dict(zip(("text", "logprobs"),
-                                               texts[i].piece(s.text, zip(s.ids, s.logprobs, s.tops)))),
+                                               texts[i].piece(s.text, zip(s.ids, s.shown, s.tops)))),
                         "finish_reason": gen.finish[i]} for i, s in enumerate(samples)]
             record(request, prompts, body.n, samples, list(gen.finish))
             return {**head, "choices": choices, "usage": usage(prompts, body.n, samples)}

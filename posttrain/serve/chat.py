@@ -2,7 +2,8 @@
 
 - `render`: the tokenizer's chat template over the messages, with `tools=` and the generation prompt, as episodes
   render their first messages. An assistant message's `tool_calls` reach the template with `arguments` as an
-  object (the OpenAI wire carries a JSON string; Qwen's templates write the object).
+  object (the OpenAI wire carries a JSON string; Qwen's templates write the object). A rendered text longer than
+  `prompt_chars` allows is refused before it is tokenized.
 - `SampleText`: one sample's text as its tokens arrive. Text is detokenized incrementally (a window of the last
   tokens is decoded, and text that ends in an incomplete UTF-8 character waits for the next token), so a stream's
   deltas joined are the text of all its ids decoded at once. A stop string cuts the text where it starts; text
@@ -21,17 +22,82 @@ from ..tools.parse import OPEN, parse_tool_calls
 
 
 class ChatError(ValueError):
-    """Messages the server cannot render (a 400)."""
+    """Messages the server cannot render (a 400); `param`: the field at fault (None: the messages)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
-def _text(content) -> str | None:
+UNICODE_MERGE = 4  # NFC / NFKC compose at most 4 code points into one (U+1F85 is alpha and three marks)
+_KEEPS_CHARACTERS = {"NFD", "NFKD", "Lowercase", "Prepend", "ByteLevel", "Metaspace", "Digits", "Punctuation",
+                     "UnicodeScripts", "Split"}  # normalizers / pre-tokenizers that drop no character
+
+
+def _shrinks(part) -> float | None:
+    """How many characters of text at most one character of `part`'s output stands for (1: it drops nothing);
+    None: it may drop characters (collapse spaces, strip, remove), so no bound holds."""
+    if part is None:
+        return 1
+    kind = part.get("type")
+    if kind == "Sequence":
+        factor = 1
+        for sub in part.get("normalizers", part.get("pretokenizers", [])):
+            f = _shrinks(sub)
+            if f is None:
+                return None
+            factor *= f
+        return factor
+    if kind in ("NFC", "NFKC"):
+        return UNICODE_MERGE
+    if kind == "Replace":
+        pattern = part.get("pattern", {})
+        return 1 if "String" in pattern and len(part.get("content", "")) >= len(pattern["String"]) else None
+    if kind == "Split" and part.get("behavior") == "Removed":
+        return None
+    return 1 if kind in _KEEPS_CHARACTERS else None
+
+
+def prompt_chars(tokenizer, context: int) -> int | None:
+    """The most characters a text of at most `context` tokens can have, so that a longer prompt is refused without
+    tokenizing it (tokenizing 20 MB of text holds the CPU for a minute and leaves gigabytes allocated); None when
+    the tokenizer allows no such bound.
+
+    Each token stands for at most L characters of the text the tokenizer's model reads, L its longest token string
+    (a byte-level token's string has a character per byte, at least as many as the characters they decode to; a
+    sentencepiece piece is its characters, a byte-fallback piece `<0x0A>` six for one byte; an added token, its
+    content): more than context * L characters of them make more than `context` tokens. Before the model, a
+    normalizer may shrink the text: NFC / NFKC merge at most `UNICODE_MERGE` code points into one (the bound is
+    multiplied by it), others drop nothing; a tokenizer that may drop characters (collapsing spaces, a BERT-like
+    whitespace split) or map a whole unknown word to one token (WordPiece, an unknown token without byte fallback)
+    gets no bound."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    config = json.loads(backend.to_str())
+    model = config.get("model", {})
+    byte_level = "ByteLevel" in json.dumps(config.get("pre_tokenizer"))
+    whole_words = model.get("type") not in ("BPE", "Unigram") or (
+        not byte_level and not model.get("byte_fallback") and model.get("unk_token", model.get("unk_id")) is not None)
+    normalizer, pre = _shrinks(config.get("normalizer")), _shrinks(config.get("pre_tokenizer"))
+    if whole_words or normalizer is None or pre is None:
+        return None
+    vocab = backend.get_vocab(with_added_tokens=True)
+    longest = max((len(token) for token in vocab), default=1)
+    return int(context * longest * normalizer * pre)
+
+
+def _text(content, where: str) -> str | None:
     """A message's content as text: a string, or the text parts of a list of parts (other parts are refused)."""
     if content is None or isinstance(content, str):
         return content
     parts = []
-    for part in content:
+    for k, part in enumerate(content):
         if part.get("type") != "text":
-            raise ChatError(f"content parts of type {part.get('type')!r} are not supported (text only)")
+            raise ChatError(f"content parts of type {part.get('type')!r} are not supported (text only)",
+                            f"{where}.[{k}].type")
+        if not isinstance(part.get("text", ""), str):
+            raise ChatError("a text part's text must be a string", f"{where}.[{k}].text")
         parts.append(part.get("text", ""))
     return "".join(parts)
 
@@ -50,8 +116,9 @@ def _arguments(arguments):
 def template_messages(messages: list) -> list[dict]:
     """Protocol messages (protocol.Message) as the dicts a chat template reads."""
     out = []
-    for m in messages:
-        d = {"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
+    for i, m in enumerate(messages):
+        content = _text(m.content, f"messages.[{i}].content")
+        d = {"role": "system" if m.role == "developer" else m.role, "content": content}
         if m.name is not None:
             d["name"] = m.name
         if m.tool_call_id is not None:
@@ -66,14 +133,28 @@ def template_messages(messages: list) -> list[dict]:
     return out
 
 
-def render(tokenizer, messages: list, tools: list[dict] | None, template_kwargs: dict | None = None) -> list[int]:
+def render(tokenizer, messages: list, tools: list[dict] | None, template_kwargs: dict | None = None,
+           max_chars: int | None = None) -> list[int]:
     """Prompt ids: the chat template over `messages` (protocol.Message) with the generation prompt (and the
-    request's `chat_template_kwargs`, e.g. Qwen3's enable_thinking)."""
+    request's `chat_template_kwargs`, e.g. Qwen3's enable_thinking). `max_chars` (prompt_chars): a longer rendered
+    text is refused before it is tokenized."""
     from ..data.rows import DataError
 
+    dicts = template_messages(messages)
+    if max_chars is not None:
+        if getattr(tokenizer, "chat_template", None):
+            try:
+                text = tokenizer.apply_chat_template(dicts, add_generation_prompt=True, tokenize=False,
+                                                     **({"tools": tools} if tools else {}), **(template_kwargs or {}))
+            except Exception:  # the template rejects this conversation: encode_prompt says so below
+                text = ""
+        else:
+            text = "\n".join(m["content"] or "" for m in dicts)
+        if len(text) > max_chars:
+            raise ChatError(f"the rendered prompt is {len(text)} characters: more than the model's context can hold "
+                            f"in tokens of this tokenizer (at most {max_chars} characters)")
     try:
-        return encode_prompt(tokenizer, template_messages(messages), template_kwargs, tools=tools or None,
-                             where="the messages")
+        return encode_prompt(tokenizer, dicts, template_kwargs, tools=tools or None, where="the messages")
     except DataError as e:
         raise ChatError(str(e)) from None
 
@@ -123,6 +204,7 @@ class SampleText:
         self.ids: list[int] = []
         self.logprobs: list[float] = []
         self.tops: list[list | None] = []  # each token's top log-probs (processors.py), where the request asks
+        self.shown: list[float] = []  # each token's log-prob as clients see it (the model's raw distribution)
         self.text = ""  # decoded so far (cut at a stop string)
         self.sent = 0  # characters of `text` given out
         self.stopped = False
@@ -131,12 +213,15 @@ class SampleText:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False)
 
-    def push(self, token: int, logprob: float, top: list | None = None) -> str:
+    def push(self, token: int, logprob: float, top: list | None = None, shown: float | None = None) -> str:
+        """`logprob`: under the distribution the token was drawn from (training's); `shown`: what clients see
+        (None: the same)."""
         if self.stopped:  # sampled before the cancel reached the scheduler: not part of the answer
             return ""
         self.ids.append(token)
         self.logprobs.append(logprob)
         self.tops.append(top)
+        self.shown.append(logprob if shown is None else shown)
         if not self.incremental:
             return ""
         before = self._decode(self.ids[self._prefix:self._read])

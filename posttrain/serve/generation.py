@@ -3,8 +3,8 @@
 
 `Generation.updates()` yields `Update`s in arrival order; a sample's last one has `finish` set. It raises
 `RequestTimeout` when the deadline passes (every sample cancelled first), `GenerationFailed` when a sample ended in an
-error, and `Cancelled` once `cancel()` stopped every sample (the client went away); the caller calls `cancel()` in a
-`finally` as well.
+error (`ServerClosing` when the scheduler ended it as it closes), and `Cancelled` once `cancel()` stopped every sample
+(the client went away); the caller calls `cancel()` in a `finally` as well.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ class RequestTimeout(Exception):
 
 class GenerationFailed(Exception):
     pass
+
+
+class ServerClosing(GenerationFailed):
+    """The scheduler ended the request's samples because it is closing (SIGTERM)."""
 
 
 class Cancelled(Exception):
@@ -93,8 +97,8 @@ class Generation:
         if event.finish is None:
             if sample.stopped:
                 return None
-            text = sample.push(event.token, event.logprob, event.top)
-            tokens = [(event.token, event.logprob, event.top)]
+            text = sample.push(event.token, event.logprob, event.top, event.raw_logprob)
+            tokens = [(event.token, sample.shown[-1], event.top)]  # as clients see them (docs/serve.md, logprobs)
             if sample.stopped:
                 self.handles[i].cancel(event.sample)
                 self.finish[choice] = "stop"
@@ -105,7 +109,7 @@ class Generation:
             raise GenerationFailed("decoding failed for this request")
         if event.finish not in ("stop", "length"):  # cancelled by the server (it is closing)
             self.cancel()
-            raise GenerationFailed(f"the request was ended by the server ({event.finish})")
+            raise ServerClosing("the server is shutting down: the request was ended before it finished")
         self.finish[choice] = event.finish
         return Update(choice, sample.finish(), [], event.finish)
 

@@ -20,6 +20,7 @@ class Event:
     logprob: float | None  # under the distribution the token was drawn from (greedy: the model's own)
     finish: str | None = None
     top: list[tuple[int, float]] | None = None  # the most likely (token, log-prob)s there, when the request asks
+    raw_logprob: float | None = None  # under the model's own distribution (what clients see), when the request asks
 
 
 class Handle:

@@ -13,7 +13,9 @@ separate forward). An entry that is a prefix of another is dropped
 first; a hit removes nothing.
 
 Entries hold keys and values computed on the weights of the time: whoever changes the weights clears the cache
-(`Scheduler.paused` does).
+(`Scheduler.paused` does), which starts a new weight `version`. Each entry carries the version it was computed on;
+`put` refuses keys and values of another version (a sample that decoded across a pause: its first positions' keys
+are the old weights', counted in `stale`) and `match` uses the current version's only.
 """
 
 from __future__ import annotations
@@ -51,10 +53,10 @@ def _block_hashes(ids: list[int]) -> list[int]:
 
 
 class _Entry:
-    __slots__ = ("ids", "tensor", "past", "hashes")
+    __slots__ = ("ids", "tensor", "past", "hashes", "version")
 
-    def __init__(self, ids: tuple[int, ...], past, hashes: list[int]):
-        self.ids, self.tensor, self.past, self.hashes = ids, torch.tensor(ids), past, hashes
+    def __init__(self, ids: tuple[int, ...], past, hashes: list[int], version: int):
+        self.ids, self.tensor, self.past, self.hashes, self.version = ids, torch.tensor(ids), past, hashes, version
 
 
 class PrefixCache:
@@ -67,6 +69,8 @@ class PrefixCache:
         self.budget = budget
         self.tokens = 0  # cached now
         self.evicted = 0  # sequences dropped for room
+        self.version = 0  # of the weights: each `clear` starts a new one
+        self.stale = 0  # sequences refused by `put` for being of an older version
         self._lock = threading.Lock()  # `clear` may come from any thread
         self._entries: collections.OrderedDict[tuple[int, ...], _Entry] = collections.OrderedDict()  # LRU first
         self._through: dict[int, dict[tuple[int, ...], None]] = {}  # block hash -> the sequences holding it
@@ -93,7 +97,7 @@ class PrefixCache:
             for key in itertools.islice(reversed(holders), CANDIDATES):
                 entry = self._entries[key]
                 n = min(len(key), len(ids))
-                if n <= longest:
+                if n <= longest or entry.version != self.version:
                     continue
                 differ = (entry.tensor[:n] != ids[:n]).nonzero()
                 common = int(differ[0]) if len(differ) else n
@@ -107,10 +111,11 @@ class PrefixCache:
             keys, values = best.past
             return ([k[:, :, :longest] for k in keys], [v[:, :, :longest] for v in values]), longest
 
-    def put(self, ids: list[int], past) -> None:
-        """Keep `past`, the keys and values of the sequence `ids` (a block sequence is the cache's from now on:
-        released when not kept or when dropped); kept sequences that are prefixes of it go, and the least recently
-        used ones while over the budget."""
+    def put(self, ids: list[int], past, version: int | None = None) -> None:
+        """Keep `past`, the keys and values of the sequence `ids` computed on weight version `version` (None: the
+        current one; another is refused: keys of older weights are never reused) (a block sequence is the cache's
+        from now on: released when not kept or when dropped); kept sequences that are prefixes of it go, and the
+        least recently used ones while over the budget."""
         key = tuple(ids)
         if _length(past) != len(key):
             _release(past)
@@ -121,6 +126,10 @@ class PrefixCache:
         hashes = _block_hashes(ids)
         tensor = torch.tensor(key)
         with self._lock:
+            if version is not None and version != self.version:  # checked under the lock `clear` takes
+                _release(past)
+                self.stale += 1
+                return
             if key in self._entries:
                 self._entries.move_to_end(key)
                 _release(past)
@@ -134,7 +143,7 @@ class PrefixCache:
                         and bool((self._entries[other].tensor == tensor[:len(other)]).all())]
             for other in prefixes:
                 self._drop(other)
-            entry = _Entry(key, past, hashes)
+            entry = _Entry(key, past, hashes, self.version)
             self._entries[key] = entry
             for h in hashes:
                 self._through.setdefault(h, {})[key] = None
@@ -145,7 +154,9 @@ class PrefixCache:
                 self.evicted += 1
 
     def clear(self) -> None:
+        """Forget every entry and start a new weight version (the weights may have changed)."""
         with self._lock:
+            self.version += 1
             for entry in self._entries.values():
                 _release(entry.past)
             self._entries.clear()

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Ignoring(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)  # Python's JSON reads NaN and Infinity
 
 
 class StreamOptions(Ignoring):
@@ -43,7 +43,7 @@ class Message(Ignoring):
 
 class Sampling(BaseModel):
     """What chat and text completions share (vLLM's extras included; other fields kept in `model_extra`)."""
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
     n: int = Field(1, ge=1, le=128)
@@ -52,7 +52,7 @@ class Sampling(BaseModel):
     top_k: int | None = Field(None, ge=-1)  # an extra of vLLM's; -1 or 0: off
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)  # an int64, as vLLM's and torch's generators take
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(0.0, ge=-2, le=2)
@@ -115,7 +115,7 @@ class CompletionRequest(Sampling):
 
 
 class RewardRequest(Ignoring):
-    reward: float
+    reward: float = Field(allow_inf_nan=False)  # JSON's 1e999 parses as inf
 
 
 def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict:

@@ -73,6 +73,7 @@ class RequestSampling:
     ignore_eos: bool = False  # the model's EOS ids do not end a sample (stop_token_ids still do)
     processing: Processing | None = None  # penalties, biases, masks, grammar, top log-probs (processors.py)
     prompt_logprobs: int | None = None  # echo: the prompt's log-probs (and this many top ones) onto the handle
+    logprobs: bool = False  # the client is shown log-probs: each token's under the model's raw distribution too
 
 
 class QueueFull(Exception):
@@ -98,6 +99,11 @@ class _Request:
             ("seeded", id(self)) if self.generator is not None else (s.temperature, s.top_p, s.top_k))
         if s.processing is not None:  # processed rows are sampled apart: the plain rows' call stays as it was
             self.kind = ("processed",) + self.kind
+        # drawn from the model's own distribution (greedy or temperature 1, nothing filtered): its sampling log-prob
+        # is the raw one clients are shown
+        self.raw = s.processing is None and (not self.params.do_sample or (
+            s.temperature == 1.0 and s.top_p >= 1.0 and s.top_k <= 0))
+        self.version = 0  # the prefix cache's weight version when it joined (scheduler._join)
 
 
 class _Row:
@@ -161,13 +167,16 @@ class Scheduler:
         pool = self._pool
         blocks = pool.stats() if pool is not None else dict(kv_blocks_used=0, kv_blocks_free=0, kv_blocks_shared=0,
                                                              kv_block_size=0)
-        return dict(self._counts, prefix_cache_tokens=cache.tokens if cache else 0,
-                    prefix_cache_sequences=len(cache) if cache else 0,
-                    prefix_cache_evicted=cache.evicted if cache else 0, **blocks)
+        kept = cache is not None  # (an empty cache is falsy: it has a length)
+        return dict(self._counts, requests_waiting=len(self._waiting), samples_running=len(self._rows),
+                    prefix_cache_tokens=cache.tokens if kept else 0, prefix_cache_sequences=len(cache) if kept else 0,
+                    prefix_cache_evicted=cache.evicted if kept else 0, prefix_cache_stale=cache.stale if kept else 0,
+                    **blocks)
 
     def clear_prefix_cache(self) -> None:
-        """Forget every kept key and value (they are the weights' of the time: call it when the weights change;
-        `paused` does)."""
+        """Forget every kept key and value and start a new weight version: samples decoding now, whose first keys
+        are of the weights of the time, are not kept when they end (call it when the weights change; `paused`
+        does)."""
         if self._cache is not None:
             self._cache.clear()
 
@@ -220,8 +229,8 @@ class Scheduler:
     def paused(self):
         """No decoding step runs inside and the decoding weights are let go (the model's weights may change):
         running samples resume after it on the weights then current; requests submitted meanwhile wait; the prefix
-        cache is cleared. Anything else that uses the engine or its model (`generate`, training passes) runs
-        inside it."""
+        cache is cleared (and what the running samples decoded is not kept when they end). Anything else that uses
+        the engine or its model (`generate`, training passes) runs inside it."""
         with self._cond:
             self._pauses += 1
             self._cond.notify_all()
@@ -316,7 +325,8 @@ class Scheduler:
             return
         try:
             token, logprob, tops = self._sample()
-            keep = self._emit(token.tolist(), logprob.tolist(), tops)
+            logprob = logprob.tolist()
+            keep = self._emit(token.tolist(), logprob, tops, self._raw_logprobs(token, logprob))
             if keep is not None:
                 self._keep(keep)
                 token = token[keep.to(token.device)]
@@ -342,6 +352,8 @@ class Scheduler:
         if not requests:
             return
         self._counts["requests"] += len(requests)
+        for r in requests:
+            r.version = self._cache.version if self._cache is not None else 0
         self._counts["prompt_tokens"] += sum(len(r.prompt) for r in requests)
         if self._cache is None:
             self._join_together(model, requests, {})
@@ -467,14 +479,38 @@ class Scheduler:
                 token[js], logprob[js] = t, lp
         return token, logprob, tops or None
 
-    def _emit(self, tokens: list[int], logprobs: list[float], tops: dict | None = None) -> torch.Tensor | None:
+    def _raw_logprobs(self, token: torch.Tensor, logprob: list[float]) -> list[float | None] | None:
+        """Each row's token's log-prob under the model's own distribution (its raw logits, before any processing,
+        temperature or filter: what clients are shown, as vLLM's default `logprobs_mode`, raw_logprobs), for the
+        rows whose request asks for log-probs (None elsewhere; None: no row asks). A row drawn from that distribution
+        itself has it already; the others' take one log-softmax over their logits."""
+        asking = [j for j, row in enumerate(self._rows) if row.request.sampling.logprobs]
+        if not asking:
+            return None
+        raw: list[float | None] = [None] * len(self._rows)
+        computed = []
+        for j in asking:
+            if self._rows[j].request.raw:
+                raw[j] = logprob[j]
+            else:
+                computed.append(j)
+        if computed:
+            at = torch.tensor(computed, device=self._logits.device)
+            table = torch.log_softmax(self._logits.index_select(0, at).float(), dim=-1)
+            for j, value in zip(computed, table.gather(-1, token.index_select(0, at).unsqueeze(-1)).flatten().tolist()):
+                raw[j] = value
+        return raw
+
+    def _emit(self, tokens: list[int], logprobs: list[float], tops: dict | None = None,
+              raw: list[float | None] | None = None) -> torch.Tensor | None:
         """Each row's token to its consumer, and the final event of each sample that ended on it (its keys and
-        values into the prefix cache, under the prompt and every sampled token but the last, never decoded); the
-        rows that go on (None: all of them). The consumers are woken once all events are out."""
+        values into the prefix cache, under the prompt and every sampled token but the last, never decoded, unless
+        the weights changed since it joined); the rows that go on (None: all of them). The consumers are woken once
+        all events are out."""
         kept, ended, wakes = [], False, _Wakes()
         try:
             for j, (row, t, lp) in enumerate(zip(self._rows, tokens, logprobs)):
-                request, top = row.request, tops.get(j) if tops else None
+                request, top, shown = row.request, tops.get(j) if tops else None, raw[j] if raw else None
                 row.count += 1
                 row.tokens.append(t)
                 if t in request.stops:
@@ -482,16 +518,16 @@ class Scheduler:
                 elif row.count >= request.sampling.max_tokens:
                     finish = "length"
                 else:
-                    request.handle._put([Event(row.sample, t, lp, top=top)], wakes)
+                    request.handle._put([Event(row.sample, t, lp, top=top, raw_logprob=shown)], wakes)
                     kept.append(j)
                     continue
                 ended = True
                 request.live.discard(row.sample)
                 if self._cache is not None:  # kept before its consumer learns of the end (and sends its next turn)
                     past = self._state.sequence(j) if self.paged else self._state.past(j)
-                    self._cache.put(request.prompt + row.tokens[:-1], past)
-                request.handle._put([Event(row.sample, t, lp, top=top), Event(row.sample, None, None, finish)],
-                                    wakes)
+                    self._cache.put(request.prompt + row.tokens[:-1], past, version=request.version)
+                request.handle._put([Event(row.sample, t, lp, top=top, raw_logprob=shown),
+                                     Event(row.sample, None, None, finish)], wakes)
         finally:
             wakes.run()
         return torch.tensor(kept, dtype=torch.long) if ended else None
