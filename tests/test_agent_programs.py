@@ -403,6 +403,30 @@ def test_a_program_over_the_server_trains_on_what_the_policy_decoded(tiny_model_
             assert all(math.isfinite(lp) and lp <= 0 for lp in policy) and len(ep.logprobs) == len(ep.tokens)
 
 
+def test_seeds_that_programs_send_are_dropped_in_training_and_counted(tiny_model_dir):
+    """Runs of one row that all send the same seed would draw the same sample (a group without variance): the
+    training server drops client seeds, and the rollout's metrics count each dropped one."""
+    import openai
+
+    from posttrain.models.load import load_causal_lm, load_tokenizer
+    from posttrain.models.policy import PolicyModel
+    from posttrain.rollout.registry import build_engine
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    engine = build_engine("posttrain", PolicyModel(load_causal_lm(str(tiny_model_dir))), tok,
+                          device=torch.device("cpu"), dtype=torch.float32)
+
+    def program(row, base_url, api_key):
+        client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        client.chat.completions.create(model="policy", messages=row["prompt"], max_tokens=4, seed=7)
+        return 1.0
+
+    runner = ProgramRunner(engine, tok, AgentSettings(num_workers=3), program)
+    runner.run([{"uid": "a", "prompt": [{"role": "user", "content": "2+3="}]}], 3,
+               SamplingParams(do_sample=True, temperature=1.0, max_new_tokens=8, logprobs=True))
+    assert runner.take_metrics()["agent/server_seeds_dropped"] == 3.0
+
+
 # ------------------------------------------------------------------ posttrain eval with agent programs
 
 EXAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples"

@@ -109,6 +109,8 @@ def serve_policy(engine, tokenizer, sampling: SamplingParams, programs: int):
         try:
             yield server.base_url, recorder
         finally:
+            # requests still in flight (a program past its limit) fail as OpenAI errors before the server goes
+            scheduler.close()
             server.close()
     finally:
         scheduler.close()
@@ -137,6 +139,8 @@ class ProgramRunner:
         with self.serve(self.engine, self.tokenizer, sampling, len(jobs)) as (base_url, recorder):
             outcomes = self._run_all(jobs, base_url)
             taken = [recorder.take(key) for _, key in jobs]
+            for key, value in recorder.counts().items():  # e.g. client seeds dropped (training samples alone)
+                self._count(f"agent/server_{key}", value)
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         episodes = []
         self._count("agent/programs", len(jobs))
