@@ -17,7 +17,7 @@ Temperature, top-k and top-p follow in rollout/sampling.py, on the processed log
 is of that processed distribution (the one it was drawn from). A row left with no token at all (a grammar that can
 only end where `min_tokens` forbids ending) gets its stop tokens back, so it ends instead of drawing from nothing.
 
-Rows that ask for none of this are never passed here: the scheduler samples them as before (scheduler.py).
+Rows that ask for none of this are never passed here: the scheduler samples them as before (requests.py).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def sample(logits: torch.Tensor, s, generator, states: list[RowState]):
     """Rows `states` (logits (R, V)): their logits processed, then drawn as plain rows are (rollout/sampling.py);
     their tokens (R,), log-probs (R,) of the processed distribution (the one drawn from, which training records),
     and top log-probs (per row, None where not asked) of the model's raw distribution, the one clients are shown
-    (as vLLM's default `logprobs_mode`, raw_logprobs: scheduler._raw_logprobs). Each state is advanced by its
+    (as vLLM's default `logprobs_mode`, raw_logprobs: requests.raw_logprobs). Each state is advanced by its
     token."""
     x = adjust(logits, states)
     token = next_tokens(x, s, generator)

@@ -22,10 +22,7 @@ decoding step reads a working copy of the blocks in the contiguous layout (rollo
 costs what a contiguous step costs (docs/performance.md, "Keys and values in blocks"). `paged=False` runs the
 contiguous state (for comparison; also what a model failing the engine's paged check is served on).
 
-Sampling: rows of requests asking the same temperature / top-p / top-k and no seed are sampled in one call; a
-request with a seed draws from its own generator, so the same seed and prompt give the same tokens whatever else is
-running (up to the rounding of the logits, which a batch's shape may change). Each sampled token's log-prob under
-the distribution it was drawn from is always computed (recorded calls become training episodes).
+Sampling: requests.py (rows of the same kind of request are sampled in one call).
 
 Prefix cache (prefix_cache.py): when a sample ends ("stop" or "length"), its blocks are kept (a reference) under its
 token ids (prompt + sampled tokens but the last, whose key and value were never computed); a request whose prompt
@@ -44,36 +41,21 @@ import collections
 import contextlib
 import logging
 import threading
-from dataclasses import dataclass
 
 import torch
 
 from ..models.load import attention_backends, autocast, eval_mode
-from ..rollout.base import SamplingParams
-from ..rollout.sampling import next_tokens, sampled_logprobs
 from ..rollout.weights import inference_weights
 from . import processors
 from .handle import Event, Handle, _Wakes
 from .prefix_cache import PrefixCache
-from .processors import Processing
+from .requests import Plan, Request, RequestSampling, Row, raw_logprobs, sample, sampling_plan
+
+__all__ = ["PromptTooLong", "QueueFull", "Request", "RequestSampling", "Scheduler", "SLOT_ROWS"]
 
 log = logging.getLogger(__name__)
 
 SLOT_ROWS = 4  # rows per prompt slot (the module docstring says why 4)
-
-
-@dataclass(frozen=True)
-class RequestSampling:
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = -1  # -1 or 0: no top-k
-    max_tokens: int = 256  # new tokens per sample
-    seed: int | None = None  # same seed + same request -> same tokens
-    stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS ids
-    ignore_eos: bool = False  # the model's EOS ids do not end a sample (stop_token_ids still do)
-    processing: Processing | None = None  # penalties, biases, masks, grammar, top log-probs (processors.py)
-    prompt_logprobs: int | None = None  # echo: the prompt's log-probs (and this many top ones) onto the handle
-    logprobs: bool = False  # the client is shown log-probs: each token's under the model's raw distribution too
 
 
 class QueueFull(Exception):
@@ -82,39 +64,6 @@ class QueueFull(Exception):
 
 class PromptTooLong(ValueError):
     """The prompt and `max_tokens` go past the model's context."""
-
-
-class _Request:
-    def __init__(self, handle: Handle, prompt: list[int], sampling: RequestSampling, stops: frozenset[int],
-                 device):
-        self.handle, self.prompt, self.sampling, self.stops = handle, prompt, sampling, stops
-        self.live = set(range(handle.n))  # samples that have not ended (the scheduler thread's, once admitted)
-        s = sampling
-        self.params = SamplingParams(do_sample=s.temperature > 0, temperature=s.temperature if s.temperature > 0
-                                     else 1.0, top_p=s.top_p, top_k=s.top_k)
-        self.generator = (None if s.seed is None or not self.params.do_sample
-                          else torch.Generator(device).manual_seed(s.seed))
-        # rows sharing a sampling call: greedy rows all together, sampled ones by their filters, seeded ones alone
-        self.kind = ("greedy",) if not self.params.do_sample else (
-            ("seeded", id(self)) if self.generator is not None else (s.temperature, s.top_p, s.top_k))
-        if s.processing is not None:  # processed rows are sampled apart: the plain rows' call stays as it was
-            self.kind = ("processed",) + self.kind
-        # drawn from the model's own distribution (greedy or temperature 1, nothing filtered): its sampling log-prob
-        # is the raw one clients are shown
-        self.raw = s.processing is None and (not self.params.do_sample or (
-            s.temperature == 1.0 and s.top_p >= 1.0 and s.top_k <= 0))
-        self.version = 0  # the prefix cache's weight version when it joined (scheduler._join)
-
-
-class _Row:
-    __slots__ = ("request", "sample", "count", "tokens", "processing")
-
-    def __init__(self, request: _Request, sample: int):
-        self.request, self.sample, self.count = request, sample, 0
-        self.tokens: list[int] = []  # sampled so far
-        p, params = request.sampling.processing, request.params
-        self.processing = None if p is None else p.start(request.prompt, request.stops, params.temperature,
-                                                         params.greedy)
 
 
 class Scheduler:
@@ -145,7 +94,7 @@ class Scheduler:
         self._context = getattr(config, "max_position_embeddings", None)
         self._vocab = config.vocab_size
         self._cond = threading.Condition()
-        self._waiting: collections.deque[_Request] = collections.deque()
+        self._waiting: collections.deque[Request] = collections.deque()
         self._cancels: list[tuple[Handle, int | None]] = []  # of admitted requests: the thread ends their rows
         self._pauses = 0
         self._busy = False  # the thread holds the decoding weights (a step may run)
@@ -153,9 +102,9 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         # the scheduler thread's own: the decoding state, its rows (in the state's order), their next logits
         self._state = None
-        self._rows: list[_Row] = []
+        self._rows: list[Row] = []
         self._logits: torch.Tensor | None = None
-        self._plan: list[tuple[SamplingParams, torch.Tensor | None, torch.Generator | None]] | None = None
+        self._plan: Plan | None = None  # how the rows are sampled (requests.sampling_plan), until they change
 
     @property
     def stats(self) -> dict:
@@ -215,7 +164,7 @@ class Scheduler:
         handle = Handle(self, n)
         stops = frozenset(() if sampling.ignore_eos else self.engine.eos_ids) | frozenset(
             int(t) for t in sampling.stop_token_ids)
-        request = _Request(handle, prompt, sampling, stops, self.engine.device)
+        request = Request(handle, prompt, sampling, stops, self.engine.device)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
@@ -324,9 +273,11 @@ class Scheduler:
         if not self._rows:
             return
         try:
-            token, logprob, tops = self._sample()
+            if self._plan is None:
+                self._plan = sampling_plan(self._rows, self._logits.device)
+            token, logprob, tops = sample(self._logits, self._plan)
             logprob = logprob.tolist()
-            keep = self._emit(token.tolist(), logprob, tops, self._raw_logprobs(token, logprob))
+            keep = self._emit(token.tolist(), logprob, tops, raw_logprobs(self._rows, self._logits, token, logprob))
             if keep is not None:
                 self._keep(keep)
                 token = token[keep.to(token.device)]
@@ -336,7 +287,7 @@ class Scheduler:
             log.exception("a decoding step failed; ending the %d samples in the batch", len(self._rows))
             self._end_rows("error")
 
-    def _take_joining(self) -> list[_Request]:
+    def _take_joining(self) -> list[Request]:
         """Waiting requests, in order, while their samples fit beside the running ones."""
         joining, room = [], self.max_running - len(self._rows)
         with self._cond:
@@ -346,7 +297,7 @@ class Scheduler:
                 joining.append(request)
         return joining
 
-    def _join(self, model, requests: list[_Request]) -> None:
+    def _join(self, model, requests: list[Request]) -> None:
         """`requests` into the batch: those resuming a kept prefix together, the others together."""
         requests = self._score(model, requests)
         if not requests:
@@ -374,7 +325,7 @@ class Scheduler:
                 if match is not None and hasattr(match[0], "release"):
                     match[0].release()
 
-    def _score(self, model, requests: list[_Request]) -> list[_Request]:
+    def _score(self, model, requests: list[Request]) -> list[Request]:
         """`echo`: the prompt log-probs of each request asking, onto its handle before it joins (a failure ends that
         request); the requests that go on."""
         going = []
@@ -391,7 +342,7 @@ class Scheduler:
             going.append(r)
         return going
 
-    def _join_together(self, model, requests: list[_Request], matches: dict) -> None:
+    def _join_together(self, model, requests: list[Request], matches: dict) -> None:
         """Prefill `requests` into the batch together; if that fails, one by one, so that a failing prompt ends its
         own request only."""
         if not requests:
@@ -408,14 +359,14 @@ class Scheduler:
             request.handle._put([Event(s, None, None, "error") for s in sorted(request.live)])
             request.live.clear()
 
-    def _prefill(self, model, requests: list[_Request], matches: dict) -> None:
+    def _prefill(self, model, requests: list[Request], matches: dict) -> None:
         """Each distinct prompt prefilled once (with a match in `matches`: its tokens after the kept prefix only);
         its samples (of one request or several) in slots of the state's rows per slot: a new state's is the most
         samples of one prompt among the requests that open it, up to `SLOT_ROWS` (the module docstring says why)."""
         engine = self.engine
-        by_prompt: dict[tuple[int, ...], list[_Row]] = {}
+        by_prompt: dict[tuple[int, ...], list[Row]] = {}
         for r in requests:
-            by_prompt.setdefault(tuple(r.prompt), []).extend(_Row(r, s) for s in sorted(r.live))
+            by_prompt.setdefault(tuple(r.prompt), []).extend(Row(r, s) for s in sorted(r.live))
         if matches:  # resumed: (T,) tokens after each kept prefix
             pasts = [matches[p][0] for p in by_prompt]
             ids, mask = [torch.tensor(p[matches[p][1]:]) for p in by_prompt], None
@@ -442,64 +393,6 @@ class Scheduler:
             self._logits = torch.cat([self._logits, logits.to(self._logits.dtype)])
             self._rows = self._rows + rows
         self._plan = None
-
-    def _sample(self) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
-        """Each row's next token, its log-prob, and the top log-probs of rows that ask (row -> entries; None when no
-        row asks): one sampling call per kind of request; processed rows have their logits adjusted first."""
-        if self._plan is None:
-            kinds: dict[tuple, list[int]] = {}
-            for j, row in enumerate(self._rows):
-                kinds.setdefault(row.request.kind, []).append(j)
-            device = self._logits.device
-            self._plan = [(self._rows[js[0]].request.params,
-                           None if len(kinds) == 1 else torch.tensor(js, device=device),
-                           self._rows[js[0]].request.generator,
-                           None if self._rows[js[0]].processing is None else [self._rows[j].processing for j in js])
-                          for js in kinds.values()]
-        logits = self._logits
-        if len(self._plan) == 1 and self._plan[0][3] is None:
-            s, _, generator, _ = self._plan[0]
-            token = next_tokens(logits, s, generator)
-            return token, sampled_logprobs(logits, token, s), None
-        token = torch.empty(len(logits), dtype=torch.long, device=logits.device)
-        logprob = torch.empty(len(logits), dtype=torch.float32, device=logits.device)
-        tops: dict[int, list] = {}
-        for s, js, generator, states in self._plan:
-            part = logits if js is None else logits.index_select(0, js)
-            if states is None:
-                t = next_tokens(part, s, generator)
-                lp = sampled_logprobs(part, t, s)
-            else:
-                t, lp, top = processors.sample(part, s, generator, states)
-                rows = range(len(states)) if js is None else js.tolist()
-                tops.update((j, entries) for j, entries in zip(rows, top) if entries is not None)
-            if js is None:
-                token, logprob = t, lp.float()
-            else:
-                token[js], logprob[js] = t, lp
-        return token, logprob, tops or None
-
-    def _raw_logprobs(self, token: torch.Tensor, logprob: list[float]) -> list[float | None] | None:
-        """Each row's token's log-prob under the model's own distribution (its raw logits, before any processing,
-        temperature or filter: what clients are shown, as vLLM's default `logprobs_mode`, raw_logprobs), for the
-        rows whose request asks for log-probs (None elsewhere; None: no row asks). A row drawn from that distribution
-        itself has it already; the others' take one log-softmax over their logits."""
-        asking = [j for j, row in enumerate(self._rows) if row.request.sampling.logprobs]
-        if not asking:
-            return None
-        raw: list[float | None] = [None] * len(self._rows)
-        computed = []
-        for j in asking:
-            if self._rows[j].request.raw:
-                raw[j] = logprob[j]
-            else:
-                computed.append(j)
-        if computed:
-            at = torch.tensor(computed, device=self._logits.device)
-            table = torch.log_softmax(self._logits.index_select(0, at).float(), dim=-1)
-            for j, value in zip(computed, table.gather(-1, token.index_select(0, at).unsqueeze(-1)).flatten().tolist()):
-                raw[j] = value
-        return raw
 
     def _emit(self, tokens: list[int], logprobs: list[float], tops: dict | None = None,
               raw: list[float | None] | None = None) -> torch.Tensor | None:
