@@ -272,6 +272,23 @@ def test_stop_strings_and_include_stop_str_in_output(served):
     assert stop not in whole.text()[:-len(stop)] and (whole.text().endswith(stop) or len(whole.ids[0]) == 16)
 
 
+def test_a_stop_token_that_ends_a_sample_gives_no_text_unless_asked(served):
+    """As vLLM: the token of `stop_token_ids` (or EOS) a sample ends on is in its ids, not in its text, streamed or
+    whole, unless `include_stop_str_in_output`."""
+    plain = served.post("chat", temperature=0, max_tokens=8)
+    stop_at = plain.ids[0][3]
+    cut = plain.ids[0][:plain.ids[0].index(stop_at) + 1]
+    text = lambda ids: served.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    assert text(cut[-1:]), "the test needs a stop token with text of its own"
+    whole = served.post("chat", temperature=0, max_tokens=8, stop_token_ids=[stop_at])
+    assert whole.ids[0] == cut and whole.text() == text(cut[:-1])
+    kept = served.post("chat", temperature=0, max_tokens=8, stop_token_ids=[stop_at], include_stop_str_in_output=True)
+    assert kept.text() == text(cut)
+    streamed = served.client().chat.completions.create(model=MODEL, messages=USER, max_tokens=8, temperature=0,
+                                                       stream=True, extra_body={"stop_token_ids": [stop_at]})
+    assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) == text(cut[:-1])
+
+
 def test_skip_special_tokens_false_keeps_their_text(served):
     special = {str(IM_START): 100}
     assert served.post("chat", logit_bias=special, max_tokens=2).text() == ""

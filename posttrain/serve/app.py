@@ -199,7 +199,8 @@ def build_app(served: Served, *, api_key: str | None = None, recorder: Recorder 
         deadline = time.monotonic() + request_timeout_s
         handles = submit(prompts, body.n, sampling)
         samples = [SampleText(tokenizer, body.stop_strings(), watch, whole=not body.stream,
-                              include_stop=body.include_stop_str_in_output, skip_special=body.skip_special_tokens)
+                              include_stop=body.include_stop_str_in_output, skip_special=body.skip_special_tokens,
+                              stop_ids=getattr(handles[0], "stop_ids", frozenset()))
                    for _ in range(len(prompts) * body.n)]
         return Generation(handles, body.n, samples, deadline), samples
 

@@ -191,14 +191,18 @@ class SampleText:
     `watch` (e.g. `<tool_call>`): once it appears, nothing after it is sent before `finish` (tool_message parses it).
     `whole=True` (an answer sent whole, not streamed) with no stop strings: no text is needed before `finish`, which
     decodes every id at once (the same text; one decode per sample instead of two per token). `include_stop`: the
-    text keeps the stop string it ended on; `skip_special=False`: special tokens are decoded as text too.
+    text keeps the stop string or stop token it ended on (as vLLM's `include_stop_str_in_output`: without it, a
+    token of `stop_ids` that ends the sample, EOS or `stop_token_ids`, gives no text even when it is not a special
+    token); `skip_special=False`: special tokens are decoded as text too.
     """
 
     WINDOW = 6  # tokens decoded before the new ones, so a token's leading space or merged bytes come out right
 
     def __init__(self, tokenizer, stops: list[str] = (), watch: str | None = None, whole: bool = False,
-                 include_stop: bool = False, skip_special: bool = True):
+                 include_stop: bool = False, skip_special: bool = True, stop_ids: frozenset[int] = frozenset()):
         self.tokenizer, self.stops, self.watch = tokenizer, list(stops), watch
+        self.stop_ids = frozenset() if include_stop else frozenset(stop_ids)
+        self.cut = 0  # trailing ids whose text is not the answer's (the stop token the sample ended on)
         self.include_stop, self.skip_special = include_stop, skip_special
         self.incremental = not whole or bool(self.stops)  # False: its text is wanted at `finish` only
         self.ids: list[int] = []
@@ -222,6 +226,9 @@ class SampleText:
         self.logprobs.append(logprob)
         self.tops.append(top)
         self.shown.append(logprob if shown is None else shown)
+        if token in self.stop_ids:  # the sample ends on it (the scheduler's stops): no text of its own
+            self.cut = 1
+            return ""
         if not self.incremental:
             return ""
         before = self._decode(self.ids[self._prefix:self._read])
@@ -258,8 +265,9 @@ class SampleText:
 
     def finish(self) -> str:
         if not self.stopped:
-            self.text += self._decode(self.ids[self._prefix:])[len(self._decode(self.ids[self._prefix:self._read])):]
-            self._read = len(self.ids)
+            end = len(self.ids) - self.cut
+            self.text += self._decode(self.ids[self._prefix:end])[len(self._decode(self.ids[self._prefix:self._read])):]
+            self._read = end
         return self._flush()
 
     def tail(self) -> str:

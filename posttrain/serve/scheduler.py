@@ -164,6 +164,7 @@ class Scheduler:
         handle = Handle(self, n)
         stops = frozenset(() if sampling.ignore_eos else self.engine.eos_ids) | frozenset(
             int(t) for t in sampling.stop_token_ids)
+        handle.stop_ids = stops  # the ids that end a sample: their text is not the answer's (chat.SampleText)
         request = Request(handle, prompt, sampling, stops, self.engine.device)
         with self._cond:
             if self._closed:
