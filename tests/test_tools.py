@@ -236,11 +236,8 @@ def test_verl_gsm8k_tool_yaml_loads_the_builtin_and_scores_like_verl(tmp_path):
 
 
 def test_verl_tool_yaml_shapes_for_code_and_search_load_the_builtins(tmp_path):
-    pytest.importorskip("bm25s", reason="the search tool needs bm25s (pip install 'posttrain[agents]')")
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text(json.dumps({"id": "0", "contents": "Paris\nParis is the capital of France."}) + "\n")
     path = tmp_path / "tools.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(textwrap.dedent("""\
         tools:
           - class_name: "verl.tools.sandbox_fusion_tools.SandboxFusionTool"
             config:
@@ -267,7 +264,6 @@ def test_verl_tool_yaml_shapes_for_code_and_search_load_the_builtins(tmp_path):
           - class_name: verl.tools.search_tool.SearchTool
             config:
               retrieval_service_url: http://127.0.0.1:8000/retrieve
-              corpus_path: {corpus}
               num_workers: 120
               rate_limit: 120
               timeout: 30
@@ -473,8 +469,8 @@ def test_search_tool_ranks_a_local_corpus_with_bm25(tmp_path):
     assert metrics == {"query_count": 2}
     response, _, _ = tool.execute("i", {"query_list": ["zebra"]})
     assert json.loads(response.text) == {"result": "No search results found."}
-    with pytest.raises(ValueError, match="corpus_path"):
-        SearchTool({"retrieval_service_url": "http://127.0.0.1:8000/retrieve"})
+    with pytest.raises(ValueError, match="set exactly one of config.retrieval_service_url .* and config.corpus_path"):
+        SearchTool({"topk": 1})
 
 
 def test_a_relative_corpus_path_is_read_beside_the_tool_yaml(tmp_path, monkeypatch):

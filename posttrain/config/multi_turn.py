@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from ..tools.builtin.search import config_problem as search_config_problem
 from ..tools.stateful import VERL_BUILTINS
 from ..tools.targets import is_callable_target, load_callable
 from .schema import Config
@@ -143,12 +144,11 @@ def tool_file_problem(path: str, name: str) -> str | None:
         return (f"{file} names verl's own tool {', '.join(missing)}, which posttrain has no built-in for (it has "
                 f"{', '.join(VERL_BUILTINS)}); write the tool as a class of your own (the interface of "
                 "posttrain.tools.stateful.BaseTool) and name its module.Class")
-    search = [t for t in tools if VERL_BUILTINS.get(t["class_name"], t["class_name"]) == SEARCH_TOOL
-              and not (t.get("config") or {}).get("corpus_path")]
-    if search:
-        return (f"{file}: {search[0]['class_name']} searches a local corpus here (BM25), not a retrieval server: set "
-                "its config.corpus_path to the corpus's JSONL file (the documents your retriever serves); "
-                "retrieval_service_url is not used")
+    for t in tools:
+        if VERL_BUILTINS.get(t["class_name"], t["class_name"]) == SEARCH_TOOL:
+            problem = search_config_problem(t.get("config") or {})
+            if problem:
+                return f"{file}: {t['class_name']}: {problem}"
     return None
 
 
