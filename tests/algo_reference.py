@@ -580,7 +580,9 @@ def dppo(LP, OLD, ADV, M, mode, lo, hi, c, kind, C=None):
 
 def optimal_token_baseline(R, M, uids, OLDLP, SPS, W=None):
     """G = return-to-go of r*m; per group and t: B_t = sum_j G W m / (sum_j W m + 1e-8) with
-    W_jt = sum_{s<=t} (1 - 2 exp(oldlp) + sum_pi^2) [* w^2] * m (group of one: B = 0); A = (G - B) * m."""
+    W_jt = sum_{s<=t} (1 - 2 exp(oldlp) + sum_pi^2) [* w^2] * m (group of one: B = 0), and B = 0 from column
+    len_2 on for a group's one longest response (len = sum of its mask, len_2 the group's second longest: verl's
+    handle_zero_tail); A = (G - B) * m."""
     B_, L = len(R), len(R[0])
     G, Wc = [], []
     for i in range(B_):
@@ -599,6 +601,11 @@ def optimal_token_baseline(R, M, uids, OLDLP, SPS, W=None):
         Wc.append(w)
     A = [[0.0] * L for _ in range(B_)]
     for members in groups_of(uids).values():
+        lens = {j: int(sum(M[j])) for j in members}
+        ranked = sorted(lens.values(), reverse=True)
+        tail = None  # (the one longest response, the column its baseline is 0 from)
+        if len(members) > 1 and ranked[0] > ranked[1]:
+            tail = (next(j for j in members if lens[j] == ranked[0]), ranked[1])
         for t in range(L):
             if len(members) > 1:
                 num = sum(G[j][t] * Wc[j][t] * M[j][t] for j in members)
@@ -607,7 +614,8 @@ def optimal_token_baseline(R, M, uids, OLDLP, SPS, W=None):
             else:
                 b = 0.0
             for j in members:
-                A[j][t] = (G[j][t] - b) * M[j][t]
+                bj = 0.0 if tail is not None and j == tail[0] and t >= tail[1] else b
+                A[j][t] = (G[j][t] - bj) * M[j][t]
     return A, G
 
 

@@ -38,6 +38,7 @@ class LossSettings:
     ppo_kl_coef: float = 0.1
     tau_pos: float = 1.0  # sapo
     tau_neg: float = 1.05
+    dro_beta: float | None = None  # dro: the quadratic log-ratio penalty (required there)
 
 
 DEFAULT_SETTINGS = LossSettings()
@@ -197,4 +198,4 @@ def value_loss(vpreds: Tensor, old_values: Tensor, returns: Tensor, response_mas
     return loss, {"critic/vf_clipfrac": masked_mean((clipped > unclipped).float(), response_mask).detach()}
 
 
-from . import losses_cov, losses_dppo  # noqa: F401  (register the remaining losses)
+from . import losses_cov, losses_dppo, losses_dro  # noqa: F401  (register the remaining losses)

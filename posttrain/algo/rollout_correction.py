@@ -58,15 +58,30 @@ def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, respons
     kept = (rho <= threshold) & (rho >= lower) if lower is not None else rho <= threshold
     w = (torch.clamp(rho, max=threshold) if mode == "truncate" else rho * kept).detach()
     if batch_normalize:
-        if level == "token":
-            mean = masked_mean(w, m)
-        else:
-            valid = (m.sum(-1) > 0).to(w.dtype)
-            mean = (w * m).amax(-1).sum() / valid.sum().clamp(min=1)  # one weight per response
-        if float(mean) > 1e-8:
-            w = w / mean
-        metrics["rollout_corr/rollout_is_batch_norm_factor"] = float(mean) if float(mean) > 1e-8 else 1.0
+        w, metrics["rollout_corr/rollout_is_batch_norm_factor"] = normalised(w, weights_mean(
+            weight_sum_and_count(w, m, level), level))
     return w, metrics
+
+
+def weight_sum_and_count(w: Tensor, m: Tensor, level: str) -> Tensor:
+    """(2,) the sum of the weights and their count that `rollout_is_batch_normalize` divides: over the valid tokens
+    (`token`), or one weight per valid response (`sequence`). Summed over ranks, the mean over all of them."""
+    if level == "token":
+        return torch.stack([(w * m).sum(), m.sum()]).double()
+    valid = (m.sum(-1) > 0).to(w.dtype)
+    return torch.stack([(w * m).amax(-1).sum(), valid.sum()]).double()
+
+
+def weights_mean(parts: Tensor, level: str) -> float:
+    """The mean of `weight_sum_and_count`'s parts (maybe summed over ranks): over tokens as `masked_mean`, over
+    responses a plain mean."""
+    total, count = (float(x) for x in parts)
+    return total / (count + 1e-8) if level == "token" else total / max(count, 1.0)
+
+
+def normalised(w: Tensor, mean: float) -> tuple[Tensor, float]:
+    """The weights divided by their mean (left as they are when the mean is ~0), and the factor used."""
+    return (w / mean, mean) if mean > 1e-8 else (w, 1.0)
 
 
 def rollout_probs_diff(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor) -> dict[str, float]:
@@ -89,6 +104,7 @@ def rollout_probs_diff(old_log_probs: Tensor, rollout_log_probs: Tensor, respons
 
 
 # ---- rejection sampling (`rollout_rs`): masks tokens or whole responses whose divergence is out of bounds
+LEGACY_RS = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}  # verl's former levels
 RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3", "seq_mean_k1",
               "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
 
@@ -122,21 +138,41 @@ def rs_bounds(options: str, threshold: float | str) -> list[tuple[str, float | N
     return out
 
 
+def legacy_rejection(level: str, upper: float, lower: float | None) -> tuple[str, str]:
+    """verl's former `rollout_rs=token|sequence|geometric` with the ratio bounds [lower, upper] (`lower` null:
+    1 / upper) of the per-token ratio, the response's product of ratios or their geometric mean, as today's option
+    and threshold: a ratio in [lower, upper] is a k1 statistic (-log ratio) in [log(1/upper), log(1/lower)]."""
+    lower = 1.0 / upper if lower is None else lower
+    if not 0 < lower <= upper:
+        raise ValueError(f"rollout_rs_threshold_lower={lower} and rollout_rs_threshold={upper}: need 0 < lower <= "
+                         "upper")
+    return LEGACY_RS[level], f"{1.0 / upper!r}_{1.0 / lower!r}"
+
+
 def rollout_rejection_mask(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, *,
-                           options: str, threshold: float | str) -> tuple[Tensor, dict[str, float]]:
+                           options: str | None, threshold: float | str | None, veto: float | None = None
+                           ) -> tuple[Tensor, dict[str, float]]:
     """(B, L) keep mask (1 kept, 0 rejected, times `response_mask`) and metrics of verl's rejection sampling. With
     r = log(pi_old / pi_rollout) clamped to +-20, the per-token divergences are k1 = -r, k2 = r^2 / 2,
     k3 = e^r - 1 - r; `token_*` judges each token, `seq_sum_*` / `seq_mean_*` / `seq_max_*` the sum / mean / max
     over a response's tokens (the whole response is kept or rejected). A `k1` statistic must lie in
     [log lower, log upper], the others at most upper; a token stays only if every option keeps it. verl then uses
-    the mask as the response mask: rejected tokens leave the advantages, the losses and their normalisers."""
+    the mask as the response mask: rejected tokens leave the advantages, the losses and their normalisers.
+    `veto` (verl's former `rollout_token_veto_threshold`): a response with any token whose pi_old / pi_rollout is
+    below it is rejected whole, with or without `options`."""
     m = response_mask.to(old_log_probs.dtype)
     r = torch.clamp(old_log_probs - rollout_log_probs.to(old_log_probs.dtype), -SAFETY_BOUND, SAFETY_BOUND)
     div = {"k1": -r, "k2": 0.5 * r ** 2, "k3": r.exp() - 1.0 - r}
     valid_seq = m.sum(-1) > 0
     keep = torch.ones_like(m)
     metrics = {}
-    for name, lower, upper in rs_bounds(options, threshold):
+    if veto is not None:
+        log_ratio = old_log_probs - rollout_log_probs.to(old_log_probs.dtype)  # unclamped, as verl's veto
+        vetoed = ((log_ratio < math.log(veto)) & m.bool()).any(-1, keepdim=True)
+        keep = keep * (~vetoed).to(m.dtype)
+        metrics["rollout_corr/rollout_is_veto_fraction"] = (float(vetoed.squeeze(-1)[valid_seq].to(m.dtype).mean())
+                                                            if valid_seq.any() else 0.0)
+    for name, lower, upper in (rs_bounds(options, threshold) if options is not None else []):
         tok = div[name[-2:]]
         if name.startswith("seq_sum"):
             stat = (tok * m).sum(-1, keepdim=True)

@@ -347,13 +347,9 @@ RULES: list[Rule] = [
     Rule("algorithm.pf_ppo.*", "note", "PF-PPO is not supported"),
 
 
-    Rule("algorithm.rollout_correction.rollout_rs_threshold_lower", "only", "a k1 option takes its range in "
-         "rollout_rs_threshold (lower_upper)",
-         (None,)),
-    Rule("algorithm.rollout_correction.rollout_token_veto_threshold", "only", "the token veto is not supported",
-         (None,)),
-    Rule("algorithm.rollout_correction.use_policy_gradient", "only", "bypass mode runs the configured policy "
-         "loss (loss_type=ppo_clip)", (False,)),
+    Rule("algorithm.rollout_correction.use_policy_gradient", "choose", "verl's former spelling of "
+         "rollout_correction.loss_type: True = reinforce (REINFORCE with explicit weights in bypass mode)",
+         sets=((False, ()), (True, ("algorithm.rollout_correction.loss_type=reinforce",)))),
     Rule("algorithm.rollout_is_threshold", "map", "the older spelling of rollout correction's threshold",
          target="algorithm.rollout_correction.rollout_is_threshold"),
     Rule("algorithm.rollout_is", "only", "the older spelling: set algorithm.rollout_correction.rollout_is=token "

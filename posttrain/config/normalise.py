@@ -37,6 +37,7 @@ def normalise(cfg: Config) -> Config:
         _note(cfg, f"actor_rollout_ref.rollout.multi_turn.format={mt.format} -> hermes", "SGLang's name for the "
               "<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> format of the Qwen chat templates")
         mt.format = TOOL_CALL_FORMAT_ALIASES[mt.format]
+    _legacy_rejection(cfg)
     if cfg.data.environment and arr.rollout.agent.program is None:
         arr.rollout.agent.program = ENVIRONMENT_PROGRAM  # the environment's rollouts are its episodes
     return cfg
@@ -53,6 +54,25 @@ def _whole_shard_with_sequence_parallel(cfg: Config, ranks: int) -> None:
         if fsdp.fsdp_size == ranks:
             fsdp.fsdp_size = -1
     _note(cfg, f"fsdp_config.fsdp_size={ranks} -> -1", "with sequence parallel, a shard group of every rank")
+
+
+def _legacy_rejection(cfg: Config) -> None:
+    """verl's former `rollout_rs=token|sequence|geometric` (ratio bounds rollout_rs_threshold_lower to
+    rollout_rs_threshold, or rollout_is_threshold when that is null) as today's k1 option and range. A value that
+    does not translate is left for validation to name."""
+    from ..algo.rollout_correction import LEGACY_RS, legacy_rejection
+
+    rc = cfg.algorithm.rollout_correction
+    if rc.rollout_rs not in LEGACY_RS:
+        return
+    upper = rc.rollout_rs_threshold if rc.rollout_rs_threshold is not None else rc.rollout_is_threshold
+    try:
+        option, threshold = legacy_rejection(rc.rollout_rs, float(upper), rc.rollout_rs_threshold_lower)
+    except (TypeError, ValueError):
+        return
+    _note(cfg, f"algorithm.rollout_correction.rollout_rs={rc.rollout_rs} -> {option}, rollout_rs_threshold="
+               f"{threshold}", "verl's former rejection levels: the ratio bounds as a k1 range")
+    rc.rollout_rs, rc.rollout_rs_threshold, rc.rollout_rs_threshold_lower = option, threshold, None
 
 
 def _async_layout(cfg: Config) -> None:

@@ -10,10 +10,18 @@ OTHER_ENGINES = ("vllm", "sglang", "trtllm")  # accepted; generation runs on pos
 ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "free_cache_engine",
                     "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")
 
+LONE_GROUPS = {  # group estimators that verl runs with rollout.n=1, and what a group of one computes there
+    "grpo": "a group of one has mean 0 and standard deviation 1 (as in verl), so each response's advantage is its "
+            "raw score (divided by 1 + 1e-6)",
+    "rloo": "a group of one has no other member to leave out (as in verl), so each response's advantage is its raw "
+            "score",
+}
 
-LONE_GRPO = ("algorithm.adv_estimator=grpo with actor_rollout_ref.rollout.n=1: a group of one has mean 0 and "
-             "standard deviation 1 (as in verl), so each response's advantage is its raw score (divided by 1 + 1e-6): "
-             "REINFORCE without a baseline, not a comparison within a group")
+
+def lone_group_note(estimator: str) -> str:
+    return (f"algorithm.adv_estimator={estimator} with actor_rollout_ref.rollout.n=1: {LONE_GROUPS[estimator]}: "
+            "REINFORCE without a baseline, not a comparison within a group")
+
 
 
 def _layout_note(cfg: Config) -> str | None:
@@ -40,6 +48,21 @@ def _multi_turn_notes(rollout: RolloutConfig) -> list[str]:
     return []
 
 
+def _reinforce_notes(cfg: Config) -> list[str]:
+    """What loss_type=reinforce does where it does less than the key suggests (verl reads it in bypass mode only,
+    where it replaces the configured policy loss)."""
+    rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    if rc.loss_type != "reinforce":
+        return []
+    if not rc.bypass_mode:
+        return [f"{key}.loss_type=reinforce: accepted, no effect without {key}.bypass_mode=True (verl reads it in "
+                "bypass mode only); the configured policy loss runs"]
+    mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    return [f"{key}.loss_type=reinforce: the policy loss is REINFORCE with explicit importance weights "
+            f"(docs/algorithms.md), not actor_rollout_ref.actor.policy_loss.loss_mode={mode}"] if mode != "vanilla" \
+        else []
+
+
 def config_warnings(cfg: Config) -> list[str]:
     """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
     rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
@@ -53,10 +76,11 @@ def config_warnings(cfg: Config) -> list[str]:
     layout = _layout_note(cfg)
     if layout:
         notes.append(layout)
-    if cfg.algorithm.adv_estimator == "grpo" and rollout.n == 1:
-        notes.append(LONE_GRPO)
+    if cfg.algorithm.adv_estimator in LONE_GROUPS and rollout.n == 1:
+        notes.append(lone_group_note(cfg.algorithm.adv_estimator))
     rc = cfg.algorithm.rollout_correction
-    if rc.bypass_mode and rc.rollout_is is not None:
+    notes += _reinforce_notes(cfg)
+    if rc.bypass_mode and rc.rollout_is is not None and rc.loss_type == "ppo_clip":
         notes.append(f"algorithm.rollout_correction.rollout_is={rc.rollout_is} with bypass_mode=True: the rollout's "
                      "log-probs are the old policy's, so the loss's ratio pi / pi_rollout corrects for the rollout and "
                      "no importance weights are applied, as in verl's bypass mode with loss_type=ppo_clip (which "

@@ -11,6 +11,7 @@ from pathlib import Path
 from .loader import Problems
 from .distillation import check_distillation
 from .multi_turn import check_multi_turn
+from .notes import LONE_GROUPS
 from .normalise import normalise
 from .user_code import check_user_code
 from .notes import OTHER_ENGINES
@@ -65,8 +66,8 @@ def _validate(cfg: Config, check: Checks) -> None:
     except KeyError as e:
         info = None
         check(False, f"algorithm.adv_estimator: {e.args[0]}", "wrong values")
-    if info and info.uses_groups and not (alg.adv_estimator == "grpo" and rollout.n == 1):  # grpo: a note says
-        check(rollout.n >= max(2, info.min_group_size),                                     # what n=1 computes
+    if info and info.uses_groups and not (alg.adv_estimator in LONE_GROUPS and rollout.n == 1):  # a note says
+        check(rollout.n >= max(2, info.min_group_size),                                            # what n=1 is
               f"algorithm.adv_estimator={alg.adv_estimator} compares the responses to one prompt, so it needs "
               f"actor_rollout_ref.rollout.n >= 2 (got {rollout.n})")
     if info and info.needs_critic:
@@ -332,12 +333,14 @@ def _check_policy_loss(actor, check: Checks) -> None:
     check(0 < pl.kl_cov_ratio <= 1, f"{key}.kl_cov_ratio must lie in (0, 1] (a share of the tokens)")
     check(pl.clip_cov_lb < pl.clip_cov_ub, f"{key}.clip_cov_lb must be below clip_cov_ub")
     check(pl.ppo_kl_coef >= 0, f"{key}.ppo_kl_coef must be >= 0")
+    check(pl.loss_mode != "dro" or (pl.dro_beta is not None and pl.dro_beta > 0),
+          f"{key}.loss_mode=dro needs {key}.dro_beta > 0 (the quadratic log-ratio penalty; got {pl.dro_beta})")
     check(actor.tau_pos > 0 and actor.tau_neg > 0, "actor_rollout_ref.actor.tau_pos and tau_neg must be positive")
 
 
 def _check_rollout_correction(rc, check: Checks) -> None:
-    """Truncated IS (token / sequence), rejection sampling and bypass mode with the configured loss work (bypass
-    with IS: a note says the weights are not applied); the rest is rejected."""
+    """Truncated IS (token / sequence), rejection sampling and its veto, bypass mode with the configured loss
+    (bypass with IS: a note says the weights are not applied) or with REINFORCE (`loss_type=reinforce`)."""
     key = "algorithm.rollout_correction"
     check(rc.rollout_is in (None, "token", "sequence"), f"{key}.rollout_is={rc.rollout_is!r} is not one of "
                                                         "[null, 'token', 'sequence']")
@@ -367,8 +370,14 @@ def _check_rollout_correction(rc, check: Checks) -> None:
             rs_bounds(rc.rollout_rs, rc.rollout_rs_threshold)
         except ValueError as e:
             check(False, f"{key}.{e}", "wrong values")
-    check(rc.loss_type == "ppo_clip", f"{key}.loss_type={rc.loss_type!r}: only ppo_clip (the configured policy "
-                                      "loss on the rollout's log-probs) is supported")
+    check(rc.rollout_rs_threshold_lower is None,
+          f"{key}.rollout_rs_threshold_lower goes with verl's former levels rollout_rs=token|sequence|geometric; a k1 "
+          "option takes its range in rollout_rs_threshold (lower_upper)", "settings that do not fit together")
+    veto = rc.rollout_token_veto_threshold
+    check(veto is None or veto > 0, f"{key}.rollout_token_veto_threshold must be positive (a ratio pi_old / "
+                                    "pi_rollout)")
+    check(rc.loss_type in ("ppo_clip", "reinforce"), f"{key}.loss_type={rc.loss_type!r} is not one of ['ppo_clip', "
+                                                    "'reinforce']")
 
 
 def _check_layout(cfg: Config, check: Checks) -> None:

@@ -13,7 +13,7 @@ from collections import defaultdict
 import torch
 
 from ..algo import LossSettings, agg_loss, agg_norm, get_policy_loss, kl_penalty
-from ..algo.rollout_correction import rollout_rejection_mask
+from ..algo.bypass import BypassSettings, bypass_loss
 from ..algo.distill import DistillSettings, combine, distillation_term, forward_kl_topk, reverse_kl_estimate
 from ..algo.stats import masked_mean
 from ..data.batch import Batch
@@ -32,7 +32,7 @@ COUNTS = ("actor/empty_mini_batches",)  # summed over the step's updates; every 
 class Actor:
     def __init__(self, runner: ModelRunner, cfg, *, temperature: float, max_response_length: int, total_steps: int,
                  seed: int = 0, offload_optimizer: bool = False, max_nonfinite_in_a_row: int = 5,
-                 distill: DistillSettings | None = None, rejection: tuple | None = None):
+                 distill: DistillSettings | None = None, bypass: BypassSettings | None = None):
         self.runner, self.model, self.cfg = runner, runner.model, cfg
         self.temperature = temperature
         self.norm_const = cfg.loss_scale_factor or max_response_length
@@ -45,9 +45,9 @@ class Actor:
         self.nonfinite = NonFiniteGuard("actor", max_nonfinite_in_a_row)
         self.moe = moe_spec(base_model(self.model))  # None for a dense model
         self.distill = distill  # on-policy distillation's loss settings, or None
-        # bypass mode's rejection sampling (rollout_rs, rollout_rs_threshold), or None: as verl, judged inside the
-        # loss against the current policy; rejected tokens leave the policy loss, not its normaliser
-        self.rejection = rejection
+        # bypass mode's loss (rejection sampling, the token veto, loss_type=reinforce; algo/bypass.py), or None: as
+        # verl, judged inside the loss against the current policy
+        self.bypass = bypass
 
     def generation(self):
         """Around a generate call: the sharded policy gathered once (see parallel.gathered_for_generation)."""
@@ -120,13 +120,12 @@ class Actor:
             old = mb["old_log_probs"].to(runner.device) if "old_log_probs" in mb else logp.detach()
             weights = mb["rollout_is_weights"].to(runner.device) if "rollout_is_weights" in mb else None
             advantages = mb["advantages"].to(runner.device)
-            pg_mask, rs_metrics = mask, {}
-            if self.rejection is not None:
-                pg_mask, rs_metrics = rollout_rejection_mask(logp.detach(), old, mask, options=self.rejection[0],
-                                                             threshold=self.rejection[1])
-            pg_loss, metrics = self.policy_loss(logp, old, advantages, pg_mask,
-                                                settings=self.loss_settings, norm=norm, rollout_is_weights=weights)
-            metrics = metrics | rs_metrics
+            if self.bypass is not None:
+                pg_loss, metrics = bypass_loss(self.policy_loss, logp, old, advantages, mask, bypass=self.bypass,
+                                               settings=self.loss_settings, norm=norm, sum_over_ranks=runner.par.sum)
+            else:
+                pg_loss, metrics = self.policy_loss(logp, old, advantages, mask, settings=self.loss_settings,
+                                                    norm=norm, rollout_is_weights=weights)
             loss, distill_loss = pg_loss, None
             if self.distill is not None:
                 student_topk = out[2] if topk_ids is not None else None
@@ -210,4 +209,4 @@ def loss_settings(cfg, norm_const: float) -> LossSettings:
         clip_ratio_high=cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio,
         clip_ratio_c=cfg.clip_ratio_c, const=norm_const, clip_cov_ratio=pl.clip_cov_ratio, clip_cov_lb=pl.clip_cov_lb,
         clip_cov_ub=pl.clip_cov_ub, kl_cov_ratio=pl.kl_cov_ratio, ppo_kl_coef=pl.ppo_kl_coef, tau_pos=cfg.tau_pos,
-        tau_neg=cfg.tau_neg)
+        tau_neg=cfg.tau_neg, dro_beta=pl.dro_beta)

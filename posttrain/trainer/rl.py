@@ -257,7 +257,8 @@ class RLTrainer:
     def _rollout_correction(self, batch: Batch) -> dict[str, float]:
         """Bypass mode: the rollout's log-probs become the old policy's. Otherwise the gap between the rollout's
         and the trainer's probabilities as metrics, with `rollout_is` truncated IS weights pi_old / pi_rollout
-        that the policy loss multiplies in, and with `rollout_rs` the rejected tokens taken out of the response mask."""
+        that the policy loss multiplies in, and with `rollout_rs` (or the token veto) the rejected tokens taken out of
+        the response mask."""
         rc = self.cfg.algorithm.rollout_correction
         if rc.bypass_mode:
             batch["old_log_probs"] = batch["rollout_log_probs"]
@@ -271,10 +272,12 @@ class RLTrainer:
                 level=rc.rollout_is, threshold=rc.rollout_is_threshold, batch_normalize=rc.rollout_is_batch_normalize,
                 mode=rc.rollout_is_mode)
             metrics |= is_metrics
-        if rc.rollout_rs is not None:  # as verl: the rejected tokens leave the response mask; forwards still see them
+        if rc.rollout_rs is not None or rc.rollout_token_veto_threshold is not None:
+            # as verl: the rejected tokens (and vetoed responses) leave the response mask; forwards still see them
             keep, rs_metrics = rollout_rejection_mask(batch["old_log_probs"], batch["rollout_log_probs"],
                                                       batch["response_mask"], options=rc.rollout_rs,
-                                                      threshold=rc.rollout_rs_threshold)
+                                                      threshold=rc.rollout_rs_threshold,
+                                                      veto=rc.rollout_token_veto_threshold)
             if "response_attention_mask" not in batch:
                 batch["response_attention_mask"] = batch["response_mask"]
             batch["response_mask"] = keep.to(batch["response_mask"].dtype)

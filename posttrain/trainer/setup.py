@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..algo import EstimatorInfo, estimator_info, make_kl_controller
+from ..algo.bypass import BypassSettings
 from ..config import ConfigError, to_yaml
 from ..config.distillation import settings as distill_settings, teachers as configured_teachers
 from ..data.dataset import RLDataset
@@ -96,12 +97,6 @@ def shard_settings(fsdp_cfg, compute: torch.dtype) -> ShardSettings:
                          reshard_after_forward=fsdp_cfg.reshard_after_forward)
 
 
-def _bypass_rejection(rc) -> tuple | None:
-    """(rollout_rs, rollout_rs_threshold) for the actor's loss in bypass mode (verl judges there, against the
-    current policy); None otherwise (outside bypass mode the trainer masks once per step, against the old policy)."""
-    return (rc.rollout_rs, rc.rollout_rs_threshold) if rc.bypass_mode and rc.rollout_rs is not None else None
-
-
 def _moves_adam(fsdp_cfg) -> bool:
     """optimizer_offload alone: Adam's state goes to CPU memory between steps. With param_offload it lives there
     already (FSDP2 steps the optimizer on the CPU)."""
@@ -146,7 +141,7 @@ class Roles:
         self.actor = Actor(actor_runner, a, temperature=temperature, max_response_length=cfg.data.max_response_length,
                            total_steps=total_steps, seed=tr.seed, offload_optimizer=_moves_adam(a.fsdp_config),
                            max_nonfinite_in_a_row=tr.max_nonfinite_updates_in_a_row, distill=distill,
-                           rejection=_bypass_rejection(cfg.algorithm.rollout_correction))
+                           bypass=BypassSettings.of(cfg.algorithm.rollout_correction))
         self.teachers = _teachers(cfg, par, distill, tokenizer) if distill is not None else None
         self.reference = None
         if a.use_kl_loss or cfg.algorithm.use_kl_in_reward:
@@ -306,12 +301,13 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
             reward.check_data_sources(it.data_source for it in data.items)
     r, rc, a = arr.rollout, cfg.algorithm.rollout_correction, arr.actor
     max_new = r.response_length or cfg.data.max_response_length
-    rollout_logprobs = r.calculate_log_probs or rc.rollout_is is not None or rc.rollout_rs is not None or rc.bypass_mode
+    rejects = rc.rollout_rs is not None or rc.rollout_token_veto_threshold is not None
+    rollout_logprobs = r.calculate_log_probs or rc.rollout_is is not None or rejects or rc.bypass_mode
     info = estimator_info(cfg.algorithm.adv_estimator)
     # bypass mode: the rollout's log-probs are the old policy's, so no pass computes them
     needs_old_log_prob = info.needs_sum_pi_squared or not rc.bypass_mode and (
         a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size or cfg.algorithm.use_kl_in_reward
-        or r.calculate_log_probs or rc.rollout_is is not None or rc.rollout_rs is not None)
+        or r.calculate_log_probs or rc.rollout_is is not None or rejects)
     parts = RLParts(
         run_dir=run_dir, tokenizer=tokenizer, train_data=train_data, val_data=val_data, vision=vision, order=order,
         steps_per_epoch=steps_per_epoch, total_steps=total_steps, rule_reward=rule_reward, reward=reward,

@@ -107,7 +107,7 @@ class FSDPConfig:
 class PolicyLossConfig:
     loss_mode: str = "vanilla"
     """`vanilla` (PPO dual-clip), `gpg`, `gspo`, `cispo`, `clip_cov`, `kl_cov`, `geo_mean`, `sapo`, `dppo_tv`,
-    `dppo_kl`, or a registered loss (docs/algorithms.md)"""
+    `dppo_kl`, `dro`, or a registered loss (docs/algorithms.md)"""
     clip_cov_ratio: float = 0.0002
     """`clip_cov`: share of tokens whose gradient is dropped"""
     clip_cov_lb: float = 1.0
@@ -118,6 +118,8 @@ class PolicyLossConfig:
     """`kl_cov`: share of tokens (largest covariance) penalised"""
     ppo_kl_coef: float = 0.1
     """`kl_cov`: coefficient of the `|log-ratio|` penalty"""
+    dro_beta: Optional[float] = None
+    """`dro`: beta of the quadratic penalty `beta / 2 * (logp - logp_old)^2` (required there, > 0)"""
 
 
 @dataclass

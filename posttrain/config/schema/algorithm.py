@@ -46,14 +46,23 @@ class RolloutCorrectionConfig:
     """rejection sampling (null = off): comma-separated `token_k1|k2|k3`, `seq_sum_k1|k2|k3`, `seq_mean_k1|k2|k3`,
     `seq_max_k2|k3`; a token (`token_*`) or response (`seq_*`) whose divergence between old and rollout policy is
     out of bounds leaves the response mask (advantages, losses, normalisers), as verl; with `bypass_mode`, judged
-    in the policy loss against the current policy (rejected tokens leave that loss, not its normaliser)"""
+    in the policy loss against the current policy (rejected tokens leave that loss, not its normaliser). verl's
+    former levels `token` / `sequence` / `geometric` (ratio bounds `rollout_rs_threshold_lower` to
+    `rollout_rs_threshold`) are read as `token_k1` / `seq_sum_k1` / `seq_mean_k1`"""
     rollout_rs_threshold: Any = None
     """bounds of `rollout_rs`: one for all options or one per option (comma-separated); a `k1` option takes a ratio
     range `lower_upper` such as `0.6_1.6` (u alone: 1/u to u), the others an upper bound"""
+    rollout_rs_threshold_lower: Optional[float] = None
+    """verl's former lower ratio bound of `rollout_rs=token|sequence|geometric` (null = 1 / rollout_rs_threshold);
+    today's `k1` options take the range in `rollout_rs_threshold`"""
+    rollout_token_veto_threshold: Optional[float] = None
+    """verl's former per-token veto (null = off): a response with any token whose pi_old / pi_rollout is below this
+    leaves the response mask whole (with `bypass_mode`, judged in the loss against the current policy)"""
     bypass_mode: bool = False
     """True: the rollout's log-probs are the old policy (no old-log-prob pass); not with `rollout_is`"""
     loss_type: str = "ppo_clip"
-    """bypass mode's loss: `ppo_clip` (the configured policy loss); `reinforce` is rejected"""
+    """bypass mode's loss: `ppo_clip` (the configured policy loss on pi / pi_rollout) or `reinforce` (REINFORCE with
+    explicit weights `-A * logp * sg(pi / pi_rollout)` from `rollout_is`, no clip; docs/algorithms.md)"""
     rollout_is_batch_normalize: bool = False
     """rescale the weights to mean 1 over the batch"""
 
@@ -62,8 +71,8 @@ class RolloutCorrectionConfig:
 class AlgorithmConfig:
     adv_estimator: str = "gae"
     """`gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax`, `gpg`, `opo`,
-    `grpo_passk`, `optimal_token_baseline`, `gdpo`, `grpo_vectorized` / `rloo_vectorized` (= `grpo` / `rloo`), or
-    registered"""
+    `grpo_passk`, `optimal_token_baseline`, `tir_optimal_token_baseline`, `gdpo`, `grpo_vectorized` /
+    `rloo_vectorized` (= `grpo` / `rloo`), or registered"""
     gamma: float = 1.0
     """discount and GAE lambda"""
     lam: float = 1.0
