@@ -300,8 +300,6 @@ RULES: list[Rule] = [
          "training processes", ("engine", "server")),
 
     # ---- data
-    Rule("data.custom_cls.*", "only", "rows are read by posttrain's dataset (parquet/jsonl in the standard layout)",
-         (None,)),
     Rule("data.datagen.*", "only", "dynamic data generation is not supported", (None,)),
     Rule("data.gen_batch_size", "note", "a step's prompts are generated together (DAPO's refills draw "
          "data.train_batch_size prompts each)"),

@@ -1,6 +1,6 @@
 """Checks of what a config asks posttrain to load from the user besides models, data and rewards, made when the config
-loads: a chat template that replaces the tokenizer's (`actor_rollout_ref.model.custom_chat_template`) and a sampler
-class that orders the training prompts (`data.sampler.*`)."""
+loads: a chat template that replaces the tokenizer's (`actor_rollout_ref.model.custom_chat_template`), a dataset class
+that makes the rows (`data.custom_cls.*`) and a sampler class that orders the training prompts (`data.sampler.*`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ def check_user_code(cfg: Config, check) -> None:
     if template is not None:
         problem = chat_template_problem(template)
         check(problem is None, f"actor_rollout_ref.model.custom_chat_template: {problem}", "wrong values")
+    _check_dataset_class(cfg.data.custom_cls, check)
     sampler, key = cfg.data.sampler, "data.sampler"
     if not (sampler.class_path or sampler.class_name):
         return
@@ -31,6 +32,22 @@ def check_user_code(cfg: Config, check) -> None:
                       f"{key}.class_name={sampler.class_name} is a curriculum sampler (it has update(batch)) and "
                       "rollout.n_gpus_per_node > 0 runs asynchronous RL, whose generating process draws the prompts "
                       "ahead of the training steps; use it with rollout.n_gpus_per_node=0")
+
+
+def _check_dataset_class(custom, check) -> None:
+    """data.custom_cls names a torch Dataset class that imports (path and name together)."""
+    if not (custom.path or custom.name):
+        return
+    if not (custom.path and custom.name):
+        check(False, "data.custom_cls.path and data.custom_cls.name name a dataset class together: set both (or "
+                     "neither)", "wrong values")
+        return
+    from ..data.custom_dataset import load_dataset_class
+
+    try:
+        load_dataset_class(custom.path, custom.name)
+    except ValueError as e:
+        check(False, f"data.custom_cls.path={custom.path!r}, name={custom.name!r}: {e}", "files, models and packages")
 
 
 def chat_template_problem(template) -> str | None:

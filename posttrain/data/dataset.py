@@ -12,10 +12,13 @@ from .rows import (DataError, RowNotes, agent_name_of, data_source_of, extra_inf
                    prompt_messages, with_tools_kwargs)
 
 
-def _as_list(files) -> list[str]:
+def _as_list(files) -> list:
+    """File paths as strings; a source of rows (an object with `rows()`, custom_dataset.CustomRows) as it is."""
     if files is None:
         return []
-    return [files] if isinstance(files, str) else [str(f) for f in files]
+    if isinstance(files, str) or hasattr(files, "rows"):
+        return [files]
+    return [f if hasattr(f, "rows") else str(f) for f in files]
 
 
 def layout_row(data_source: str, user_text: str, ground_truth: str, extra_info: dict, ability: str = "math") -> dict:
@@ -197,7 +200,7 @@ class RLDataset:
         tools_note = self.tools and check_tools_template(tokenizer, self.tools, self.template_kwargs, processor)
         shortest, seen = None, 0
         for path in paths:
-            for i, row in enumerate(read_rows(path)):
+            for i, row in enumerate(path.rows() if hasattr(path, "rows") else read_rows(path)):
                 if 0 <= max_samples <= len(self.items):
                     break
                 where = f"{path}: row {i}"
@@ -214,7 +217,8 @@ class RLDataset:
                                     "data.filter_overlong_prompts=True")
                 item.prompt_ids = truncate(item.prompt_ids, max_prompt_length, truncation, where)
                 self.items.append(item)
-        self.notes = self.row_notes.messages() + ([tools_note] if tools_note else [])
+        self.notes = self.row_notes.messages() + ([tools_note] if tools_note else []) + [
+            note for path in paths for note in getattr(path, "notes", [])]
         if filter_overlong_prompts:
             self.notes.insert(0, f"data.filter_overlong_prompts dropped {self.num_filtered} of {seen} rows of "
                                  f"{paths} (prompts longer than data.max_prompt_length={max_prompt_length} tokens)")

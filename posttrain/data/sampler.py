@@ -17,7 +17,6 @@ import importlib.util
 import itertools
 import random
 import sys
-import types
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,9 +24,9 @@ import torch
 from torch.utils.data import Sampler
 
 from .dataset import epoch_batches
+from .verl_compat import verl_imports_answered
 
 PKG, FILE = "pkg://", "file://"
-VERL_MODULE = "verl.experimental.dataset.sampler"  # where verl's sampler interfaces live
 
 
 class AbstractSampler(Sampler[int]):
@@ -44,31 +43,12 @@ class AbstractCurriculumSampler(AbstractSampler):
         pass
 
 
-@contextlib.contextmanager
-def _verl_import_answered():
-    """`from verl.experimental.dataset.sampler import AbstractCurriculumSampler` gives this module's classes while a
-    sampler module loads, when verl itself is not installed; nothing is left in sys.modules afterwards."""
-    if importlib.util.find_spec("verl") is not None:
-        yield
-        return
-    added = []
-    for name in ("verl", "verl.experimental", "verl.experimental.dataset", VERL_MODULE):
-        if name not in sys.modules:
-            sys.modules[name] = sys.modules[__name__] if name == VERL_MODULE else types.ModuleType(name)
-            added.append(name)
-    try:
-        yield
-    finally:
-        for name in added:
-            sys.modules.pop(name, None)
-
-
 def load_sampler_class(class_path: str, class_name: str) -> type:
     """The class `class_name` of the module `class_path` names (`pkg://package.module` or `pkg://package/module`, a
     file `file://path.py` or `path.py`), as verl's `load_extern_object` finds it; ValueError saying why not."""
     where = str(class_path)
     try:
-        with _verl_import_answered():
+        with verl_imports_answered():
             if where.startswith(PKG):
                 module = importlib.import_module(where[len(PKG):].replace("/", "."))
             else:
@@ -155,7 +135,7 @@ class PromptOrder:
 
             cls = load_sampler_class(data_cfg.sampler.class_path, data_cfg.sampler.class_name)
             try:
-                with _seeded(data_cfg.seed), _verl_import_answered():
+                with _seeded(data_cfg.seed), verl_imports_answered():
                     self.sampler = cls(data_source=dataset, data_config=OmegaConf.create(asdict(data_cfg)))
             except Exception as e:  # whatever the user's class raises
                 raise ValueError(f"building it failed: {type(e).__name__}: {e}") from e
@@ -206,5 +186,5 @@ class PromptOrder:
     def update(self, batch) -> None:
         """A curriculum sampler sees the trained step's whole batch (the same on every rank)."""
         if self.sampler is not None and is_curriculum(self.sampler):
-            with _verl_import_answered():
+            with verl_imports_answered():
                 self.sampler.update(batch=StepBatch(batch))

@@ -144,8 +144,11 @@ def load_custom_reward_function(path: str | Path, name: str = "compute_score") -
     # In sys.modules so the function pickles by reference: the reward manager's forked scorer workers inherit the
     # module and can look it up by name (and dataclasses defined in the file can find their module while it runs).
     sys.modules[module_name] = module
+    from ..data.verl_compat import verl_imports_answered
+
     try:
-        spec.loader.exec_module(module)
+        with verl_imports_answered():  # the verl modules posttrain supplies (a recipe's dataset base class)
+            spec.loader.exec_module(module)
     except Exception:
         sys.modules.pop(module_name, None)
         raise

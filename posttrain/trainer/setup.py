@@ -16,6 +16,7 @@ from ..algo import EstimatorInfo, estimator_info, make_kl_controller
 from ..algo.bypass import BypassSettings
 from ..config import ConfigError, to_yaml
 from ..config.distillation import settings as distill_settings, teachers as configured_teachers
+from ..data.custom_dataset import CustomRows
 from ..data.dataset import RLDataset
 from ..data.sampler import PromptOrder
 from ..models.hub import resolve_model_source
@@ -356,6 +357,11 @@ def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
     with tempfile.TemporaryDirectory(prefix="posttrain-environment-") as folder:  # read whole while it exists
         train_files, val_files = (_environment_files(cfg, Path(folder)) if d.environment
                                   else (d.train_files, d.val_files))
+        if d.custom_cls.path:  # the user's dataset class makes the rows of each set of files
+            hf_processor = processor.processor if processor is not None else None
+            train_files = CustomRows(d, _file_list(train_files), tokenizer, hf_processor, d.train_max_samples)
+            val_files = CustomRows(d, _file_list(val_files), tokenizer, hf_processor,
+                                   d.val_max_samples) if val_files else None
         train = RLDataset(train_files, tokenizer, max_samples=d.train_max_samples, **data_kwargs)
         val = RLDataset(val_files, tokenizer, max_samples=d.val_max_samples, **data_kwargs) if val_files else None
     for data in (train, val):
@@ -365,6 +371,10 @@ def _datasets(cfg, par: Parallel, tokenizer, model_dir: str):
         raise ConfigError(f"data.train_batch_size={d.train_batch_size} is larger than the training set "
                           f"({len(train)} prompts)")
     return train, val, processor is not None
+
+
+def _file_list(files) -> list[str]:
+    return [files] if isinstance(files, str) else [str(f) for f in files]
 
 
 def _environment_files(cfg, folder: Path) -> tuple[list[str], list[str]]:

@@ -24,6 +24,19 @@ class SamplerConfig:
 
 
 @dataclass
+class CustomClsConfig:
+    path: Optional[str] = None
+    """a dataset class of your own that makes the rows, as verl's `create_rl_dataset` loads it: the module
+    (`pkg://package.module`, or a file: `file://path.py` / `path.py`) holding `name`, a `torch.utils.data.Dataset`
+    built as `Class(data_files=<train_files or val_files>, tokenizer=..., processor=..., config=<data.* as a
+    DictConfig>, max_samples=...)`; each item is read as a row of a data file (docs/porting.md). Without verl
+    installed, `verl.utils.dataset.RLHFDataset` is posttrain's compatible base. The class is imported when the config
+    loads"""
+    name: Optional[str] = None
+    """the dataset class in `path` (both or neither)"""
+
+
+@dataclass
 class DataConfig:
     train_files: Optional[StrOrList] = None
     """parquet or jsonl file, or a list of them (rows in the layout of DESIGN.md)"""
@@ -69,6 +82,7 @@ class DataConfig:
     val_max_samples: int = -1
     """use only the first N usable validation rows (-1 = all)"""
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    custom_cls: CustomClsConfig = field(default_factory=CustomClsConfig)
     missing_chat_template: str = "error"
     """a tokenizer without a chat template: `error` (stop before training) or `join` (the message contents joined by
     newlines, for base models)"""
