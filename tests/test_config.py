@@ -283,12 +283,14 @@ def test_multi_turn_settings_it_cannot_run_are_rejected(tmp_path):
         ([f"{MT}.interaction_config_path=interaction.yaml"], "custom agent loop and interaction classes are not loaded"),
         (["actor_rollout_ref.rollout.agent.custom_async_server.path=server.py"], "no separate server or manager"),
         (["actor_rollout_ref.rollout.mode=batch"], "rollout.mode='batch' is not one of"),
-        ([MT_ON, f"actor_rollout_ref.model.path={vision}"], "episodes are text-only"),
+        ([f"actor_rollout_ref.model.path={vision}", "actor_rollout_ref.rollout.agent.program='python play.py'"],
+         "agent.program with the vision-language model"),
     ]
     for overrides, fragment in cases:
         rejects(OK + overrides, fragment)
-    # the same model single-turn, and the defaults, load
+    # the same model single-turn and in episodes (which carry its images), and the defaults, load
     load_config(None, OK + [f"actor_rollout_ref.model.path={vision}"])
+    load_config(None, OK + [MT_ON, f"actor_rollout_ref.model.path={vision}"])
     load_config(None, OK + [MT_ON])
 
 

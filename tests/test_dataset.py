@@ -133,8 +133,6 @@ def test_bad_tool_rows_and_templates_are_named(tmp_path, tiny_tokenizer):
     untemplated.chat_template = None
     with pytest.raises(DataError, match="tokenizer has none"):
         RLDataset(path, untemplated, tools=SCHEMAS, missing_chat_template="join")
-    with pytest.raises(DataError, match="text-only models"):
-        RLDataset(path, tiny_tokenizer, tools=SCHEMAS, processor=object())
 
 
 def test_epoch_batches_are_seeded_and_disjoint():

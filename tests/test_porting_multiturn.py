@@ -1,7 +1,7 @@
 """verl's multi-turn command lines (tests/data/multiturn_scripts_2026_04): each loads with only its paths changed, or
 fails at load with one message naming every reason; and the keys they needed act: a custom chat template, a sampler
 class (a curriculum one updated each step), SGLang's tool-call format name, the rollout-server keys and an empty
-value."""
+value; the geo3k line trains multi-turn episodes of a vision-language model with verl's Geo3k tool."""
 
 import json
 import os
@@ -17,13 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "data" / "multiturn_scripts_2026_04"
 OK = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
 
-VL = "episodes are text-only"
-GEO3K_TOOL = "verl's own tool verl.tools.geo3k_tool.Geo3kTool"
 # The scripts that do not load, each with fragments of its one message: every reason it gives.
 NOT_LOADING = {
-    "geo3k/run_qwen2.5-3b_geo3k_multiturn.sh": [VL, GEO3K_TOOL],
-    "geo3k/run_qwen2.5-3b_geo3k_multiturn_4xgpu.sh": [VL, GEO3K_TOOL],
-    "geo3k/run_qwen2.5-3b_megatron_geo3k_multiturn.sh": [VL, GEO3K_TOOL],
     "recipe/retool/run_gpt_oss_ppo.sh": ["format='gpt-oss'"],
 }
 
@@ -97,7 +92,7 @@ def test_multiturn_scripts_load_or_name_every_reason(tiny_model_dir, tiny_vl_dir
         for fragment in fragments:
             assert fragment in failed[script], (script, fragment, failed[script])
     count = sum(1 for s in loaded if not s.startswith("recipe/"))
-    assert count == 12
+    assert count == 15
     doc = (ROOT / "docs" / "porting.md").read_text()
     assert f"**{count} of 15 load" in doc and "3 of the 4 ReTool recipe scripts load" in doc
 
@@ -231,6 +226,77 @@ def test_custom_chat_template_renders_the_prompts(tiny_model_dir, tiny_vl_dir, t
         assert processor.processor.chat_template == template
     with pytest.raises(ConfigError, match="custom_chat_template: is not a Jinja template transformers can compile"):
         load_config(None, OK + ["actor_rollout_ref.model.custom_chat_template='{% for m in messages %}'"])
+
+
+def geo3k_rows(path: Path, n: int) -> str:
+    """Rows in the layout of verl's examples/data_preprocess/geo3k_multiturn_w_tool.py (its system prompt, the
+    problem with its `<image>` and the instruction, the image, the ground truth in the tool's create_kwargs), with
+    drawn figures standing in for Geometry3K's."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image, ImageDraw
+
+    from posttrain.data.preprocess.geo3k import INSTRUCTION
+
+    system = ("You are a math expert. You are given a question and you need to solve it step by step. Reasoning step "
+              "by step before any tool call. You should use the `calc_geo3k_reward` tool after step by step solving "
+              "the question, before generate final answer at least once and refine your answer if necessary. ")
+    rows = []
+    for k in range(n):
+        image = Image.new("RGB", (56, 56), "white")
+        ImageDraw.Draw(image).polygon([(4, 50), (50, 50), (4 + 5 * k, 6)], outline="black")
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        problem, answer = f"<image>Find x. Side {k + 3}.", str(2 * k + 3)
+        rows.append({"data_source": "hiyouga/geometry3k", "prompt": [
+            {"role": "system", "content": system}, {"role": "user", "content": problem + " " + INSTRUCTION}],
+            "images": [{"bytes": buf.getvalue(), "path": None}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": answer},
+            "extra_info": {"split": "train", "index": k, "answer": answer, "question": problem,
+                           "need_tools_kwargs": True,
+                           "tools_kwargs": {"calc_geo3k_reward": {"create_kwargs": {"ground_truth": answer}}}}})
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def test_the_geo3k_line_trains_vl_episodes_with_verls_geo3k_tool(tiny_vl_dir, tmp_path, tracking_installed):
+    """The recorded geo3k line (Qwen2.5-VL, its custom chat template, the Geo3k tool YAML) with only paths changed,
+    on the tiny vision-language model over rows of verl's geo3k multi-turn layout: it trains 2 steps with the recorded
+    scripts' size knobs (prompts of up to 2048 tokens, the script's own value: the tools block takes about 1200 of the
+    tiny tokenizer's); the prompts are rendered with the tool schema and carry their images into the episodes; and
+    the YAML's tool, called as an episode calls it with the row's tools_kwargs, grades the answer as verl's does."""
+    from test_porting import tiny_knobs, trained_steps
+
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.agents.tool_agent import ToolAgent
+    from posttrain.agents.episode import Episode
+    from posttrain.models.vision import MM_KEY
+    from posttrain.tools.builtin.geo3k import Geo3kTool
+    from posttrain.trainer.rl import RLTrainer
+
+    data = geo3k_rows(tmp_path / "geo3k.parquet", 8)
+    _, config_file, overrides = recorded("geo3k__run_qwen2.5-3b_geo3k_multiturn.json", tiny_vl_dir, data)
+    cfg = load_config(config_file, overrides + tiny_knobs(tmp_path / "run") + [
+        "data.max_prompt_length=2048", "actor_rollout_ref.rollout.prompt_length=2048"])
+    trainer = RLTrainer(cfg)
+    item = trainer.parts.train_data.items[0]
+    tokenizer = trainer.parts.tokenizer
+    assert item.images is not None and '"name": "calc_geo3k_reward"' in tokenizer.decode(item.prompt_ids)
+    agent = ToolAgent(AgentSettings.from_config(cfg))
+    assert isinstance(agent.toolbox.tools["calc_geo3k_reward"], Geo3kTool)
+    row = {"raw_prompt": item.raw_prompt, "extra_info": item.extra_info, MM_KEY: item.images}
+    start = agent.reset(row)
+    episode = Episode(prompt_ids=[], messages=start.messages + [{"role": "assistant", "content": (
+        '<tool_call>\n{"name": "calc_geo3k_reward", "arguments": {"answer": "' + str(item.ground_truth) +
+        '"}}\n</tool_call>')}])
+    step = agent.step(episode)
+    assert [m["content"] for m in step.messages] == [f"Current parsed answer='{item.ground_truth}' reward=1.0"]
+    assert episode.tool_reward == 0.0  # a better answer than none: no penalty
+    agent.close()
+    trainer.fit()
+    trained_steps(tmp_path / "run")
 
 
 REVERSED = '''

@@ -17,6 +17,7 @@ class Episode:
     messages: list[dict]  # the conversation so far: the prompt's messages, then assistant / tool / user turns
     row: dict = field(default_factory=dict)  # the data row (data_source, ground_truth, extra_info, agent_name ...)
     tools: list[dict] | None = None  # the JSON schemas offered to the model (the chat template's `tools=`)
+    images: dict | None = None  # a vision-language prompt's image inputs (pixel_values, image_grid_thw); else None
     tokens: list[int] = field(default_factory=list)  # every token after the prompt
     mask: list[int] = field(default_factory=list)  # 1: sampled by the policy; 0: appended
     logprobs: list[float] = field(default_factory=list)  # sampling log-prob of each policy token; 0.0 elsewhere

@@ -9,6 +9,11 @@ answers with `done` (the tool agent: a turn without a tool call), at `max_assist
 one), when its environment fails or the template cannot render its answer (counted), or at the response budget
 (`data.max_response_length`: every token after the prompt, policy and appended alike; `truncated`).
 
+A vision-language row's episode (its image inputs in the row, MM_KEY) decodes on the turn-by-turn path: each turn
+re-prefills the conversation with its images (the vision tower included), since the parking loop's prefill of
+appended tokens and its shared-prefix step do not drive the model's image inputs and 3-D positions. Appended
+messages stay text; an answer whose rendering holds vision tokens ends its episode (a template error, counted).
+
 Environment steps run in daemon threads: one past its time limit is abandoned and never keeps the process from
 exiting (a thread pool would join it at exit). Under tensor parallel an episode's environment runs once, on the
 first process of the group, and the others receive its answers (the group must append the same tokens).
@@ -33,6 +38,7 @@ from typing import Callable
 import torch
 
 from ..models.load import attention_backends, autocast, eval_mode
+from ..models.vision import MM_KEY, is_vision_config, vision_token_ids
 from ..parallel.shard import from_tensor_parallel_first, tensor_parallel, tensor_parallel_first
 from ..rollout.base import SamplingParams
 from ..rollout.sampling import next_tokens, sampled_logprobs
@@ -62,14 +68,17 @@ class EpisodeRunner:
         self.engine, self.tokenizer, self.settings = engine, tokenizer, settings
         self.environments = environments or (lambda row: environment_for(row, settings))
         self.template = Template(tokenizer, engine.eos_ids, settings.template_kwargs)
+        config = engine.model.config
+        self._vision = set(vision_token_ids(config)) if is_vision_config(config) else set()
 
     # ------------------------------------------------------------------ the run
 
     def run(self, rows: list[dict], n: int, sampling: SamplingParams, *, continuous: bool = True) -> list[Episode]:
         """`n` episodes per row (consecutive), each decoding up to `sampling.max_new_tokens` tokens after its
         prompt. `continuous=False` runs the plain loop instead: each turn re-prefills every conversation and waits
-        for the slowest episode (what the benchmark compares with; also the path of engines that cannot park, and
-        of a tensor-parallel model, whose processes must decode the same rows in the same order)."""
+        for the slowest episode (what the benchmark compares with; also the path of engines that cannot park, of a
+        tensor-parallel model, whose processes must decode the same rows in the same order, and of rows with
+        images)."""
         engine, self._budget = self.engine, sampling.max_new_tokens
         self._tp = tensor_parallel(engine.model)  # the group's first process runs the environments, once
         each = [row for row in rows for _ in range(n)]
@@ -77,8 +86,10 @@ class EpisodeRunner:
         pool = StepThreads(max(1, self.settings.num_workers))
         try:
             episodes = [Episode(prompt_ids=encode_start(self.tokenizer, start.messages, start.tools,
-                                                        self.settings.template_kwargs),
-                                messages=[dict(m) for m in start.messages], row=row, tools=start.tools)
+                                                        self.settings.template_kwargs, images=row.get(MM_KEY),
+                                                        config=engine.model.config),
+                                messages=[dict(m) for m in start.messages], row=row, tools=start.tools,
+                                images=row.get(MM_KEY))
                         for row, start in zip(each, starts)]
             with inference_weights(engine.model, engine.dtype) as model, \
                     attention_backends(torch.device(engine.device)):
@@ -86,7 +97,7 @@ class EpisodeRunner:
                 # a tensor-parallel group decodes in lockstep (its forwards are collectives), but the continuous
                 # loop's batch changes as environments happen to answer, which differs between the group's processes
                 parks = (continuous and getattr(engine, "shared_prefix_ok", False) and hasattr(engine, "park")
-                         and not tensor_parallel(model))
+                         and not tensor_parallel(model) and all(e.images is None for e in episodes))
                 with eval_mode(model), torch.no_grad(), autocast(engine.device, engine.dtype):
                     generator = (None if sampling.greedy else
                                  torch.Generator(engine.device).manual_seed(int(torch.randint(0, 2**62, (1,)))))
@@ -190,7 +201,9 @@ class EpisodeRunner:
             s = SamplingParams(n=1, do_sample=sampling.do_sample, temperature=sampling.temperature,
                                top_p=sampling.top_p, top_k=sampling.top_k, max_new_tokens=room,
                                logprobs=sampling.logprobs)
-            tokens, logprobs, step_versions = engine.decode(model, ids, mask, s)
+            images = [episodes[e].images for e in live]
+            tokens, logprobs, step_versions = engine.decode(model, ids, mask, s, images=images
+                                                            if any(i is not None for i in images) else None)
             steps = {}
             for j, e in enumerate(live):
                 own = tokens[j, : budget - len(episodes[e].tokens)].tolist()
@@ -260,6 +273,9 @@ class EpisodeRunner:
             return self._finish(ep, log_only=step.messages)
         try:
             appended = self.template.appended(step.messages)
+            if self._vision.intersection(appended):
+                raise TemplateError("an environment's messages rendered with vision tokens: appended messages are "
+                                    "text only (their images would have no image inputs)")
         except TemplateError as e:  # messages this chat template cannot render end their own episode, counted
             _warn_once(str(e))
             ep.count_error("template_error")
@@ -284,7 +300,8 @@ class EpisodeRunner:
     def _same_as_rendered(self, ep: Episode, *, strict: bool) -> bool:
         kept = ep.prompt_ids + ep.tokens
         try:
-            full = full_render(self.tokenizer, ep.messages, ep.tools, self.settings.template_kwargs)
+            full = full_render(self.tokenizer, ep.messages, ep.tools, self.settings.template_kwargs,
+                               images=ep.images, config=self.engine.model.config)
         except Exception:  # a template that cannot re-render the conversation counts as a mismatch
             return False
         if strict:

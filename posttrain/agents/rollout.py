@@ -6,14 +6,16 @@ from __future__ import annotations
 import torch
 
 from ..data.batch import Batch
+from ..models.vision import MM_KEY
 from ..rollout.base import SamplingParams
 from .episode import Episode
 
-ROW_KEYS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "agent_name", "uid")
+ROW_KEYS = ("data_source", "ground_truth", "extra_info", "raw_prompt", "agent_name", "uid", MM_KEY)
 
 
 def rows_of(batch: Batch) -> list[dict]:
-    """Each prompt's row as environments see it: `prompt` (its messages) and the meta the batch carries."""
+    """Each prompt's row as environments see it: `prompt` (its messages) and the meta the batch carries (a
+    vision-language prompt's image inputs under MM_KEY)."""
     rows = []
     for i in range(len(batch)):
         row = {k: batch.meta[k][i] for k in ROW_KEYS if k in batch.meta}
@@ -28,7 +30,8 @@ def run_episodes(runner, batch: Batch, sampling: SamplingParams) -> Batch:
     `prompts` / `prompt_mask` the episodes' own prompts (rendered with their tools), `responses` every token after
     the prompt, `response_mask` 1 on policy tokens, `response_attention_mask` 1 on every real token,
     `rollout_log_probs` with `sampling.logprobs`, `rollout_versions` with partial rollouts; meta `episode` (the
-    Episode objects) and `env_reward`.
+    Episode objects) and `env_reward` (and a vision-language prompt's image inputs, MM_KEY, kept from `batch`:
+    the log-prob passes see the images the episodes were decoded with).
     Agent programs that all failed give a batch of no row: the other ranks may have samples to train on, so the
     decision waits for the gathered batch (`require_samples`) rather than raising on this rank alone."""
     rows = rows_of(batch)

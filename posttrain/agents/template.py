@@ -18,6 +18,10 @@ A template that cannot render the stand-in raises `TemplateError` when the runne
 some appended messages (Gemma has no `tool` role) raises it for those, and the episode loop ends that episode.
 
 `full_render` re-renders a whole conversation, for `tokenization_sanity_check_mode` only.
+
+A vision-language row's episode (`images`: its image inputs, as the dataset's processor made them) starts from its
+messages with each `<image>` placeholder rendered as the template's image part and widened to the image's tokens,
+as the processor writes them; appended messages stay text.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import functools
 import json
 
 from ..data.dataset import encode_prompt
+from ..models.vision import image_messages, widen_image_tokens
 
 _ANSWER = "Stand-in answer 7."  # the stand-in assistant turn's content: where the appended text starts
 _STAND_IN = [{"role": "user", "content": "Stand-in question."}, {"role": "assistant", "content": _ANSWER}]
@@ -44,10 +49,16 @@ def render(tokenizer, messages: list[dict], tools: list[dict] | None, *, add_gen
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def encode_start(tokenizer, messages: list[dict], tools: list[dict] | None,
-                 template_kwargs: dict | None = None) -> list[int]:
-    """The prompt of an episode: its first messages and the generation prompt."""
-    return encode_prompt(tokenizer, messages, template_kwargs, where="an episode's first messages", tools=tools)
+def encode_start(tokenizer, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None = None,
+                 *, images: dict | None = None, config=None) -> list[int]:
+    """The prompt of an episode: its first messages and the generation prompt; with `images` (a VL row's image
+    inputs; `config` the model's) its image tokens as the processor writes them."""
+    where = "an episode's first messages"
+    if images is None:
+        return encode_prompt(tokenizer, messages, template_kwargs, where=where, tools=tools)
+    parts = image_messages(messages, len(images["image_grid_thw"]), where)
+    return widen_image_tokens(encode_prompt(tokenizer, parts, template_kwargs, where=where, tools=tools), config,
+                              images)
 
 
 class Template:
@@ -109,7 +120,12 @@ class Template:
         return list(ids[first:])
 
 
-def full_render(tokenizer, messages: list[dict], tools: list[dict] | None,
-                template_kwargs: dict | None = None) -> list[int]:
-    """The whole conversation rendered at once (for the tokenization sanity check)."""
-    return render(tokenizer, messages, tools, add_generation_prompt=False, **(template_kwargs or {}))
+def full_render(tokenizer, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None = None,
+                *, images: dict | None = None, config=None) -> list[int]:
+    """The whole conversation rendered at once (for the tokenization sanity check), image tokens as in
+    `encode_start`."""
+    if images is None:
+        return render(tokenizer, messages, tools, add_generation_prompt=False, **(template_kwargs or {}))
+    parts = image_messages(messages, len(images["image_grid_thw"]), "an episode's messages")
+    return widen_image_tokens(render(tokenizer, parts, tools, add_generation_prompt=False, **(template_kwargs or {})),
+                              config, images)

@@ -61,6 +61,10 @@ def check_multi_turn(cfg: Config, check) -> None:
                           "programs' requests go to the policy's server, whose limits are rollout.agent.num_workers "
                           "(programs at once) and rollout.agent.program_timeout_s (a run's time, its requests "
                           "included); remove the rollout.server keys")
+        check.unsupported(not vision_model(cfg.actor_rollout_ref.model.path),
+                          f"actor_rollout_ref.rollout.agent.program with the vision-language model "
+                          f"{cfg.actor_rollout_ref.model.path}: the programs' requests reach posttrain's server as "
+                          "text, without the rows' images (the episode loop carries them: drop agent.program)")
     if not mt.enable:
         check(agent.default_agent_loop == "single_turn_agent",
               f"actor_rollout_ref.rollout.agent.default_agent_loop={agent.default_agent_loop} runs multi-turn "
@@ -69,10 +73,6 @@ def check_multi_turn(cfg: Config, check) -> None:
     check(rollout.name != "hf", f"{key}.enable=True runs episodes on posttrain's engine, which keeps each episode's "
                                 "keys and values between its turns; rollout.name=hf (transformers' generate) "
                                 "cannot: set rollout.name=posttrain")
-    vision = vision_model(cfg.actor_rollout_ref.model.path)
-    check.unsupported(not vision, f"{key}.enable=True with the vision-language model "
-                                  f"{cfg.actor_rollout_ref.model.path}: episodes are text-only (tool results are "
-                                  "appended as text, and image inputs are not carried across turns)")
 
 
 def check_program(spec: str, cfg: Config, check) -> None:

@@ -114,11 +114,9 @@ def encode_prompt(tokenizer, messages: list[dict], template_kwargs: dict | None 
     return tokenizer("\n".join(m["content"] for m in messages), add_special_tokens=True)["input_ids"]
 
 
-def check_tools_template(tokenizer, tools: list[dict], template_kwargs: dict, processor) -> str | None:
-    """Tool schemas reach the policy through the chat template's `tools=`: an error without a template or with
-    images (episodes are text-only), and a note (returned) when the template renders the same prompt without them."""
-    if processor is not None:
-        raise DataError("tools are offered to text-only models: multi-turn episodes do not carry image inputs")
+def check_tools_template(tokenizer, tools: list[dict], template_kwargs: dict) -> str | None:
+    """Tool schemas reach the policy through the chat template's `tools=`: an error without a template, and a note
+    (returned) when the template renders the same prompt without them."""
     if not getattr(tokenizer, "chat_template", None):
         raise DataError("tools are offered through the chat template's tools=, and the tokenizer has none; give a "
                         "tokenizer whose chat template renders tools (e.g. Qwen2.5's)")
@@ -133,9 +131,10 @@ def check_tools_template(tokenizer, tools: list[dict], template_kwargs: dict, pr
 
 
 def encode_with_images(processor, messages: list[dict], images, where: str, image_key: str,
-                       template_kwargs: dict | None = None, add_generation_prompt: bool = True):
+                       template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                       tools: list[dict] | None = None):
     """Token ids (image tokens included) and image inputs of a row with images, by the model's own processor;
-    `<image>` placeholders in the messages mark where each image goes."""
+    `<image>` placeholders in the messages mark where each image goes; `tools`: the schemas for the template."""
     from ..models.vision import VisionDataError, image_messages, load_image
 
     images = list(images) if images is not None else []
@@ -145,7 +144,8 @@ def encode_with_images(processor, messages: list[dict], images, where: str, imag
     try:
         pictures = [load_image(im, f"{where}, column '{image_key}', image {i}") for i, im in enumerate(images)]
         return processor.encode(image_messages(messages, len(pictures), where), pictures,
-                                template_kwargs=template_kwargs, add_generation_prompt=add_generation_prompt)
+                                template_kwargs=template_kwargs, add_generation_prompt=add_generation_prompt,
+                                tools=tools)
     except VisionDataError as e:
         raise DataError(str(e)) from None
 
@@ -197,7 +197,7 @@ class RLDataset:
         if not paths:
             raise DataError("no data files given (data.train_files / data.val_files)")
         check_chat_template(tokenizer, missing_chat_template, "data.missing_chat_template")
-        tools_note = self.tools and check_tools_template(tokenizer, self.tools, self.template_kwargs, processor)
+        tools_note = self.tools and check_tools_template(tokenizer, self.tools, self.template_kwargs)
         shortest, seen = None, 0
         for path in paths:
             for i, row in enumerate(path.rows() if hasattr(path, "rows") else read_rows(path)):
@@ -245,7 +245,7 @@ class RLDataset:
         images = None
         if row.get(image_key) is not None and len(row[image_key]) or self.processor is not None:
             ids, images = encode_with_images(self.processor, messages, row.get(image_key), where, image_key,
-                                             self.template_kwargs)
+                                             self.template_kwargs, tools=self.tools)
         else:
             ids = encode_prompt(tokenizer, messages, self.template_kwargs, where, self.tools)
         return PromptItem(prompt_ids=ids, data_source=data_source, ground_truth=truth, extra_info=extra_info,

@@ -106,12 +106,12 @@ class VisionProcessor:
         self.merge = int(getattr(self.image_processor, "merge_size", 1) or 1)
 
     def encode(self, messages: list[dict], images: list, *, template_kwargs: dict | None = None,
-               add_generation_prompt: bool = True) -> tuple[list[int], dict | None]:
-        """Token ids of the templated conversation with its images, and the row's image inputs (None without
-        images)."""
+               add_generation_prompt: bool = True, tools: list[dict] | None = None) -> tuple[list[int], dict | None]:
+        """Token ids of the templated conversation with its images (and the tool schemas `tools`, for the template's
+        `tools=`), and the row's image inputs (None without images)."""
         template = self.processor if self.processor is not None else self.tokenizer
         text = template.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
-                                            **(template_kwargs or {}))
+                                            **({"tools": tools} if tools else {}), **(template_kwargs or {}))
         if not images:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
         if self.processor is not None:
@@ -129,6 +129,27 @@ class VisionProcessor:
             text = pieces[0] + "".join(self.image_token * n + p for n, p in zip(counts, pieces[1:]))
             ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return ids, {"pixel_values": pixels, "image_grid_thw": grid}
+
+
+def widen_image_tokens(ids: list[int], config, image_inputs: dict) -> list[int]:
+    """`ids` of a conversation rendered by the chat template alone (one image token per image) with each image token
+    widened to its image's token count (grid t*h*w / merge_size^2), as the processor widens them: the ids the
+    processor gives for the same conversation and images, from the image inputs it made (`image_grid_thw`)."""
+    merge = getattr(getattr(config, "vision_config", None), "spatial_merge_size", None)
+    if merge is None:
+        raise TypeError(f"{type(config).__name__} has no vision_config.spatial_merge_size: not a Qwen2-VL style model")
+    counts = (image_inputs["image_grid_thw"].prod(-1) // int(merge) ** 2).tolist()
+    token = int(config.image_token_id)
+    if ids.count(token) != len(counts):
+        raise VisionDataError(f"the chat template wrote {ids.count(token)} image tokens for {len(counts)} images")
+    out, k = [], 0
+    for t in ids:
+        if t == token:
+            out += [token] * int(counts[k])
+            k += 1
+        else:
+            out.append(t)
+    return out
 
 
 def load_vision_processor(path: str, tokenizer, *, trust_remote_code: bool = False, key: str = "model path",

@@ -25,6 +25,7 @@ from .function import ToolLoadError
 
 VERL_BUILTINS = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "posttrain.tools.builtin.gsm8k.Gsm8kTool",
+    "verl.tools.geo3k_tool.Geo3kTool": "posttrain.tools.builtin.geo3k.Geo3kTool",
     "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "posttrain.tools.builtin.code.CodeInterpreterTool",
     "verl.tools.search_tool.SearchTool": "posttrain.tools.builtin.search.SearchTool",
 }

@@ -237,8 +237,8 @@ class MultiTurnConfig:
     `agent_name` column, else `agent.default_agent_loop`) answers with tool results or a user message, and the policy
     goes on from the tokens it sampled, until a turn without a tool call, a turn limit below, or
     `data.max_response_length`, which counts every token after the prompt (the episode is then truncated, counted).
-    `response_mask` is 1 on the policy's tokens only. Runs on posttrain's engine (not `rollout.name=hf`), with
-    text-only models"""
+    `response_mask` is 1 on the policy's tokens only. Runs on posttrain's engine (not `rollout.name=hf`); a
+    vision-language model's episodes carry the rows' images (turn by turn, answers appended as text)"""
     max_assistant_turns: Optional[int] = None
     """most assistant (policy) turns of an episode; null = no limit but the response budget"""
     max_user_turns: Optional[int] = None
