@@ -38,6 +38,12 @@ def test_plus_prefix_and_defaults():
 
 
 def test_typical_command_line_is_accepted(tmp_path, monkeypatch, tiny_model_dir):
+    """verl's quickstart line on one GPU, where vLLM is installed (the check finds the module, it does not import
+    it): accepted, with at most the note that free_cache_engine does nothing on a CPU."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
     monkeypatch.chdir(tmp_path)
     for name in ("a", "b", "c"):
         (tmp_path / f"{name}.parquet").write_bytes(b"")
@@ -50,7 +56,7 @@ def test_typical_command_line_is_accepted(tmp_path, monkeypatch, tiny_model_dir)
     actor_rollout_ref.actor.kl_loss_type=low_var_kl actor_rollout_ref.actor.entropy_coeff=0
     actor_rollout_ref.model.enable_gradient_checkpointing=True actor_rollout_ref.actor.fsdp_config.param_offload=False
     actor_rollout_ref.actor.fsdp_config.optimizer_offload=False actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16
-    actor_rollout_ref.rollout.tensor_model_parallel_size=2 actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1 actor_rollout_ref.rollout.name=vllm
     actor_rollout_ref.rollout.gpu_memory_utilization=0.6 actor_rollout_ref.rollout.n=5
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.ref.fsdp_config.param_offload=True
     algorithm.use_kl_in_reward=False trainer.critic_warmup=0 trainer.logger=["console","tensorboard"]
@@ -62,7 +68,7 @@ def test_typical_command_line_is_accepted(tmp_path, monkeypatch, tiny_model_dir)
     from posttrain.config import config_warnings
 
     notes = config_warnings(cfg)
-    assert len(notes) == 1 and "rollout.name=vllm" in notes[0] and "gpu_memory_utilization" in notes[0]
+    assert len(notes) <= 1 and all("free_cache_engine=True does nothing on a CPU" in n for n in notes), notes
 
 
 def test_unknown_key_suggests_closest():

@@ -20,6 +20,7 @@ from posttrain.config.loader import default_of
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "data" / "familiar_scripts"
 OK = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
+POSTTRAIN_ENGINE = "actor_rollout_ref.rollout.name=posttrain"
 
 # Scripts that do not load, each with a fragment of the reason its one message gives.
 NOT_LOADING = {
@@ -71,6 +72,14 @@ def tracking_installed(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name in ("wandb", "mlflow") else real(name, *a))
+
+
+@pytest.fixture
+def vllm_installed(monkeypatch):
+    """As where vLLM is installed: the scripts that name it load with their vLLM settings (without it,
+    `rollout.name=vllm` is refused at load; the check looks for the module, it does not import it)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
 
 
 def test_every_familiar_key_has_a_decision():
@@ -619,7 +628,8 @@ def _load_recorded(folder, model, data, adapter) -> tuple[list[str], dict[str, s
     return loaded, failed
 
 
-def test_recorded_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, saved_adapter, tracking_installed):
+def test_recorded_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, saved_adapter, tracking_installed,
+                                                     vllm_installed):
     loaded, failed = _load_recorded(SCRIPTS, str(tiny_model_dir), gsm8k_file, saved_adapter)
     assert len(loaded) + len(failed) == 76
     assert set(failed) == set(NOT_LOADING), sorted(set(failed) ^ set(NOT_LOADING))
@@ -627,7 +637,8 @@ def test_recorded_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file,
         assert fragment in failed[script], (script, failed[script])
 
 
-def test_newest_tree_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, saved_adapter, tracking_installed):
+def test_newest_tree_scripts_load_or_name_every_problem(tiny_model_dir, gsm8k_file, saved_adapter, tracking_installed,
+                                                        vllm_installed):
     """The 90 main_ppo scripts of the newest tree: the count docs/porting.md reports load, and each of the others
     fails at load with one message naming its reasons."""
     loaded, failed = _load_recorded(NEWEST, str(tiny_model_dir), gsm8k_file, saved_adapter)
@@ -673,7 +684,8 @@ def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_mode
                                             adapter=saved_adapter)
     config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
     small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL]
-    cfg = load_config(config_file, base + overrides + small + ["data.train_max_samples=16"])
+    # on posttrain's engine: a script's rollout.name=vllm needs vLLM (tests/test_vllm_train.py runs one on it)
+    cfg = load_config(config_file, base + overrides + small + ["data.train_max_samples=16", POSTTRAIN_ENGINE])
     run_rl(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
@@ -693,7 +705,7 @@ DAPO = ROOT / "tests" / "data" / "dapo_scripts_2026_01"
 
 @pytest.mark.parametrize("name", ["dapo__run_dapo_qwen2.5_32b.json", "dapo__test_dapo_7b_math.json"])
 def test_dapo_long_response_script_trains_two_steps_with_sequence_parallel_on_two_processes(
-        name, tiny_model_dir, gsm8k_file, tmp_path):
+        name, tiny_model_dir, gsm8k_file, tmp_path, vllm_installed):
     """verl's DAPO recipe scripts that split each sequence over Ulysses ranks (sequence-parallel size 8 on 128 GPUs,
     4 on 64) keep their own keys (dynamic sampling, overlong buffer, token-mean loss, dynamic batch sizes) and,
     with the recorded scripts' size knobs, the tiny model and GSM8K data, train 2 steps on 2 CPU processes with
@@ -713,7 +725,7 @@ def test_dapo_long_response_script_trains_two_steps_with_sequence_parallel_on_tw
         load_config(config_file, base + overrides)  # as recorded, only the paths changed
     run = tmp_path / "run"
     small = [s.replace("STEPS", "2").replace("RUN_DIR", str(run)) for s in SMALL]
-    two = ["trainer.n_gpus_per_node=2", "data.train_max_samples=16", "trainer.save_freq=2",
+    two = ["trainer.n_gpus_per_node=2", "data.train_max_samples=16", "trainer.save_freq=2", POSTTRAIN_ENGINE,
            *(f"{key}=2" for key in sp)]
     result = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", *overrides, *small, *two],
                             capture_output=True, text=True, timeout=600,

@@ -33,7 +33,10 @@ ROLES = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic", "reward_m
 ACTOR_REF = ROLES[:2]
 TRAINED = ("actor_rollout_ref.actor", "critic")
 NOT_RAY = "posttrain starts its own processes (torch.distributed) and does not use Ray"
-ENGINE = "a knob of the vLLM/SGLang engines; posttrain's decoding engine sizes its cache per call"
+ENGINE = ("a knob of the vLLM/SGLang engines that posttrain does not pass on (rollout.name=vllm takes the keys "
+          "docs/rollout_engines.md lists); posttrain's own engine sizes its cache per call")
+WEIGHTS_IN_PLACE = ("posttrain's engine reads the training weights in place (no weight transfer); rollout.name=vllm "
+                    "loads them into vLLM by name, bucket by bucket (rollout.update_weights_bucket_megabytes)")
 PROFILER = ("posttrain has no profiler hook; run py-spy or torch.profiler around `posttrain train` "
             "(docs/performance.md shows how)")
 MEGATRON_LAYOUT = ("Megatron's pipeline/context/expert parallel have no equivalent here: those devices shard the "
@@ -266,18 +269,16 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.rollout.agent.custom_async_server.*", "only", OWN_ENGINE, (None,)),
     Rule("actor_rollout_ref.rollout.engine_kwargs.**", "note", ENGINE),
     Rule("actor_rollout_ref.rollout.engine_kwargs", "note", ENGINE),
-    Rule("actor_rollout_ref.rollout.checkpoint_engine.**", "note", "posttrain's engine reads the training weights "
-         "in place (no weight transfer)"),
+    Rule("actor_rollout_ref.rollout.checkpoint_engine.**", "note", WEIGHTS_IN_PLACE),
     Rule("actor_rollout_ref.rollout.prometheus.enable", "only", "no metrics server; metrics go to trainer.logger",
          (False,)),
     Rule("actor_rollout_ref.rollout.prometheus.**", "note", "no metrics server; metrics go to trainer.logger"),
     Rule("actor_rollout_ref.rollout.trace.**", "note", "no rollout tracing; trainer.rollout_data_dir dumps the "
          "generations"),
-    Rule("actor_rollout_ref.rollout.layer_name_map.**", "note", "posttrain's engine reads the training weights "
-         "in place (no weight transfer)"),
+    Rule("actor_rollout_ref.rollout.layer_name_map.**", "note", WEIGHTS_IN_PLACE),
     *[Rule(f"actor_rollout_ref.rollout.{k}", "note", ENGINE)
       for k in ("cudagraph_capture_sizes", "data_parallel_size", "disable_log_stats", "enable_prefix_caching",
-                "layered_summon", "max_model_len", "multi_stage_wake_up", "scheduling_policy", "skip_tokenizer_init",
+                "layered_summon", "multi_stage_wake_up", "scheduling_policy", "skip_tokenizer_init",
                 "expert_parallel_size", "pipeline_model_parallel_size", "skip_dump_dir")],
     Rule("actor_rollout_ref.ref.model", "only", "the reference is the actor's starting model", (None,)),
     Rule("actor_rollout_ref.rollout.logprobs_mode", "note", "the sampled tokens' log-probs are those of the "

@@ -3,12 +3,10 @@ loads (`config_warnings`), never silently ignored."""
 
 from __future__ import annotations
 
+from .rollout_engine import engine_notes
 from .schema import Config
 from .schema.actor_rollout_ref import RolloutConfig
 
-OTHER_ENGINES = ("vllm", "sglang", "trtllm")  # accepted; generation runs on posttrain's engine (a note says so)
-ENGINE_ONLY_KEYS = ("tensor_model_parallel_size", "gpu_memory_utilization", "free_cache_engine",
-                    "load_format", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill")
 
 LONE_GROUPS = {  # group estimators that verl runs with rollout.n=1, and what a group of one computes there
     "grpo": "a group of one has mean 0 and standard deviation 1 (as in verl), so each response's advantage is its "
@@ -65,13 +63,8 @@ def _reinforce_notes(cfg: Config) -> list[str]:
 
 def config_warnings(cfg: Config) -> list[str]:
     """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
-    rollout, default = cfg.actor_rollout_ref.rollout, RolloutConfig()
-    changed = [k for k in ENGINE_ONLY_KEYS if getattr(rollout, k) != getattr(default, k)]
-    notes = []
-    if rollout.name in OTHER_ENGINES or changed:
-        notes.append(f"actor_rollout_ref.rollout.name={rollout.name}: posttrain generates with its own engine "
-                     f"(rollout.name=posttrain); engine-only keys have no effect"
-                     + (f" ({', '.join(changed)})" if changed else ""))
+    rollout = cfg.actor_rollout_ref.rollout
+    notes = engine_notes(cfg)
     notes += _multi_turn_notes(rollout)
     layout = _layout_note(cfg)
     if layout:

@@ -14,7 +14,7 @@ from .multi_turn import check_multi_turn
 from .notes import LONE_GROUPS
 from .normalise import normalise
 from .user_code import check_user_code
-from .notes import OTHER_ENGINES
+from .rollout_engine import check_rollout_engine
 from .schema import Config
 from .sources import check_sources
 
@@ -161,7 +161,7 @@ def _validate(cfg: Config, check: Checks) -> None:
           "so it must use the same tokenizer (remove the key)")
 
     # ---- rollout
-    check.choice(rollout.name, ("posttrain", "hf", *OTHER_ENGINES), "actor_rollout_ref.rollout.name")
+    check_rollout_engine(cfg, check)
     check(rollout.n >= 1, "actor_rollout_ref.rollout.n must be >= 1")
     check(rollout.prompt_length in (None, d.max_prompt_length),
           "actor_rollout_ref.rollout.prompt_length differs from data.max_prompt_length; prompts are cut by "

@@ -204,6 +204,19 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def joined_world() -> int:
+    """The number of processes of the process group this process joined (1 where it joined none)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def gather_in(group, obj) -> tuple[list, int]:
+    """`obj` of every rank of `group` (a process group another library built, such as vLLM's tensor-parallel
+    group), in rank order, and this rank's place among them."""
+    out = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out, dist.get_rank(group)
+
+
 def node_leaders_first(work, failed):
     """`work()` on local rank 0 of every node first, then on the node's other ranks, which find what it left in
     node-local storage (a download cache) instead of doing it again at once. A failure of any node's first rank

@@ -1,4 +1,6 @@
-"""Pushing the trainer's weights to the generating processes after an update (two groups of processes).
+"""Pushing the trainer's weights to the generating processes after an update (two groups of processes), and
+gathering a sharded model's weights whole, unit by unit, for an engine that holds its own copy (vLLM: `fsdp_units`,
+`units_gathered`, `whole`).
 
 What travels is what training changes: the trainable parameters (under LoRA the adapter tensors only; a frozen
 vision tower not at all). They are packed as raw bytes into buckets of at most `bucket_bytes` and each bucket is one
@@ -11,6 +13,7 @@ the sender's "stop" (no weights follow).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 
@@ -143,3 +146,33 @@ class WeightSync:
                 offset += n
         self.version, self.seconds, self.bytes = version, time.perf_counter() - start, self.total_bytes
         return version
+
+
+def fsdp_units(model: nn.Module) -> dict[nn.Module, nn.Module | None]:
+    """Each module of `model` and the FSDP2 unit that holds its parameters: the nearest sharded module at or above it
+    (None where nothing is sharded)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    by_name: dict[str, nn.Module | None] = {}
+    units: dict[nn.Module, nn.Module | None] = {}
+    for name, module in model.named_modules():  # parents come first
+        parent = by_name[name.rsplit(".", 1)[0] if "." in name else ""] if name else None
+        by_name[name] = units[module] = module if isinstance(module, FSDPModule) else parent
+    return units
+
+
+@contextlib.contextmanager
+def units_gathered(units: list[nn.Module]):
+    """FSDP units gathered (every rank of their mesh together) for a block, and freed after."""
+    for unit in units:
+        unit.unshard()
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+
+
+def whole(t: torch.Tensor) -> torch.Tensor:
+    """`t` whole: a tensor-parallel piece (a DTensor) joined over its mesh (a collective), a plain tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -8,6 +8,7 @@ metric — is the same at any world size.
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 
 import torch
@@ -48,10 +49,12 @@ class Actor:
         # bypass mode's loss (rejection sampling, the token veto, loss_type=reinforce; algo/bypass.py), or None: as
         # verl, judged inside the loss against the current policy
         self.bypass = bypass
+        self.gather_for_generation = True  # the engine decodes with this model (set from the engine: RolloutEngine)
 
     def generation(self):
-        """Around a generate call: the sharded policy gathered once (see parallel.gathered_for_generation)."""
-        return gathered_for_generation(self.model)
+        """Around a generate call: the sharded policy gathered once (see parallel.gathered_for_generation), unless
+        the engine holds weights of its own (`gather_for_generation` False: vLLM gathers them bucket by bucket)."""
+        return gathered_for_generation(self.model) if self.gather_for_generation else contextlib.nullcontext()
 
     def counters(self) -> dict:
         """State beside weights and optimizer that a resume must restore for the run to continue exactly."""

@@ -59,6 +59,10 @@ class RolloutEngine:
     weights and assembles the responses and their masks. The multi-turn loop calls `decode` too.
     """
 
+    # The engine decodes with the policy's own modules, so a sharded policy is gathered around its generate calls
+    # (Actor.generation); an engine holding weights of its own (vLLM) says False.
+    decodes_policy_weights = True
+
     def __init__(self, model, tokenizer, *, device, dtype, micro_batch_size: int | None = None):
         self.model, self.tokenizer, self.device, self.dtype = model, tokenizer, device, dtype
         self.micro_batch_size = micro_batch_size

@@ -16,6 +16,7 @@ from ..algo import EstimatorInfo, estimator_info, make_kl_controller
 from ..algo.bypass import BypassSettings
 from ..config import ConfigError, to_yaml
 from ..config.distillation import settings as distill_settings, teachers as configured_teachers
+from ..config.rollout_engine import engine_name
 from ..data.custom_dataset import CustomRows
 from ..data.dataset import RLDataset
 from ..data.sampler import PromptOrder
@@ -172,9 +173,10 @@ class Roles:
                              if rm.enable and not rm.judge.enable else None)
         self.judge = Judge.from_config(cfg, par) if rm.enable and rm.judge.enable else None
         r = arr.rollout
-        self.engine = build_engine(r.name, actor_runner.model, tokenizer, device=par.device,
+        self.engine = build_engine(engine_name(cfg), actor_runner.model, tokenizer, device=par.device,
                                     dtype=compute_dtype(r.dtype, par.device), micro_batch_size=r.micro_batch_size,
-                                    enforce_eager=r.enforce_eager)
+                                    enforce_eager=r.enforce_eager, config=cfg)
+        self.actor.gather_for_generation = self.engine.decodes_policy_weights
 
     @property
     def trained(self) -> dict:

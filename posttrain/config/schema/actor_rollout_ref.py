@@ -123,6 +123,15 @@ class PolicyLossConfig:
 
 
 @dataclass
+class RouterReplayConfig:
+    mode: str = "disabled"
+    """MoE router replay (docs/algorithms.md): `R2` records each token's experts in the old-log-prob pass and the
+    update's forwards route every token to them; `R3` records them in the rollout (posttrain's engine, with
+    `rollout.enable_rollout_routing_replay=True`, as verl) and both the old-log-prob pass and the update replay them;
+    `disabled`. verl's `megatron.router_replay.mode` / `veomni.router_replay.mode` set this key"""
+
+
+@dataclass
 class CheckpointConfig:
     save_contents: list = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """what a checkpoint holds; add `hf_model` to also write a plain Hugging Face folder (`actor/huggingface`) of
@@ -186,6 +195,7 @@ class ActorConfig:
     """`sapo`: gate temperature for positive advantages"""
     tau_neg: float = 1.05
     """`sapo`: gate temperature for negative advantages"""
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
     calculate_sum_pi_squared: bool = False
     """accepted for portability: `sum_v pi_v^2` is computed whenever the estimator reads it
     (`optimal_token_baseline`)"""
@@ -306,7 +316,11 @@ class AgentConfig:
 @dataclass
 class RolloutConfig:
     name: str = "posttrain"
-    """`posttrain` or `hf`; `vllm`/`sglang` are accepted and run on `posttrain` (see above)"""
+    """`posttrain` (posttrain's engine), `hf` (transformers' `generate`) or `vllm` (vLLM's engine, which must be
+    installed: docs/rollout_engines.md); `sglang` and `trtllm` are accepted and run on `posttrain` (a note says so)"""
+    enable_rollout_routing_replay: bool = False
+    """record the experts every token of the rollout was routed to (posttrain's engine; for
+    `actor.router_replay.mode=R3`, which needs it, as in verl)"""
     mode: str = "async"
     """`async` or `sync`, the same here: posttrain's engine decodes the step's live samples together, and an episode
     whose tools are running leaves the batch and rejoins when they answer, either way"""
@@ -342,27 +356,37 @@ class RolloutConfig:
     """token-budget micro-batches"""
     micro_batch_size: Optional[int] = None
     """prompts generated in one `generate` call; null = all"""
-    # Knobs of the vLLM / SGLang engines: accepted so scripts port, no effect here (a note says so when set).
-    tensor_model_parallel_size: int = 2
-    """engine-only (see above)"""
+    # Keys of the vLLM engine (rollout.name=vllm; with another engine a note says they have no effect).
+    tensor_model_parallel_size: int = 1
+    """vLLM: tensor-parallel groups of this many consecutive training processes, each group generating its members'
+    prompts together (must divide the processes; verl's default is 2, vLLM's 1)"""
     gpu_memory_utilization: float = 0.5
-    """engine-only (see above)"""
+    """vLLM: the share of the device's memory its engine may use, the KV cache taking what the weights leave (on a
+    CPU: of the machine's memory, this process's own included; `VLLM_CPU_KVCACHE_SPACE`, in GiB, sizes the KV cache
+    instead when set)"""
     enforce_eager: bool = False
     """False: on a GPU, posttrain's engine replays each decoding step as a CUDA graph (one process; sharded and MoE
-    models decode eagerly); True: eager steps"""
+    models decode eagerly), and vLLM compiles its model (CUDA graphs; on a CPU, torch.compile at start-up); True:
+    eager steps"""
     free_cache_engine: bool = True
-    """engine-only (see above)"""
+    """vLLM on a GPU: the engine sleeps while the trainer runs (weights to CPU memory, KV cache freed) and wakes for
+    each generate call; does nothing on a CPU (no sleep mode there; a note says so)"""
     load_format: str = "auto"
-    """engine-only (see above)"""
+    """vLLM: how its engine reads the model's weights at start-up (`auto`, `safetensors`, `pt`, ...); `dummy` reads
+    none. Either way the trainer's weights replace them before the first generation"""
     max_num_batched_tokens: int = 8192
-    """engine-only (see above)"""
+    """vLLM: most tokens one engine step computes (prefill chunks and decoding rows together)"""
     max_num_seqs: int = 1024
-    """engine-only (see above)"""
+    """vLLM: most sequences decoded together"""
     enable_chunked_prefill: bool = True
-    """engine-only (see above)"""
+    """vLLM: long prompts are prefilled in chunks beside decoding rows; False: each prompt in one step (then
+    `max_num_batched_tokens` must be at least `max_model_len`)"""
+    max_model_len: Optional[int] = None
+    """vLLM: longest sequence (prompt + response) its engine holds; null = `data.max_prompt_length` +
+    `data.max_response_length`"""
     update_weights_bucket_megabytes: int = 512
-    """asynchronous RL (`rollout.n_gpus_per_node` > 0): weights travel to the generating processes in broadcasts
-    of at most this many MB each"""
+    """weights travel in buckets of at most this many MB: asynchronous RL (`rollout.n_gpus_per_node` > 0) broadcasts
+    each to the generating processes; vLLM gathers a sharded policy that many MB at a time and loads them"""
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

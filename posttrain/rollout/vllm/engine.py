@@ -1,0 +1,256 @@
+"""`rollout.name=vllm`: a `RolloutEngine` over vLLM's offline engine, colocated with the trainer (verl's hybrid engine).
+
+Every training process holds one vLLM engine whose worker runs in the process itself: executor `uni` in a
+one-process run; under torchrun vLLM's `external_launcher`, which makes tensor-parallel groups of
+`tensor_model_parallel_size` consecutive ranks of the torchrun world (each group generates its members' prompts
+together; groups generate independently). Before a generate call whose weights changed, the trainer's weights go into
+vLLM bucket by bucket (trainer_weights.py, worker.py) and vLLM's prefix cache is emptied, so no key computed under
+old weights is read again. Token ids go in, token ids and each sampled token's log-prob (of the distribution it was
+drawn from) come out. docs/rollout_engines.md says which engine when.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from ...data.batch import Batch
+from ...models.vision import MM_KEY, is_vision_config
+from ...parallel.context import gather_in, joined_world
+from ..base import RolloutEngine, SamplingParams
+from .settings import EngineSettings
+from .trainer_weights import trainer_weights, weights_fingerprint
+
+
+class VLLMEngine(RolloutEngine):
+    """generate(batch, sampling) as `RolloutEngine` says, on vLLM (see the module docstring)."""
+
+    decodes_policy_weights = False  # vLLM holds its own copy: the trainer's sharded policy is not gathered around it
+
+    def __init__(self, model, tokenizer, *, device, dtype, micro_batch_size: int | None = None,
+                 settings: EngineSettings):
+        super().__init__(model, tokenizer, device=device, dtype=dtype, micro_batch_size=micro_batch_size)
+        if is_vision_config(model.config):
+            raise ValueError("actor_rollout_ref.rollout.name=vllm: vision-language models are not supported by the "
+                             "vLLM engine here (prompts carry no images to it); use rollout.name=posttrain")
+        self.settings = settings
+        self.distributed = joined_world() > 1
+        self.llm = start_llm(settings, device_type=torch.device(device).type, distributed=self.distributed)
+        self.sleeps = settings.sleeps(torch.device(device).type)
+        self.group = _tensor_parallel_group() if settings.tensor_parallel_size > 1 else None
+        _free_segment_names()
+        self.held = None  # the fingerprint of the trainer's weights vLLM holds (None: vLLM's own load)
+        self.weights_version = 0  # pushes so far (0: the weights vLLM loaded itself)
+        self.push_seconds = 0.0  # the last push's
+        if self.sleeps:  # asleep until the first generate call: the trainer has the device's memory
+            self.llm.sleep(level=1)
+
+    # ------------------------------------------------------------------ weights
+
+    def sync_weights(self) -> bool:
+        """The trainer's weights into vLLM if they changed since the last push (every rank together: a sharded
+        policy is gathered by collectives); its prefix cache emptied. Returns whether weights were pushed."""
+        fingerprint = weights_fingerprint(self.model)
+        if fingerprint == self.held:
+            return False
+        start = time.perf_counter()
+        self.llm.collective_rpc("load_trainer_weights",
+                                args=(trainer_weights(self.model, self.settings.bucket_bytes, self.settings.dtype),))
+        self.llm.reset_prefix_cache()
+        self.held, self.weights_version = fingerprint, self.weights_version + 1
+        self.push_seconds = time.perf_counter() - start
+        return True
+
+    @contextlib.contextmanager
+    def _awake(self):
+        """free_cache_engine on a GPU: vLLM sleeps between generate calls (weights to CPU memory, KV cache freed)
+        and wakes for them: its weights first, then (after any push) its KV cache."""
+        if not self.sleeps:
+            self.sync_weights()
+            yield
+            return
+        self.llm.wake_up(tags=["weights"])
+        try:
+            self.sync_weights()
+            self.llm.wake_up(tags=["kv_cache"])
+            yield
+        finally:
+            self.llm.sleep(level=1)
+
+    # ------------------------------------------------------------------ generation
+
+    def ready(self) -> None:
+        """A rank with no rows to generate, where the others call `generate`: it pushes weights with them and
+        takes part in its tensor-parallel group's generation."""
+        with self._awake():
+            self._requests([], 0, None)
+
+    @torch.no_grad()
+    def generate(self, batch: Batch, sampling: SamplingParams) -> Batch:
+        if batch.meta.get(MM_KEY) is not None:
+            raise ValueError("rollout.name=vllm: prompts with images are not supported by the vLLM engine here")
+        out = batch.repeat_interleave(sampling.n)
+        prompts = [row[mask.bool()].tolist() for row, mask in zip(batch["prompts"], batch["prompt_mask"])]
+        if self.between_steps is not None:
+            raise NotImplementedError("rollout.name=vllm: vLLM runs each generate call to its end on one weight "
+                                      "version; partial rollouts (weights swapped between decoding steps) run on "
+                                      "posttrain's engine")
+        seed = int(torch.randint(0, 2**62, (1,)))  # from torch's generator, which the trainer seeds per step and rank
+        with self._awake():
+            samples = self._requests(prompts, seed, sampling)
+        width = max([len(tokens) for tokens, _ in samples] + [1])
+        responses = torch.full((len(samples), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(samples), width), dtype=torch.long)
+        logprobs = torch.zeros((len(samples), width), dtype=torch.float32)
+        for i, (tokens, lps) in enumerate(samples):
+            responses[i, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            mask[i, :len(tokens)] = 1
+            if lps is not None:
+                logprobs[i, :len(tokens)] = torch.tensor(lps, dtype=torch.float32)
+        out["responses"], out["response_mask"] = responses, mask
+        if sampling.logprobs:
+            out["rollout_log_probs"] = logprobs
+        out["input_ids"] = torch.cat([out["prompts"], responses], dim=1)
+        out["attention_mask"] = torch.cat([out["prompt_mask"], mask], dim=1)
+        return out
+
+    def _requests(self, prompts: list[list[int]], seed: int, sampling: SamplingParams | None
+                  ) -> list[tuple[list[int], list[float] | None]]:
+        """This rank's prompts sampled `n` times each: (tokens, log-probs) per sample, prompt by prompt. In a
+        tensor-parallel group every member generates the prompts of all, each with its owner's seed (each keeps its
+        own samples)."""
+        mine = (prompts, seed, sampling)
+        everyone, me = ([mine], 0) if self.group is None else gather_in(self.group, mine)
+        results = []
+        for part_prompts, part_seed, part_sampling in everyone:
+            samples = self._sample(part_prompts, part_seed, part_sampling) if part_prompts else []
+            results.append(samples)
+        return results[me]
+
+    def _sample(self, prompts: list[list[int]], seed: int, s: SamplingParams):
+        """vLLM samples with torch's generator of this process (its worker runs here), seeded with `seed` for the
+        call and restored after: per-request seeds would be vLLM's other way, but its CPU worker fails on them when
+        a prompt's prefill is split over steps (it rewinds the generator, which a CPU generator cannot)."""
+        from vllm import SamplingParams as VSampling
+
+        # vLLM's stops are exactly posttrain's EOS ids (its own EOS check is off: ignore_eos); greedy decoding takes
+        # n=1 only, so a greedy prompt is sent n times
+        stops = [] if s.ignore_eos else sorted(self.eos_ids)
+        copies, n = (s.n, 1) if s.greedy else (1, s.n)
+        chunk = self.micro_batch_size or len(prompts)
+        samples = []
+        for start in range(0, len(prompts), chunk):
+            params = [VSampling(n=n, temperature=0.0 if s.greedy else s.temperature,
+                                top_p=1.0 if s.greedy else s.top_p, top_k=0 if s.greedy or s.top_k < 1 else s.top_k,
+                                max_tokens=s.max_new_tokens, ignore_eos=True, stop_token_ids=stops,
+                                logprobs=0 if s.logprobs else None, detokenize=False)
+                      for _ in range(len(prompts[start:start + chunk]) * copies)]
+            requests = [{"prompt_token_ids": p} for p in prompts[start:start + chunk] for _ in range(copies)]
+            devices = [torch.cuda.current_device()] if torch.device(self.device).type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):
+                torch.manual_seed(seed + start)
+                done = self.llm.generate(requests, params, use_tqdm=False)
+            for request in done:
+                for completion in request.outputs:
+                    lps = None
+                    if s.logprobs:
+                        lps = [step[t].logprob for step, t in zip(completion.logprobs, completion.token_ids)]
+                    samples.append((list(completion.token_ids), lps))
+        return samples
+
+
+def _tensor_parallel_group():
+    """The gloo group of this rank's vLLM tensor-parallel group (its members must generate the same prompts)."""
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group().cpu_group
+
+
+def _free_segment_names() -> None:
+    """vLLM's CPU tensor-parallel groups talk through shared-memory segments named after the group alone (the same
+    names in every job on the machine), which it never removes: the next run, or another job at the same time, fails
+    to create them (`create shm in SHMManager failed. errno: 17`). Once the engine has started every member has
+    opened every segment of its group, so each removes the name of its own (the memory stays until the process
+    ends)."""
+    from vllm.distributed import parallel_state
+
+    for ref in list(parallel_state._groups.values()):
+        group = ref()
+        segment = getattr(getattr(group, "device_communicator", None), "dist_module", None)
+        name = getattr(segment, "group_name", None)
+        if isinstance(name, str):  # shm_open's name: leading slashes dropped
+            (Path("/dev/shm") / f"{name.lstrip('/')}_{group.rank_in_group}").unlink(missing_ok=True)
+
+
+def start_llm(settings: EngineSettings, *, device_type: str, distributed: bool):
+    """vLLM's `LLM`, its worker in this process. What its start-up changes in the process is put back after it:
+    the random generators it seeds (Python's, NumPy's, torch's: the trainer seeds them per step, and vLLM's sampling
+    is seeded per call), and what its CPU platform prepares for worker processes it would start
+    (LD_PRELOAD, LOCAL_WORLD_SIZE, thread variables, `torch.set_num_threads` replaced)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is first imported
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != device_type:
+        raise ValueError(f"actor_rollout_ref.rollout.name=vllm: the installed vLLM runs on "
+                         f"{current_platform.device_type or 'no device'}, the trainer on {device_type}; install "
+                         "the vLLM build of the trainer's device (docs/rollout_engines.md)")
+    env, set_threads, generators = dict(os.environ), torch.set_num_threads, _generator_states()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core and its worker in this process
+    try:
+        # quiet: the chat-template warm-up's traceback (vLLM has no tokenizer here: token ids in and out) and the
+        # CPU worker's advice on preloading libraries into processes it does not start here
+        with quiet("vllm.renderers.base", "vllm.v1.worker.cpu_worker"):
+            return LLM(**settings.llm_kwargs(device_type=device_type, distributed=distributed))
+    finally:
+        for key in set(os.environ) - set(env):
+            del os.environ[key]
+        for key, value in env.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+        torch.set_num_threads = set_threads
+        _restore_generators(generators)
+
+
+def _generator_states() -> tuple:
+    import random
+
+    import numpy as np
+
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
+
+
+def _restore_generators(states: tuple) -> None:
+    import random
+
+    import numpy as np
+
+    python, numpy, cpu, cuda = states
+    random.setstate(python)
+    np.random.set_state(numpy)
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+@contextlib.contextmanager
+def quiet(*loggers: str):
+    """These loggers pass on only errors for a block (a filter: vLLM re-applies its logging config, levels
+    included, while its engine starts)."""
+    import logging
+
+    def errors_only(record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+    for name in loggers:
+        logging.getLogger(name).addFilter(errors_only)
+    try:
+        yield
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeFilter(errors_only)
