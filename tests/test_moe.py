@@ -179,10 +179,12 @@ def _scored_batch(model_dir, tokenizer, scores):
     from posttrain.data.dataset import layout_row
 
     rows = [layout_row("synthetic/arithmetic", f"{a}+{a + 3}=", str(2 * a + 3), {"index": a}) for a in range(4)]
+    from posttrain.rollout.routing import generate_recording_routing
+
     torch.manual_seed(0)
     engine = DecodeEngine(load_causal_lm(str(model_dir)), tokenizer, device=CPU, dtype=torch.float32)
-    batch = engine.generate(prompts_batch(tokenizer, [r["prompt"][0]["content"] for r in rows]),
-                            SamplingParams(n=4, max_new_tokens=8))
+    batch = generate_recording_routing(engine, prompts_batch(tokenizer, [r["prompt"][0]["content"] for r in rows]),
+                                       SamplingParams(n=4, max_new_tokens=8))  # with R3's routing record
     n = len(batch)
     token_scores = torch.zeros(batch["responses"].shape)
     token_scores[torch.arange(n), batch["response_mask"].sum(-1) - 1] = scores
@@ -257,6 +259,10 @@ DIST_CASES = {
     # router loss (a per-micro-batch quantity, not additive over tokens) is the same sum
     "grpo_kl": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True"],
     "ppo": ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "critic.ppo_micro_batch_size_per_gpu=4"],
+    # router replay: R2 records in the old-log-prob pass (each rank its rows), R3 replays the rollout's record
+    "grpo_r2": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.router_replay.mode=R2"],
+    "grpo_r3": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.router_replay.mode=R3",
+                "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"],
 }
 
 
@@ -290,8 +296,8 @@ def _run_workers(root, model_dir, batch_path, data_file, name, nproc):
 def test_two_processes_equal_one_with_experts_sharded(moe_dirs, tiny_tokenizer, tmp_path):
     """FSDP2 over 2 processes (gloo, CPU) shards every expert of every decoder layer (the fused expert weights
     split along the expert dimension) and gives the one-process update: GRPO with the KL loss and the router loss,
-    and PPO with a MoE critic, compared metric by metric (router metrics included) and weight by weight, at the
-    tolerances of tests/test_distributed.py."""
+    PPO with a MoE critic, and GRPO with router replay R2 and R3, compared metric by metric (router metrics and the
+    replay's mismatch included) and weight by weight, at the tolerances of tests/test_distributed.py."""
     import json
 
     from tests.same_update import assert_same_training
@@ -309,6 +315,7 @@ def test_two_processes_equal_one_with_experts_sharded(moe_dirs, tiny_tokenizer, 
     for case in DIST_CASES:
         want, got = torch.load(one / f"{case}.pt"), torch.load(two / f"{case}.pt")
         assert "actor/moe/aux_loss" in want["metrics"] and want["metrics"]["actor/grad_norm"] > 0
+        assert ("actor/router_replay/mismatch" in want["metrics"]) == case.startswith("grpo_r")
         for key, value in want["metrics"].items():
             if key.startswith(("actor/", "critic/")) and not key.startswith("actor/lr"):
                 assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (case, key)

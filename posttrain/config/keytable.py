@@ -56,6 +56,9 @@ VL = "vision-language rows are read as the model's own image processor decides (
 NO_SP = ("another engine's sequence-parallel key; posttrain's is actor_rollout_ref.actor."
          "ulysses_sequence_parallel_size (Ulysses, FSDP2)")
 TRANSFORMERS = "posttrain computes log-probs and entropy in chunks on the transformers model itself"
+REF_ROUTES = ("router replay is the actor's (actor_rollout_ref.actor.router_replay.mode); the reference routes each "
+              "token itself")
+REPLAY_IN_MEMORY = "router replay's records travel with the batch in memory (no files)"
 
 
 def _roles(suffix: str, kind: str, why: str = "", allowed: tuple = (), roles=ROLES) -> list[Rule]:
@@ -158,9 +161,9 @@ RULES: list[Rule] = [
     *_roles("use_torch_compile", "note", "posttrain runs eagerly (compile time outweighs the gain at these sizes; "
             "docs/performance.md)", roles=ACTOR_REF),
     *_roles("rollout_n", "note", "always actor_rollout_ref.rollout.n", roles=ROLES[:3]),
-    *_roles("router_replay.mode", "only", "MoE router replay is not supported", ("disabled",), roles=ACTOR_REF),
-    *_roles("router_replay.record_file", "only", "MoE router replay is not supported", (None,), roles=ACTOR_REF),
-    *_roles("router_replay.replay_file", "only", "MoE router replay is not supported", (None,), roles=ACTOR_REF),
+    Rule("actor_rollout_ref.ref.router_replay.mode", "only", REF_ROUTES, ("disabled",)),
+    *_roles("router_replay.record_file", "only", REPLAY_IN_MEMORY, (None,), roles=ACTOR_REF),
+    *_roles("router_replay.replay_file", "only", REPLAY_IN_MEMORY, (None,), roles=ACTOR_REF),
     Rule("reward_model.ulysses_sequence_parallel_size", "note", "the reward model computes whole rows on each "
          "rank"),
     *_roles("data_loader_seed", "note", "the mini-batch shuffle (actor.shuffle) is seeded by trainer.seed",
@@ -290,8 +293,6 @@ RULES: list[Rule] = [
     Rule("actor_rollout_ref.rollout.over_sample_rate", "note", "every sample runs to its end: the slowest are "
          "not cut short, and each prompt keeps its rollout.n samples"),
     Rule("actor_rollout_ref.rollout.skip_rollout", "only", "rollouts are always generated", (False,)),
-    Rule("actor_rollout_ref.rollout.enable_rollout_routing_replay", "only", "MoE router replay is not supported",
-         (False,)),
     Rule("actor_rollout_ref.rollout.mtp", "only", "multi-token prediction is not supported", (None,)),
     # the client side of verl's rollout server (a separate engine process the agent loops send HTTP requests to)
     *[Rule(f"actor_rollout_ref.rollout.server.{k}", "note", ROLLOUT_SERVER)
@@ -400,8 +401,8 @@ NEWEST_TREE: list[Rule] = [
     Rule("actor_rollout_ref.*.veomni.ulysses_parallel_size", "note", NO_SP),
     *[Rule(f"actor_rollout_ref.*.veomni.{k}_implementation", "note", KERNEL)
       for k in ("attn", "moe", "cross_entropy_loss", "dsa_attention", "dsa_indexer", "mhc")],
-    *[Rule(f"actor_rollout_ref.*.{engine}.router_replay.mode", "only", "MoE router replay is not supported",
-           ("disabled",)) for engine in ("veomni", "megatron")],
+    *[Rule(f"actor_rollout_ref.actor.{engine}.router_replay.mode", "map", f"{engine}'s router replay",
+           target="actor_rollout_ref.actor.router_replay.mode") for engine in ("veomni", "megatron")],
     Rule("actor_rollout_ref.actor.pad_to_length", "note", "posttrain cuts each micro-batch to its longest row"),
     # fsdp_turbo (FSDP2 with its own wrap and recompute plans)
     Rule("actor_rollout_ref.*.fsdp_config.turbo_config.distributed.fully_shard_parallel_size", "map",

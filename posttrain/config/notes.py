@@ -4,6 +4,7 @@ loads (`config_warnings`), never silently ignored."""
 from __future__ import annotations
 
 from .rollout_engine import engine_notes
+from .router_replay import router_replay_notes
 from .schema import Config
 from .schema.actor_rollout_ref import RolloutConfig
 
@@ -73,6 +74,7 @@ def config_warnings(cfg: Config) -> list[str]:
         notes.append(lone_group_note(cfg.algorithm.adv_estimator))
     rc = cfg.algorithm.rollout_correction
     notes += _reinforce_notes(cfg)
+    notes += router_replay_notes(cfg)
     if rc.bypass_mode and rc.rollout_is is not None and rc.loss_type == "ppo_clip":
         notes.append(f"algorithm.rollout_correction.rollout_is={rc.rollout_is} with bypass_mode=True: the rollout's "
                      "log-probs are the old policy's, so the loss's ratio pi / pi_rollout corrects for the rollout and "

@@ -13,6 +13,7 @@ from .distillation import check_distillation
 from .multi_turn import check_multi_turn
 from .notes import LONE_GROUPS
 from .normalise import normalise
+from .router_replay import check_router_replay
 from .user_code import check_user_code
 from .rollout_engine import check_rollout_engine
 from .schema import Config
@@ -99,6 +100,7 @@ def _validate(cfg: Config, check: Checks) -> None:
               "algorithm.gdpo_reward_weights needs one weight per entry of algorithm.gdpo_reward_keys (or null)")
     _check_policy_loss(actor, check)
     _check_rollout_correction(alg.rollout_correction, check)
+    check_router_replay(cfg, check)
     if alg.filter_groups.enable:
         check.choice(alg.filter_groups.metric, ("acc", "score", "seq_reward", "seq_final_reward"),
                      "algorithm.filter_groups.metric")

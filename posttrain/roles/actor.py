@@ -18,10 +18,12 @@ from ..algo.bypass import BypassSettings, bypass_loss
 from ..algo.distill import DistillSettings, combine, distillation_term, forward_kl_topk, reverse_kl_estimate
 from ..algo.stats import masked_mean
 from ..data.batch import Batch
+from ..errors import ConfigError
 from ..parallel import gathered_for_generation, set_gradient_sync
 from ..models.load import eval_mode
 from ..models.logprobs import SUM_PI_SQUARED
 from ..models.moe import RouterRecorder, moe_spec
+from ..models.router_replay import RoutingSession, routing_shape, targets_of
 from ..parallel.shard import base_model
 from .common import ModelRunner, group_rows, make_optimizer
 from .nonfinite import NonFiniteGuard
@@ -49,6 +51,17 @@ class Actor:
         # bypass mode's loss (rejection sampling, the token veto, loss_type=reinforce; algo/bypass.py), or None: as
         # verl, judged inside the loss against the current policy
         self.bypass = bypass
+        # MoE router replay (models/router_replay.py): R2 records in compute_log_prob, R3 takes the rollout's record;
+        # both replay in the update, R3 also in compute_log_prob
+        self.replay = cfg.router_replay.mode
+        self.routing = None
+        if self.replay != "disabled":
+            try:
+                self.routing = routing_shape(self.model)
+            except ValueError as e:
+                raise ConfigError(f"actor_rollout_ref.actor.router_replay.mode={self.replay}: {e}") from None
+        self._replay_counts = [0, 0]  # (token, layer) pairs replayed, and those the router chose otherwise
+        self._replay_metrics: dict[str, float] = {}
         self.gather_for_generation = True  # the engine decodes with this model (set from the engine: RolloutEngine)
 
     def generation(self):
@@ -72,16 +85,46 @@ class Actor:
                          sum_pi_squared=False):
         """(B, L) log-probs (and entropy, or with `sum_pi_squared` sum_v pi_v^2) of every row of the global batch."""
         with_entropy = SUM_PI_SQUARED if sum_pi_squared else with_entropy
+        record, counts = self.replay == "R2", [0, 0]
 
         def compute(mb):
-            logp, ent = self.runner.logprobs(mb, temperature=self.temperature, with_entropy=with_entropy)
-            return (logp, ent) if with_entropy else (logp,)
+            session = self._routing(mb, record=record)
+            with session if session is not None else contextlib.nullcontext():
+                logp, ent = self.runner.logprobs(mb, temperature=self.temperature, with_entropy=with_entropy,
+                                                 routing=session)
+            out = (logp, ent) if with_entropy else (logp,)
+            if record:  # each row's record, flattened with positions outermost; +1 so that gather's padding is none
+                return *out, (session.table + 1).flatten(1).to(torch.int32)
+            if session is not None:
+                counts[0] += session.compared
+                counts[1] += session.mismatched
+            return out
 
         with eval_mode(self.model):
             out = self.runner.per_row(batch, compute,
                                       micro_batch_size=micro_batch_size or self.cfg.ppo_micro_batch_size_per_gpu,
                                       max_tokens=max_tokens)
+        if record:
+            layers, k = self.routing
+            table = out[-1].view(len(batch), -1, layers, k).long() - 1
+            batch.meta["routed_experts"] = [table[i, :n].to(torch.int16).clone()
+                                            for i, n in enumerate(batch["attention_mask"].sum(-1).tolist())]
+        elif self.replay == "R3":
+            compared, mismatched = self.runner.par.sum(torch.tensor(counts, dtype=torch.float64)).tolist()
+            self._replay_metrics["actor/router_replay/old_log_prob_mismatch"] = mismatched / max(compared, 1.0)
         return out[0], (out[1] if with_entropy else None)
+
+    def _routing(self, mb: Batch, *, record: bool = False) -> RoutingSession | None:
+        """The routing session of one micro-batch's forward (models/router_replay.py): recording (R2's
+        compute_log_prob), replaying the rows' records, or None without router replay."""
+        if self.routing is None:
+            return None
+        if record:
+            return RoutingSession(self.model, record_width=mb["input_ids"].shape[1], rows=len(mb))
+        if "routed_experts" not in mb.meta:
+            raise ValueError(f"router_replay.mode={self.replay}: the batch holds no routing record (R2 records it in "
+                             "the old-log-prob pass, R3 in the rollout)")
+        return RoutingSession(self.model, targets=targets_of(mb.meta["routed_experts"]))
 
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs x mini-batches (one optimizer step each) x micro-batches (gradient accumulation)."""
@@ -96,6 +139,11 @@ class Actor:
                 rows = [r for g in order[start:start + cfg.ppo_mini_batch_size] for r in groups[g]]
                 self._step(batch.select(rows), sums)
         out = {k: sum(v) if k in COUNTS else sum(v) / len(v) for k, v in sums.items() if v}
+        if self.routing is not None:  # the share of replayed (token, layer) pairs the router would have sent elsewhere
+            compared, mismatched = self.runner.par.sum(torch.tensor(self._replay_counts, dtype=torch.float64)).tolist()
+            out["actor/router_replay/mismatch"] = mismatched / max(compared, 1.0)
+            out |= self._replay_metrics
+            self._replay_counts, self._replay_metrics = [0, 0], {}
         out["actor/skipped_steps"] = float(self.skipped_steps)  # the run's total so far, not a per-update value
         out["actor/lr"] = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
@@ -117,8 +165,11 @@ class Actor:
             mask = mb["response_mask"].float().to(runner.device)
             router = RouterRecorder(self.moe) if self.moe is not None else None
             topk_ids = mb["teacher_topk_ids"] if self.distill is not None and self.distill.uses_topk else None
+            routing = self._routing(mb)  # entered until after the backward pass, which recomputes layers
+            if routing is not None:
+                routing.__enter__()
             out = runner.logprobs(mb, temperature=self.temperature, with_entropy=True, router=router,
-                                  extra_tokens=topk_ids)
+                                  extra_tokens=topk_ids, routing=routing)
             logp, ent = out[0], out[1]
             old = mb["old_log_probs"].to(runner.device) if "old_log_probs" in mb else logp.detach()
             weights = mb["rollout_is_weights"].to(runner.device) if "rollout_is_weights" in mb else None
@@ -154,7 +205,13 @@ class Actor:
                 loss = self._router_loss(loss, router, float(mb["attention_mask"].sum()) / all_tokens, totals, watched)
             watched = [(name, value) for name, value in watched if value is not None]
             loss_not_finite |= self.nonfinite.loss_not_finite(loss, watched, mask)
-            runner.backward(loss)
+            try:
+                runner.backward(loss)
+            finally:
+                if routing is not None:
+                    routing.__exit__(None, None, None)
+                    self._replay_counts[0] += routing.compared
+                    self._replay_counts[1] += routing.mismatched
             share = float(mask.sum()) / max(norm.tokens, 1.0)  # token share: metrics averaged per token
             totals["actor/pg_loss"] += pg_loss.item()
             totals["actor/entropy"] += entropy.item()

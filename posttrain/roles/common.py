@@ -210,20 +210,24 @@ class ModelRunner:
     # ------------------------------------------------------------------ forward and optimizer step
 
     def logprobs(self, mb: Batch, *, temperature: float, with_entropy: bool, router=None,
-                 extra_tokens: torch.Tensor | int | None = None) -> tuple[torch.Tensor, ...]:
+                 extra_tokens: torch.Tensor | int | None = None, routing=None) -> tuple[torch.Tensor, ...]:
         """(b, L) log-probs (and entropy) of one micro-batch's response tokens, padded back to full width; a MoE
         model's router logits recorded into `router` when given (see models/moe.py). `extra_tokens` (ids (b, L, K)
-        or an int k, see models/logprobs.py) adds a third output of (b, L, K) tensors, padded the same way."""
+        or an int k, see models/logprobs.py) adds a third output of (b, L, K) tensors, padded the same way.
+        `routing` (an entered models/router_replay.RoutingSession): the routers' choices are recorded or replayed,
+        so the forward runs in one model call (prompts not shared)."""
         ids, mask, resp_l, full_l = trimmed(mb)
         extra_ids = (extra_tokens[:, :resp_l].to(self.device) if isinstance(extra_tokens, torch.Tensor)
                      else extra_tokens)
         extra = {"router": router} if router is not None else {}
         if extra_ids is not None:
             extra["extra_tokens"] = extra_ids
+        with self.autocast(), (routing.paused() if routing is not None else contextlib.nullcontext()):
+            packs = self.packs()  # its one-time check calls the model: not a forward of this micro-batch
         with self.autocast():
             out = self.model(ids.to(self.device), mask.to(self.device), resp_l, temperature=temperature,
-                             with_entropy=with_entropy, prompts=shared_prompts(mb), images=images_of(mb),
-                             packed=self.packs(), **extra)
+                             with_entropy=with_entropy, prompts=shared_prompts(mb) if routing is None else None,
+                             images=images_of(mb), packed=packs, **extra)
         logp, ent = out[0], out[1]
         pad = full_l - resp_l
         logp = torch.nn.functional.pad(logp.float(), (0, pad))

@@ -40,6 +40,7 @@ from .kv_blocks import BlockPool, BlockSequence
 from .paged_state import PagedDecodeState
 from .prefill import prefill, prefill_after
 from .prefix_attention import ATTENTION_NAME
+from .routing import EngineRouting
 from .sampling import next_tokens, sampled_logprobs
 from .self_check import check, check_paged, compare, compare_paged
 from .transformers_generate import generate_with_transformers
@@ -83,6 +84,10 @@ class DecodeEngine(RolloutEngine):
         self.static = self.cuda_graphs
         self.graphs_recorded = 0  # CUDA graphs recorded by the last call
         self._plain_attention: str | None = None  # the model's own attention, while `decoding` has switched it
+        # router replay R3 (rollout/routing.py): while True, each chunk's routing table is appended to
+        # `routing_tables` (chunks in row order); the caller sets, reads and clears both
+        self.record_routing = False
+        self.routing_tables: list[torch.Tensor] = []
 
     def prepare(self, model) -> None:
         """The self-check, once: every rank of a sharded model runs it in the same call (its verdict is agreed)."""
@@ -93,12 +98,17 @@ class DecodeEngine(RolloutEngine):
                   images: list | None = None):
         self.prepare(model)
         if not self.shared_prefix_ok:
+            if self.record_routing:
+                raise RuntimeError("router replay R3 records the routing in posttrain's decoding loop, and this model "
+                                   "is decoded by transformers' generate (its self-check failed: see the warning "
+                                   "above); use router_replay.mode=R2")
             return generate_with_transformers(model, prompts, prompt_mask, s, device=self.device, dtype=self.dtype,
                                               eos_ids=self.eos_ids, pad_id=self.pad_id, images=images)
         # the sampling noise comes from torch's global generator (the trainer seeds it per step and rank)
         generator = None if s.greedy else torch.Generator(self.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
         with eval_mode(model), torch.no_grad(), autocast(self.device, self.dtype):
-            tokens, logprobs = self._decode(model, prompts[:: s.n], prompt_mask[:: s.n], s, generator)
+            tokens, logprobs = self._decode(model, prompts[:: s.n], prompt_mask[:: s.n], s, generator,
+                                            routing=self.record_routing)
         return tokens.cpu(), (logprobs.cpu() if logprobs is not None else None)
 
     # ------------------------------------------------------------------ the operations on a decoding state
@@ -266,11 +276,12 @@ class DecodeEngine(RolloutEngine):
     def _decode(self, model, prompts: torch.Tensor, mask: torch.Tensor, s: SamplingParams,
                 generator: torch.Generator | None = None, forced: torch.Tensor | None = None,
                 on_logits=None, *, call_cost: int | None = None,
-                first_capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                first_capacity: int | None = None, routing: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(prompts * n, max_new) tokens, and their sampling log-probs when `s.logprobs` (else None). `forced`
         (rows, steps) replaces the sampled tokens and `on_logits(t, ids, logits)` sees each step's logits of the
         rows `ids`; with `call_cost` (prefill buckets) and `first_capacity` (suffix buffers) they let the
-        self-check (self_check.py) drive every path of the loop on a few tokens."""
+        self-check (self_check.py) drive every path of the loop on a few tokens. `routing`: record every token's
+        experts (R3 router replay) into `routing_tables`."""
         device, static = self.device, self.static
         forward = _forward(model)
         graph = DecodeStep(forward, graphs=self.cuda_graphs) if static else None
@@ -279,15 +290,17 @@ class DecodeEngine(RolloutEngine):
         start = leading_padding(mask)  # columns that are padding in every prompt are not computed
         prompts, mask = prompts[:, start:], mask[:, start:]
         n, steps = s.n, s.max_new_tokens
-        logits, state = self._prefill(model, prompts, mask, n, steps, static, call_cost=call_cost,
-                                      first_capacity=first_capacity)
+        capture = EngineRouting(model, mask, n, steps, call_cost) if routing else None
+        with capture.prefill() if capture is not None else contextlib.nullcontext():
+            logits, state = self._prefill(model, prompts, mask, n, steps, static, call_cost=call_cost,
+                                          first_capacity=first_capacity)
         logits = logits.repeat_interleave(n, dim=0)
         rows = len(prompts) * n
         tokens = torch.full((rows, steps), self.pad_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((rows, steps), dtype=torch.float32, device=device) if s.logprobs else None
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
         eos = torch.tensor(sorted(self.eos_ids), device=device)
-        with self.decoding(model):
+        with self.decoding(model), capture.decoding() if capture is not None else contextlib.nullcontext():
             for t in range(steps):
                 if on_logits is not None:
                     on_logits(t, state.ids, logits)
@@ -307,9 +320,13 @@ class DecodeEngine(RolloutEngine):
                         token, finished = token[keep], finished[keep]
                         state.keep(keep)
                 self._weights_version(model)  # partial rollouts: newer weights may arrive between two steps
+                if capture is not None:
+                    capture.step(state.ids)
                 logits = self._step(forward, state, token, graph)
         if graph is not None:
             self.graphs_recorded = graph.recorded
+        if capture is not None:
+            self.routing_tables.append(capture.table())
         return tokens, logprobs
 
     def check_paged(self) -> bool:

@@ -28,6 +28,7 @@ from ..reward.checks import check_error_rate
 from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
 from ..rollout.base import SamplingParams, concat_rollouts
+from ..rollout.routing import generate_recording_routing
 from .checkpoint import complete_checkpoints, finish_exports, save_checkpoint
 from .preempt import Preempted, StopOnSignal, resume_message
 from .recovery import load_latest
@@ -91,7 +92,8 @@ class RLTrainer:
         rows, per_row = prompt_rows(runs, n)
         batch = _to_batch([items[p] for p in rows], engine.pad_id, uid_prefix, vision=parts.vision, indices=rows)
         with timer(timing, "gen"), parts.actor.generation():
-            batch = self._rollout(batch, replace(parts.sampling, n=per_row))
+            batch = self._rollout(batch, replace(parts.sampling, n=per_row),
+                                  record_routing=self.cfg.actor_rollout_ref.rollout.enable_rollout_routing_replay)
             if parts.info.needs_greedy_baseline:
                 greedy = self._rollout(_to_batch([items[p] for p, _, _ in runs], engine.pad_id, "greedy",
                                                  vision=parts.vision),
@@ -112,10 +114,13 @@ class RLTrainer:
                          responses=len(out) + (len(out) // n if greedy_extras is not None else 0))
         return out
 
-    def _rollout(self, batch: Batch, sampling: SamplingParams) -> Batch:
+    def _rollout(self, batch: Batch, sampling: SamplingParams, *, record_routing: bool = False) -> Batch:
         """Responses for `batch`'s prompts: one generated response each, or with `rollout.multi_turn.enable` one
-        finished episode each (agents/rollout.py: `response_mask` 1 on policy tokens only)."""
+        finished episode each (agents/rollout.py: `response_mask` 1 on policy tokens only). `record_routing`: each
+        row's experts as the engine routed them (router replay R3, rollout/routing.py)."""
         if self.parts.episodes is None:
+            if record_routing:
+                return generate_recording_routing(self.parts.engine, batch, sampling)
             return self.parts.engine.generate(batch, sampling)
         return run_episodes(self.parts.episodes, batch, sampling)
 

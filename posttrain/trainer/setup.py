@@ -308,7 +308,8 @@ def build_rl_parts(cfg, par: Parallel) -> RLParts:
     rollout_logprobs = r.calculate_log_probs or rc.rollout_is is not None or rejects or rc.bypass_mode
     info = estimator_info(cfg.algorithm.adv_estimator)
     # bypass mode: the rollout's log-probs are the old policy's, so no pass computes them
-    needs_old_log_prob = info.needs_sum_pi_squared or not rc.bypass_mode and (
+    # router replay R2 records each token's experts in the old-log-prob pass (models/router_replay.py)
+    needs_old_log_prob = info.needs_sum_pi_squared or a.router_replay.mode == "R2" or not rc.bypass_mode and (
         a.ppo_epochs > 1 or a.ppo_mini_batch_size < cfg.data.train_batch_size or cfg.algorithm.use_kl_in_reward
         or r.calculate_log_probs or rc.rollout_is is not None or rejects)
     parts = RLParts(
