@@ -21,7 +21,7 @@ LAYERS = [
     ("models",),
     ("data",),
     ("reward", "rollout"),
-    ("tools",),
+    ("tools", "watch"),
     ("serve",),
     ("agents", "config", "roles", "data.preprocess"),
     ("trainer",),

@@ -17,6 +17,7 @@ from .router_replay import check_router_replay
 from .user_code import check_user_code
 from .rollout_engine import check_rollout_engine
 from .schema import Config
+from ..watch import settings_problems as watch_problems
 from .sources import check_sources
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -229,6 +230,8 @@ def _validate(cfg: Config, check: Checks) -> None:
     for name in [tr.logger] if isinstance(tr.logger, str) else tr.logger:
         check.choice(name, LOGGERS, "trainer.logger entry")
     check.choice(tr.resume_mode, ("auto", "disable", "resume_path"), "trainer.resume_mode")
+    for problem in watch_problems(tr.watch):
+        check(False, problem, "wrong values")
     if tr.resume_mode == "resume_path":
         check(bool(tr.resume_from_path), "trainer.resume_mode=resume_path needs trainer.resume_from_path")
     check(not tr.overwrite_run_dir or tr.resume_mode == "disable",

@@ -25,6 +25,7 @@ RUN_LENGTH_KEYS = (
     "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep", "trainer.nnodes",
     "trainer.n_gpus_per_node", "trainer.device", "trainer.overwrite_run_dir", "trainer.resume_allow_config_change",
     "data.val_files", "data.val_batch_size", "data.val_max_samples", "actor_rollout_ref.rollout.val_kwargs.",
+    "trainer.watch.",  # what the detectors watch for and do: they change no training
 )
 
 

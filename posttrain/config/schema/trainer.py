@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .data import StrOrList
+from .watch import WatchConfig
 
 
 @dataclass
@@ -71,3 +72,4 @@ class TrainerConfig:
     max_nonfinite_updates_in_a_row: int = 5
     """an optimizer update whose loss or gradient norm is NaN/inf is skipped and counted; the run stops after this
     many skipped updates in a row, naming the quantity that went non-finite first (0 = never stop)"""
+    watch: WatchConfig = field(default_factory=WatchConfig)  # the reward-hacking detectors: schema/watch.py
