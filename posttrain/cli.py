@@ -77,8 +77,9 @@ def _run_stops() -> tuple:
     from .trainer.preempt import Preempted
     from .trainer.recovery import CheckpointError
     from .trainer.tracking import MetricsWriteError
+    from .watch import WatchStopped
 
-    return Preempted, CheckpointWriteError, CheckpointError, UnsafeCheckpoint, MetricsWriteError
+    return Preempted, CheckpointWriteError, CheckpointError, UnsafeCheckpoint, MetricsWriteError, WatchStopped
 
 
 def _stopped(e: BaseException) -> int:

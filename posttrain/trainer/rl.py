@@ -29,6 +29,7 @@ from ..reward.registry import extract_answer_for
 from ..roles.common import group_rows
 from ..rollout.base import SamplingParams, concat_rollouts
 from ..rollout.routing import generate_recording_routing
+from ..watch import ACTIONS, Watch, WatchStopped
 from .checkpoint import complete_checkpoints, finish_exports, save_checkpoint
 from .preempt import Preempted, StopOnSignal, resume_message
 from .recovery import load_latest
@@ -75,6 +76,8 @@ class RLTrainer:
         self.global_step = 0
         self.preempted: tuple[int, Path] | None = None  # (signal, checkpoint) when a signal stopped the run
         self.data_cursor = 0  # batches of prompts drawn so far (dynamic sampling draws more than one per step)
+        self.watch = Watch.from_config(cfg, self.parts.run_dir, max_length=self.parts.max_new, writer=self.par.is_main)
+        self.watch_stop: str | None = None  # why the watch stopped the run (trainer.watch: a detector's `stop`)
 
     def _seed(self, base: int) -> None:
         """Sampling noise: the same for the ranks of one tensor-parallel group, different across data ranks."""
@@ -191,12 +194,16 @@ class RLTrainer:
     def train_step(self) -> dict[str, float]:
         timing = {}
         t_step = time.perf_counter()
+        cursor = self.data_cursor  # before this step's batch: where a checkpoint of the step before resumes
         batch, metrics = self._training_batch(timing)
         if "episode" in batch.meta:
             metrics |= episode_metrics(batch.meta["episode"])
         metrics |= self._program_counts()
-        metrics |= self.learn(batch, timing, trainer_version=self.global_step - 1)  # the weights it trains
-        self.parts.order.update(batch)  # a curriculum sampler sees the trained batch before the next draw
+        metrics |= self._watch("batch", batch, self.global_step, before=(self.global_step - 1, cursor))
+        if not self.watch_stop:  # a watch that stops the run leaves the flagged batch untrained
+            metrics |= self.learn(batch, timing, trainer_version=self.global_step - 1)  # the weights it trains
+            metrics |= self._watch("update", batch, self.global_step, metrics)
+            self.parts.order.update(batch)  # a curriculum sampler sees the trained batch before the next draw
         timing["step"] = time.perf_counter() - t_step
         metrics |= {f"timing_s/{k}": v for k, v in timing.items()}
         metrics["perf/throughput"] = int(batch["attention_mask"].sum()) / timing["step"] / self.par.world  # per device
@@ -368,6 +375,8 @@ class RLTrainer:
                            name=tr.experiment_name, config=to_dict(self.cfg), resumed_step=self.global_step)
                    if self.par.is_main else NullTracker())
         last_val: dict[str, float] = {}
+        if self.watch is not None:
+            self.watch.start(self.global_step)  # a resumed run's history, RUN_DIR/watch/ (rank 0)
         try:
             parts.rule_reward.start()  # scorer workers start up while the first batch generates
             if tr.val_only:  # evaluate the starting point (a resumed checkpoint too) and stop: nothing trains
@@ -377,15 +386,21 @@ class RLTrainer:
             if tr.val_before_train and parts.val_data is not None and self.global_step == 0:
                 last_val = self.validate()
                 tracker.log(last_val, self.global_step)
+                self._watched(last_val)
             while self.global_step < parts.total_steps:
                 self.global_step += 1
                 metrics = self.train_step()
                 done = self.global_step == parts.total_steps
-                if parts.val_data is not None and tr.test_freq > 0 and (self.global_step % tr.test_freq == 0 or done):
+                if not self.watch_stop and parts.val_data is not None and tr.test_freq > 0 and (
+                        self.global_step % tr.test_freq == 0 or done):
                     last_val = self.validate()
                     metrics |= last_val
+                    metrics |= self._watch("validation", self.global_step, metrics)
                 tracker.log(metrics, self.global_step)
                 tracker.advance(self.global_step)
+                self._watched(metrics)
+                if self.watch_stop:  # its checkpoint is saved
+                    break
                 saved = tr.save_freq > 0 and (self.global_step % tr.save_freq == 0 or done)
                 if saved:
                     path = self.save()
@@ -399,6 +414,34 @@ class RLTrainer:
             parts.reward.close()
         return last_val
 
+    def _watch(self, phase: str, *args, before: tuple[int, int] | None = None) -> dict[str, float]:
+        """The watch's `phase` on this step (watch/watcher.py): its `watch/*` metrics. The strongest action of what
+        fired, agreed over the ranks, acts: `checkpoint` and `stop` save the weights the phase judged (the batch
+        phase's are those before the update: step N-1 with the data cursor before the batch, `before`); `stop` then
+        ends the run after this step (`watch_stop`)."""
+        if self.watch is None:
+            return {}
+        metrics, findings = getattr(self.watch, phase)(*args)
+        level = self.par.max(max((ACTIONS.index(f.action) + 1 for f in findings), default=0), all_ranks=True)
+        if level >= ACTIONS.index("checkpoint") + 1:
+            step, cursor = before or (self.global_step, self.data_cursor)
+            path = self.parts.run_dir / f"global_step_{step}"
+            if not path.is_dir():
+                path = self.save(step, cursor)
+            if self.par.is_main:
+                print(f"[watch] checkpoint of step {step}: {path}", file=sys.stderr, flush=True)
+            if level == ACTIONS.index("stop") + 1:
+                what = "; ".join(f"{f.detector} fired ({f.note})" for f in findings) or "a detector fired"
+                self.watch_stop = (f"the watch stopped the run at step {self.global_step}: {what}. The checkpoint "
+                                   f"{path} holds the weights {'before the flagged batch' if before else 'it judged'}"
+                                   f"; flagged samples: {self.watch.folder / 'findings.jsonl'}")
+        return metrics
+
+    def _watched(self, metrics: dict[str, float]) -> None:
+        """The step's logged metrics join the watch's history."""
+        if self.watch is not None:
+            self.watch.record(self.global_step, metrics)
+
     def _next_items(self):
         """The next batch of prompts (data/sampler.py: the order depends only on data.seed, the epoch and a sampler
         class's updates, so a resume replays it)."""
@@ -406,10 +449,12 @@ class RLTrainer:
         self.data_cursor += 1
         return [self.parts.train_data[i] for i in indices]
 
-    def save(self) -> Path:
+    def save(self, step: int | None = None, data_cursor: int | None = None) -> Path:
+        """A checkpoint of the weights as they are, as step `step` (default: this step) with `data_cursor`."""
         tr, parts = self.cfg.trainer, self.parts
-        return save_checkpoint(parts.run_dir, self.global_step, parts.trained, self.par, tokenizer=parts.tokenizer,
-                               extra={"kl_ctrl": parts.kl_ctrl.state_dict(), "data_cursor": self.data_cursor},
+        step, data_cursor = (self.global_step, self.data_cursor) if step is None else (step, data_cursor)
+        return save_checkpoint(parts.run_dir, step, parts.trained, self.par, tokenizer=parts.tokenizer,
+                               extra={"kl_ctrl": parts.kl_ctrl.state_dict(), "data_cursor": data_cursor},
                                contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents,
                                keep=min((k for k in (tr.max_actor_ckpt_to_keep, tr.max_critic_ckpt_to_keep) if k),
                                         default=None))
@@ -461,4 +506,6 @@ def run_rl(cfg) -> dict[str, float]:
     if trainer.preempted:
         signum, path = trainer.preempted
         raise Preempted(resume_message(signum, trainer.global_step, path), signum)
+    if trainer.watch_stop:
+        raise WatchStopped(trainer.watch_stop)
     return result
