@@ -203,6 +203,18 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    try:
+        path = write_report(args.run_dir, args.output)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
 def cmd_runs(args) -> int:
     from .trainer.runs import find_runs, runs_table
 
@@ -416,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", "-o", default=None,
                    help="where the PNGs go (default: RUN_DIR/plots for one run, ./plots for several)")
     p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("report", help="one self-contained HTML page of a run: curves, reward-hacking detectors, "
+                                       "flagged samples as conversations, the config")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (metrics.jsonl, config.yaml, watch/)")
+    p.add_argument("--output", "-o", default=None, help="where the page goes (default: RUN_DIR/report.html)")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("runs", help="a table of the runs in a folder: algorithm, steps, last reward and accuracy")
     p.add_argument("folder", nargs="?", default="checkpoints",

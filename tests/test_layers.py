@@ -25,7 +25,7 @@ LAYERS = [
     ("serve",),
     ("agents", "config", "roles", "data.preprocess"),
     ("trainer",),
-    ("tiny",),
+    ("tiny", "report"),
     ("cli",),
     ("__main__",),
 ]

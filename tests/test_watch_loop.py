@@ -91,8 +91,9 @@ def test_checkpoint_after_validation_saves_that_step_and_trains_on(tiny_model_di
     assert [r["step"] for r in lines(run / "metrics.jsonl")] == [0, 1, 2, 3]
 
 
-def test_the_real_detectors_log_every_step(tiny_model_dir, task, tmp_path):
+def test_the_real_detectors_log_every_step_and_the_report_reads_the_folder(tiny_model_dir, task, tmp_path):
     from posttrain.config import load_config
+    from posttrain.report import write_report
     from posttrain.trainer.rl import RLTrainer
 
     run = tmp_path / "run"
@@ -104,3 +105,5 @@ def test_the_real_detectors_log_every_step(tiny_model_dir, task, tmp_path):
     assert "watch/val_divergence" in rows[-1]
     detectors = json.loads((run / "watch" / "detectors.json").read_text())["detectors"]
     assert set(detectors) == set(DETECTORS) and detectors["length_drift"]["action"] == "warn"
+    html = write_report(run).read_text()
+    assert all(f"id='{s}'" in html for s in ("summary", "curves", "detectors", "findings", "config"))
