@@ -39,8 +39,10 @@ WEIGHTS_IN_PLACE = ("posttrain's engine reads the training weights in place (no 
                     "loads them into vLLM by name, bucket by bucket (rollout.update_weights_bucket_megabytes)")
 PROFILER = ("posttrain has no profiler hook; run py-spy or torch.profiler around `posttrain train` "
             "(docs/performance.md shows how)")
-MEGATRON_LAYOUT = ("Megatron's pipeline/context/expert parallel have no equivalent here: those devices shard the "
-                   "model with FSDP2 instead (tensor parallel maps onto actor.fsdp_config.tp_size)")
+MEGATRON_ROLE = "every role uses the actor's layout (its megatron.* sizes)"
+MEGATRON_LAYOUT = ("Megatron's virtual pipeline stages and expert parallel have no equivalent here: FSDP2 shards the "
+                   "model, experts included (tensor parallel maps onto actor.fsdp_config.tp_size, pipeline onto "
+                   "actor.row_replicas, context onto Ulysses sequence parallel)")
 DIST_CKPT = ("a Megatron checkpoint converted from the Hugging Face weights, for faster loading; posttrain reads the "
              "Hugging Face weights at model.path")
 ENVIRONMENTS = ("custom agent loop and interaction classes are not loaded: write the turn logic as an environment "
@@ -91,9 +93,16 @@ RULES: list[Rule] = [
     *_roles("megatron.tensor_model_parallel_size", "note",
             "every role uses the actor's tensor-parallel layout (actor.megatron.tensor_model_parallel_size)",
             roles=ROLES[1:]),
-    *_roles("megatron.pipeline_model_parallel_size", "note", MEGATRON_LAYOUT),
+    Rule("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", "map", "Megatron's pipeline ranks hold "
+         "the same rows and shard the model (no pipelining here), so the data-parallel size stays Megatron's",
+         target="actor_rollout_ref.actor.row_replicas"),
+    *_roles("megatron.pipeline_model_parallel_size", "note", MEGATRON_ROLE, roles=ROLES[1:]),
     *_roles("megatron.virtual_pipeline_model_parallel_size", "note", MEGATRON_LAYOUT),
-    *_roles("megatron.context_parallel_size", "note", MEGATRON_LAYOUT),
+    Rule("actor_rollout_ref.actor.megatron.context_parallel_size", "map", "context parallel splits each sequence "
+         "over ranks, as Ulysses sequence parallel does (with tensor parallel, which Ulysses does not run beside, "
+         "its ranks hold the same rows instead: a note says so)",
+         target="actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
+    *_roles("megatron.context_parallel_size", "note", MEGATRON_ROLE, roles=ROLES[1:]),
     *_roles("megatron.expert_model_parallel_size", "note", MEGATRON_LAYOUT),
     *_roles("megatron.expert_tensor_parallel_size", "note", MEGATRON_LAYOUT),
     *_roles("megatron.sequence_parallel", "note", "posttrain's tensor-parallel plan splits attention and MLP "
@@ -448,7 +457,11 @@ NEWEST_TREE: list[Rule] = [
     Rule("hydra.searchpath", "note", "Hydra's own settings; there is no Hydra here"),
     Rule("actor_rollout_ref.actor.engine.tp", "map", "the engine's tensor parallel = posttrain's tensor parallel",
          target="actor_rollout_ref.actor.fsdp_config.tp_size"),
-    *[Rule(f"actor_rollout_ref.actor.engine.{k}", "note", MEGATRON_LAYOUT) for k in ("pp", "vpp", "cp", "ep", "etp")],
+    Rule("actor_rollout_ref.actor.engine.pp", "map", "pipeline ranks hold the same rows and shard the model",
+         target="actor_rollout_ref.actor.row_replicas"),
+    Rule("actor_rollout_ref.actor.engine.cp", "map", "context parallel = Ulysses sequence parallel",
+         target="actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
+    *[Rule(f"actor_rollout_ref.actor.engine.{k}", "note", MEGATRON_LAYOUT) for k in ("vpp", "ep", "etp")],
     Rule("actor_rollout_ref.actor.engine.param_offload", "map", "keep weights in CPU memory",
          target="actor_rollout_ref.actor.fsdp_config.param_offload"),
     Rule("actor_rollout_ref.actor.engine.optimizer_offload", "map", "keep Adam state in CPU memory",

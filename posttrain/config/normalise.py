@@ -29,6 +29,8 @@ def normalise(cfg: Config) -> Config:
     lora = arr.model.lora_rank > 0 or arr.model.lora_adapter_path
     if layout_fits and tp > 1 and lora and arr.actor.strategy == "megatron":
         arr.actor.fsdp_config.tp_size = 1  # a Megatron LoRA layout: its tensor-parallel devices shard with FSDP2
+    if arr.actor.strategy == "megatron" and tp > 1 and arr.actor.ulysses_sequence_parallel_size > 1:
+        _context_ranks_as_replicas(cfg)
     if layout_fits:
         _whole_shard_with_sequence_parallel(cfg, world // tp)
     _async_layout(cfg)
@@ -41,6 +43,19 @@ def normalise(cfg: Config) -> Config:
     if cfg.data.environment and arr.rollout.agent.program is None:
         arr.rollout.agent.program = ENVIRONMENT_PROGRAM  # the environment's rollouts are its episodes
     return cfg
+
+
+def _context_ranks_as_replicas(cfg: Config) -> None:
+    """A Megatron layout with tensor and context parallel: Ulysses sequence parallel does not run beside tensor
+    parallel here (both split the attention heads), so the context ranks hold the same rows as the pipeline ranks
+    do, which keeps Megatron's data-parallel size."""
+    actor = cfg.actor_rollout_ref.actor
+    cp = actor.ulysses_sequence_parallel_size
+    actor.row_replicas *= cp
+    actor.ulysses_sequence_parallel_size = 1
+    _note(cfg, f"megatron.context_parallel_size={cp} with tensor parallel {actor.fsdp_config.tp_size} -> "
+               f"actor_rollout_ref.actor.row_replicas={actor.row_replicas}", "Ulysses sequence parallel does not run "
+          "beside tensor parallel; the context ranks hold the same rows, which keeps Megatron's data-parallel size")
 
 
 def _whole_shard_with_sequence_parallel(cfg: Config, ranks: int) -> None:

@@ -27,11 +27,16 @@ def _layout_note(cfg: Config) -> str | None:
     """How a Megatron command line's devices are used here, said once."""
     if "megatron" not in (cfg.actor_rollout_ref.actor.strategy, cfg.critic.strategy):
         return None
-    tr, tp = cfg.trainer, cfg.actor_rollout_ref.actor.fsdp_config.tp_size
+    actor = cfg.actor_rollout_ref.actor
+    tr, tp, sp, replicas = cfg.trainer, actor.fsdp_config.tp_size, actor.ulysses_sequence_parallel_size, \
+        actor.row_replicas
     world = tr.nnodes * tr.n_gpus_per_node
+    dp = max(world // max(tp * sp * replicas, 1), 1)
     return (f"strategy=megatron: the {world} processes run tensor parallel {tp} (actor.megatron."
-            f"tensor_model_parallel_size) x FSDP2 {max(world // max(tp, 1), 1)}; Megatron's pipeline, context and "
-            "expert parallel have no equivalent here, so those devices shard the model with FSDP2 instead")
+            f"tensor_model_parallel_size) x {replicas} ranks holding the same rows (pipeline_model_parallel_size: "
+            f"no pipelining here, they shard the model with FSDP2 and each computes whole rows) x sequence parallel "
+            f"{sp} (context_parallel_size, Ulysses) x {dp} data-parallel ranks, Megatron's data-parallel size; "
+            "expert parallel has no equivalent (FSDP2 shards the experts with the rest)")
 
 
 def _multi_turn_notes(rollout: RolloutConfig) -> list[str]:

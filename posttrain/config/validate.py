@@ -403,10 +403,12 @@ def _check_layout(cfg: Config, check: Checks) -> None:
         check(value in (None, sp), f"{key}.ulysses_sequence_parallel_size={value}: every role uses the actor's "
                                    f"sequence-parallel layout ({sp}); remove the key")
     from ..errors import ConfigError
-    from ..parallel.context import check_sequence_parallel
+    from ..parallel.context import check_replicas, check_sequence_parallel
 
+    replicas = actor.row_replicas
     try:
         check_sequence_parallel(world, sp=sp, tp=tp, fsdp_size=fsdp_size)
+        check_replicas(world, replicas=replicas, tp=tp, sp=sp, fsdp_size=fsdp_size)
     except ConfigError as error:
         check(False, str(error))
         return
@@ -414,7 +416,7 @@ def _check_layout(cfg: Config, check: Checks) -> None:
                        ("critic.model", cfg.critic.model.use_remove_padding)):
         check(sp == 1 or packs, f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={sp} splits packed rows: "
                                 f"it needs {key}.use_remove_padding=True")
-    dp = world // (tp * sp)
+    dp = world // (tp * sp * replicas)
     check(tp == 1 or (arr.model.lora_rank == 0 and not arr.model.lora_adapter_path),
           f"actor_rollout_ref.model.lora_rank={arr.model.lora_rank} with tp_size={tp}: LoRA runs with FSDP2 sharding "
           "alone; set actor_rollout_ref.actor.fsdp_config.tp_size=1 (the frozen base shards over every rank)")
@@ -436,8 +438,8 @@ def _check_layout(cfg: Config, check: Checks) -> None:
         check.choice(fsdp.mixed_precision.reduce_dtype, DTYPES[1:], f"{key}.mixed_precision.reduce_dtype")
     if dp > 1:  # responses are split evenly over the ranks, whole prompt groups where they fit (docs/porting.md)
         n = arr.rollout.n
-        megatron = ("; Megatron's pipeline and context parallel devices are FSDP2 data-parallel ranks here, so there "
-                    "are more of them than in the Megatron layout" if actor.strategy == "megatron" else "")
+        megatron = ("; the Megatron layout's own data-parallel size: processes / (tensor x pipeline x context "
+                    "parallel)" if actor.strategy == "megatron" else "")
         check(d.train_batch_size * n % dp == 0,
               f"data.train_batch_size={d.train_batch_size} x rollout.n={n} responses must be divisible by the {dp} "
               "data-parallel ranks (each generates as many: whole prompts where they fit, else a share of a prompt's "

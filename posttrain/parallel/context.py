@@ -44,15 +44,18 @@ def peer_count() -> int:
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """world = dp_replicate x dp_shard x sp x tp. FSDP shards over dp_shard (x sp) and replicates over
-    dp_replicate (HSDP); tensor parallel splits each layer over tp; Ulysses sequence parallel splits each sequence
-    over sp (models/ulysses.py); the data-parallel degree dp = dp_replicate x dp_shard. The ranks of one sp or tp
-    group hold the same rows."""
+    """world = dp_replicate x dp_shard x replicas x sp x tp. FSDP shards over dp_shard (x replicas x sp) and
+    replicates over dp_replicate (HSDP); tensor parallel splits each layer over tp; Ulysses sequence parallel splits
+    each sequence over sp (models/ulysses.py); `replicas` ranks compute the same rows whole (a Megatron layout's
+    pipeline ranks: they shard the model between them, and their gradients, each the whole gradient, are averaged);
+    the data-parallel degree dp = dp_replicate x dp_shard. The ranks of one replicas, sp or tp group hold the same
+    rows."""
 
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
     sp: int = 1
+    replicas: int = 1
 
     @property
     def dp(self) -> int:
@@ -60,21 +63,22 @@ class ParallelDims:
 
     @property
     def world(self) -> int:
-        return self.dp * self.sp * self.tp
+        return self.dp * self.replicas * self.sp * self.tp
 
     @classmethod
-    def of(cls, world: int, *, fsdp_size: int = -1, tp: int = 1, sp: int = 1) -> "ParallelDims":
-        """Split `world` processes: tp per tensor-parallel group, sp per sequence-parallel group, then FSDP groups
-        of `fsdp_size` (-1 = all)."""
+    def of(cls, world: int, *, fsdp_size: int = -1, tp: int = 1, sp: int = 1, replicas: int = 1) -> "ParallelDims":
+        """Split `world` processes: tp per tensor-parallel group, sp per sequence-parallel group, `replicas` per
+        group computing the same rows, then FSDP groups of `fsdp_size` (-1 = all)."""
         if tp < 1 or world % tp:
             raise ConfigError(f"actor_rollout_ref.actor.fsdp_config.tp_size={tp} must divide the {world} processes")
         check_sequence_parallel(world, sp=sp, tp=tp, fsdp_size=fsdp_size)
-        dp = world // (tp * sp)
+        check_replicas(world, replicas=replicas, tp=tp, sp=sp, fsdp_size=fsdp_size)
+        dp = world // (tp * sp * replicas)
         shard = dp if fsdp_size in (-1, 0) else fsdp_size
         if shard < 1 or dp % shard:
             raise ConfigError(f"fsdp_config.fsdp_size={fsdp_size} must divide the {dp} data-parallel processes "
                               f"({world} processes / tp_size {tp})")
-        return cls(dp // shard, shard, tp, sp)
+        return cls(dp // shard, shard, tp, sp, replicas)
 
 
 def check_sequence_parallel(world: int, *, sp: int, tp: int, fsdp_size: int) -> None:
@@ -92,6 +96,18 @@ def check_sequence_parallel(world: int, *, sp: int, tp: int, fsdp_size: int) -> 
                           "every data x sequence-parallel rank); remove fsdp_size")
 
 
+def check_replicas(world: int, *, replicas: int, tp: int, sp: int, fsdp_size: int) -> None:
+    """Refuse the layouts row replicas do not run: a size that does not divide what tensor and sequence parallel
+    leave, or with HSDP (FSDP shards over every data x replica rank)."""
+    key = "actor_rollout_ref.actor.row_replicas"
+    if replicas < 1 or world % (tp * sp * replicas):
+        raise ConfigError(f"{key}={replicas} must divide the {world // max(tp * sp, 1)} processes tensor and "
+                          f"sequence parallel leave ({world} processes / tp_size {tp} / ulysses {sp})")
+    if replicas > 1 and fsdp_size not in (-1, 0):
+        raise ConfigError(f"{key}={replicas} with fsdp_config.fsdp_size={fsdp_size}: not supported (FSDP shards over "
+                          "every data x replica rank); remove fsdp_size")
+
+
 class Parallel:
     """Ranks, devices and meshes of this process; `distributed` is False for a plain one-process run. Job-wide
     collectives (`barrier`, `max(all_ranks=True)`) run over the peers (`set_peers`)."""
@@ -104,14 +120,19 @@ class Parallel:
         self.distributed = mesh is not None
         self.rank = dist.get_rank() if self.distributed else rank or 0
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.sp_group = None
+        self.sp_group = self.replica_group = None
         if self.distributed:
             names = ("dp_replicate", "dp_shard")
             self.dp_mesh = mesh[names]._flatten("dp") if dims.dp_replicate > 1 else mesh["dp_shard"]
             self.fsdp_mesh = mesh[names] if dims.dp_replicate > 1 else mesh["dp_shard"]
+            if dims.sp > 1 or dims.replicas > 1:  # FSDP shards over the ranks holding the same rows too
+                along = tuple(n for n, size in (("dp_shard", 0), ("replicas", dims.replicas), ("sp", dims.sp))
+                              if n == "dp_shard" or size > 1)
+                self.fsdp_mesh = mesh[along]._flatten("_".join(along)) if len(along) > 1 else mesh[along[0]]
             if dims.sp > 1:  # FSDP's gradient sum over the sequence shards adds each rank's tokens' gradients
-                self.fsdp_mesh = mesh[("dp_shard", "sp")]._flatten("dp_shard_sp")
                 self.sp_group = mesh["sp"].get_group()
+            if dims.replicas > 1:  # each computes the whole gradient of the same rows: parallelize averages them
+                self.replica_group = mesh["replicas"].get_group()
             self.tp_mesh = mesh["tp"]
             self.dp_rank = self.dp_mesh.get_local_rank()
             self._dp_group = self.dp_mesh.get_group()
@@ -157,11 +178,18 @@ class Parallel:
         return int(t.item())
 
     def gather(self, obj) -> list:
-        """`obj` of every data-parallel rank, in rank order."""
-        if not self._dp_collectives:
-            return [obj]
-        out = [None] * self.dims.dp
-        dist.all_gather_object(out, obj, group=self._dp_group)
+        """`obj` of every data-parallel rank, in rank order. Ranks that compute the same rows (`replicas`) all take
+        the first one's: what they generate or compute is then the same on each, bit for bit, whatever a device's
+        kernels did."""
+        out = [obj]
+        if self._dp_collectives:
+            out = [None] * self.dims.dp
+            dist.all_gather_object(out, obj, group=self._dp_group)
+        if self.replica_group is not None:
+            held = [out]
+            dist.broadcast_object_list(held, group=self.replica_group,
+                                       group_src=0)  # the group's first rank
+            out = held[0]
         return out
 
     def barrier(self) -> None:
@@ -255,7 +283,7 @@ def join_process_group(backend: str, *, timeout, device: torch.device) -> None:
     dist.init_process_group(backend, timeout=timeout)
 
 
-def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1, sp: int = 1,
+def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1, sp: int = 1, replicas: int = 1,
                   need_sharding: bool = False) -> Parallel:
     """Join the job torchrun started (WORLD_SIZE > 1), or stay a plain single process.
 
@@ -273,7 +301,7 @@ def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1
         keep_freed_memory()
     if world == 1 and not need_sharding and tp == 1 and sp == 1:
         return Parallel(device=torch.device("cuda") if use_cuda else device)
-    dims = ParallelDims.of(world, fsdp_size=fsdp_size, tp=tp, sp=sp)
+    dims = ParallelDims.of(world, fsdp_size=fsdp_size, tp=tp, sp=sp, replicas=replicas)
     if not dist.is_initialized():
         global _joined_process_group
         _joined_process_group = True
@@ -286,8 +314,8 @@ def init_parallel(*, device_name: str = "auto", fsdp_size: int = -1, tp: int = 1
             dist.init_process_group(backend)
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(device.type, (dims.dp_replicate, dims.dp_shard, dims.sp, dims.tp),
-                            mesh_dim_names=("dp_replicate", "dp_shard", "sp", "tp"))
+    mesh = init_device_mesh(device.type, (dims.dp_replicate, dims.dp_shard, dims.replicas, dims.sp, dims.tp),
+                            mesh_dim_names=("dp_replicate", "dp_shard", "replicas", "sp", "tp"))
     return Parallel(dims, device=device, mesh=mesh)
 
 

@@ -64,8 +64,8 @@ def join(*, device_name: str, timeout_s: float, trainers: int = 1, fsdp_size: in
         from torch.distributed.device_mesh import DeviceMesh
 
         dims = ParallelDims.of(trainers, fsdp_size=fsdp_size)
-        mesh = DeviceMesh(device.type, torch.arange(trainers).reshape(dims.dp_replicate, dims.dp_shard, 1, 1),
-                          mesh_dim_names=("dp_replicate", "dp_shard", "sp", "tp"))
+        mesh = DeviceMesh(device.type, torch.arange(trainers).reshape(dims.dp_replicate, dims.dp_shard, 1, 1, 1),
+                          mesh_dim_names=("dp_replicate", "dp_shard", "replicas", "sp", "tp"))
     trains = rank < trainers
     context.set_peers(training if trains else generating)
     par = Parallel(dims, device=device, mesh=mesh) if trains and mesh is not None else Parallel(device=device,

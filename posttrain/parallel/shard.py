@@ -107,7 +107,8 @@ def _decoder_of(model: nn.Module) -> nn.Module:
 
 def parallelize(model: nn.Module, par: Parallel, settings: ShardSettings) -> nn.Module:
     """Tensor parallel (if tp > 1), then FSDP2 per decoder layer and at the root; gradients are *summed* over
-    data-parallel ranks, because each rank's loss is already its share of the global loss."""
+    data-parallel ranks, because each rank's loss is already its share of the global loss, and averaged over row
+    replicas (ParallelDims.replicas), each of which computes the same share."""
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     if par.dims.tp > 1:
@@ -128,9 +129,9 @@ def parallelize(model: nn.Module, par: Parallel, settings: ShardSettings) -> nn.
     for method in ("generate", "lm_forward"):  # decoding enters through the root, as forward does (FSDP initialises there)
         if hasattr(model, method):
             register_fsdp_forward_method(model, method)
-    for module in model.modules():
+    for module in model.modules():  # a sum, except over row replicas, which each compute the whole gradient
         if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
+            module.set_gradient_divide_factor(float(par.dims.replicas))
             module.set_force_sum_reduction_for_comms(True)
     return model
 

@@ -85,10 +85,15 @@ def parallel_for(cfg) -> Parallel:
     actor_fsdp = cfg.actor_rollout_ref.actor.fsdp_config
     offload = actor_fsdp.param_offload or (needs_critic(cfg) and cfg.critic.model.fsdp_config.param_offload)
     par = init_parallel(device_name=cfg.trainer.device, fsdp_size=actor_fsdp.fsdp_size, tp=actor_fsdp.tp_size,
-                        sp=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size, need_sharding=offload)
+                        sp=cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size,
+                        replicas=cfg.actor_rollout_ref.actor.row_replicas, need_sharding=offload)
     if par.sp_group is not None and par.is_main:  # the log says which layout the run trained with
         print(f"note: Ulysses sequence parallel: each sequence is split over {par.dims.sp} ranks ({par.world} "
               f"processes = {par.dp} data-parallel x {par.dims.sp} sequence-parallel)", file=sys.stderr)
+    if par.replica_group is not None and par.is_main:
+        print(f"note: row replicas: each data-parallel rank's rows are computed on {par.dims.replicas} ranks, which "
+              f"shard the model between them ({par.world} processes = {par.dp} data-parallel x {par.dims.replicas} "
+              f"replicas x {par.dims.sp} sequence-parallel x {par.dims.tp} tensor-parallel)", file=sys.stderr)
     return par
 
 

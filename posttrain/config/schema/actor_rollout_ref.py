@@ -145,7 +145,8 @@ class CheckpointConfig:
 class ActorConfig:
     strategy: str = "fsdp"
     """`fsdp`/`fsdp2`: FSDP2 when sharded (see "Processes and sharding"); `megatron`: its layout runs as FSDP2 x
-    tensor parallel (a note says how the devices are used)"""
+    tensor parallel x row replicas (its pipeline ranks) x Ulysses (its context ranks), keeping Megatron's
+    data-parallel size (a note says how the devices are used)"""
     ppo_mini_batch_size: int = 256
     """prompts per optimizer step (whole prompt groups, split over the data-parallel ranks)"""
     ppo_micro_batch_size_per_gpu: Optional[int] = None
@@ -184,6 +185,11 @@ class ActorConfig:
     Activation memory per rank falls by about sp (docs/scaling.md). Needs `model.use_remove_padding`, attention
     and key/value heads divisible by it, full attention, text models; not with tp_size > 1 or fsdp_size. The same
     layout holds for ref and critic"""
+    row_replicas: int = 1
+    """groups of this many ranks compute the same rows, whole, and shard the model between them (FSDP2), their
+    gradients averaged: how a Megatron layout's pipeline ranks (`megatron.pipeline_model_parallel_size`) keep
+    Megatron's data-parallel size, processes / (tp x sp x row_replicas); not with fsdp_size. The same layout holds
+    for ref and critic"""
     use_kl_loss: bool = False
     """add `kl_loss_coef * agg(kl(logp, logp_ref))` to the actor loss (loads the reference)"""
     kl_loss_coef: float = 0.001
