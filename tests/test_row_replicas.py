@@ -19,7 +19,8 @@ REPLICAS = {  # each case's layout at 2 processes; the one-process run drops the
 }
 CASES = {
     "grpo_megatron_pipeline": ["algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
-                               "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
+                               "actor_rollout_ref.rollout.n=4",
+                               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"],
     "ppo_row_replicas": ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "actor_rollout_ref.rollout.n=2"],
 }
 
