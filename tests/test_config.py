@@ -234,7 +234,9 @@ def test_multi_turn_settings_act(tmp_path):
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {type: native}\n")
     functions = tmp_path / "functions.py"
-    functions.write_text("def add(a: int, b: int) -> int:\n    return a + b\n")
+    functions.write_text("from posttrain.tools import function_tool\n\n\n@function_tool\n"
+                         "def add(a: int, b: int) -> int:\n    \"\"\"Add.\n\n    Args:\n        a: one\n"
+                         "        b: two\n    \"\"\"\n    return a + b\n")  # (tool files are imported at load)
     cfg = load_config(None, OK + [MT_ON, f"{MT}.max_assistant_turns=5", f"{MT}.tool_config_path={tools}",
                                   f"{MT}.function_tool_path={functions}", f"{MT}.tool_response_truncate_side=left",
                                   "actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent",
@@ -249,7 +251,7 @@ def test_tools_no_episode_offers_are_noted(tmp_path):
     from posttrain.config import config_warnings
 
     tools = tmp_path / "tools.yaml"
-    tools.write_text("tools:\n  - class_name: Gsm8kTool\n")
+    tools.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n")
     off = "\n".join(config_warnings(load_config(None, OK + [f"{MT}.tool_config_path={tools}"])))
     assert "enable=False: rollouts are single-turn and offer no tools" in off
     single = "\n".join(config_warnings(load_config(None, OK + [MT_ON, f"{MT}.tool_config_path={tools}"])))

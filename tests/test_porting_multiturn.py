@@ -73,18 +73,45 @@ def tracking_installed(monkeypatch):
                         lambda name, *a: object() if name in ("wandb", "mlflow") else real(name, *a))
 
 
-def test_multiturn_scripts_load_or_name_every_reason(tiny_model_dir, tiny_vl_dir, tools_data, tracking_installed):
+@pytest.fixture
+def verl_checkout(tmp_path, monkeypatch):
+    """The current folder as a verl checkout with the recipes in `recipe/` (the recipe scripts run from there): the
+    ReTool tool YAML's `recipe.retool.retool.CustomSandboxFusionTool` is the stand-in's class. The folder joins
+    sys.path as the tool loader finds it; both are restored after."""
+    (tmp_path / "checkout" / "recipe").mkdir(parents=True)
+    (tmp_path / "checkout" / "recipe" / "retool").symlink_to(SCRIPTS / "recipe_retool", target_is_directory=True)
+    monkeypatch.chdir(tmp_path / "checkout")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield tmp_path / "checkout"
+    for name in [n for n in sys.modules if n == "recipe" or n.startswith("recipe.")]:
+        del sys.modules[name]
+
+
+def test_multiturn_scripts_load_or_name_every_reason(tiny_model_dir, tiny_vl_dir, tools_data, tracking_installed,
+                                                     verl_checkout):
     """The 15 multi-turn example scripts and the 4 ReTool recipe scripts: the count docs/porting.md reports load,
-    and each of the others fails with one message naming all its reasons."""
-    loaded, failed = [], {}
+    and each of the others fails with one message naming all its reasons. A line that loads also builds its tools
+    (the tool YAML's classes, as the run builds them), so a line cannot load and then stop when its run starts."""
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.tools.stateful import load_tool_config
+
+    loaded, failed, built = [], {}, {}
     for path in sorted(SCRIPTS.glob("*.json")):
         model = tiny_vl_dir if path.name.startswith("geo3k__") else str(tiny_model_dir)
         script, config_file, overrides = recorded(path.name, model, tools_data[0])
         try:
-            load_config(config_file, overrides)
+            cfg = load_config(config_file, overrides)
             loaded.append(script)
         except ConfigError as e:
             failed[script] = str(e)
+            continue
+        settings = AgentSettings.from_config(cfg)
+        if settings.tool_config_path:
+            built[script] = [type(tool).__name__ for tool in load_tool_config(settings.tool_config_path)]
+    assert set(built) == set(loaded)  # each sets a tool YAML
+    assert {s for s, tools in built.items() if tools == ["CustomSandboxFusionTool"]} == {
+        "run_qwen3_4b_dapo_multiturn.sh", "recipe/retool/run_qwen2-32b_dapo.sh", "recipe/retool/run_qwen2-32b_ppo.sh",
+        "recipe/retool/run_qwen2_7b_dapo.sh"}  # the recipe's class, over posttrain's SandboxFusionTool
     examples = [s for s in loaded + list(failed) if not s.startswith("recipe/")]
     assert len(examples) == 15 and len(loaded) + len(failed) == 19
     assert set(failed) == set(NOT_LOADING), {s: failed.get(s) for s in set(failed) ^ set(NOT_LOADING)}
@@ -433,3 +460,59 @@ def test_a_curriculum_sampler_is_updated_with_each_trained_batch(tiny_model_dir,
     for draw, update in zip(draws, updates):
         assert sorted(set(draw["ground_truth"])) == update["ground_truth"]
         assert {"advantages", "responses", "response_mask", "token_level_scores"} <= set(update["tensors"])
+
+
+def test_the_dapo_multiturn_line_runs_the_recipes_code_tool(tiny_model_dir, tools_data, tmp_path, monkeypatch,
+                                                            verl_checkout, tracking_installed):
+    """The recorded DAPO multi-turn line (the ReTool recipe's dataset class, reward and tool YAML), its paths
+    changed and the YAML's server address that of a local `posttrain sandbox-server`: the YAML's class is the
+    recipe's CustomSandboxFusionTool over posttrain's SandboxFusionTool; called as an episode calls it, it takes the
+    code out of its fence, prints its last line and runs it on that server (posttrain's sandbox); and the line trains
+    2 steps with the recorded scripts' size knobs."""
+    import threading
+
+    from test_porting import tiny_knobs, trained_steps
+
+    from posttrain.agents.episode import Episode
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.agents.tool_agent import ToolAgent
+    from posttrain.reward import sandbox_server
+    from posttrain.trainer.rl import RLTrainer
+
+    if not sandbox_server.sandbox_status()[0]:
+        pytest.skip("no bubblewrap sandbox on this machine")
+    ran = []
+    real_run = sandbox_server.run_program
+    monkeypatch.setattr(sandbox_server, "run_program",
+                        lambda code, *a, **k: ran.append(code) or real_run(code, *a, **k))
+    server = sandbox_server.SandboxServer(("127.0.0.1", 0), max_workers=2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    tool_yaml = SCRIPTS / "recipe_retool" / "sandbox_fusion_tool_config.yaml"
+    (tmp_path / "tools.yaml").write_text(tool_yaml.read_text().replace(
+        "http://localhost:8080/run_code", f"http://127.0.0.1:{server.server_address[1]}/run_code"))
+    try:
+        _, config_file, overrides = recorded("run_qwen3_4b_dapo_multiturn.json", str(tiny_model_dir), tools_data[0])
+        assert "data.custom_cls.name=CustomRLHFDataset" in overrides
+        overrides = [o.replace(str(tool_yaml), str(tmp_path / "tools.yaml")) for o in overrides]
+        cfg = load_config(config_file, overrides + tiny_knobs(tmp_path / "run") + [
+            "data.train_max_samples=8", "data.val_max_samples=4"])
+        trainer = RLTrainer(cfg)
+        item = trainer.parts.train_data.items[0]
+        assert "The answer format must be" in trainer.parts.tokenizer.decode(item.prompt_ids)  # the recipe's map_fn2
+        agent = ToolAgent(AgentSettings.from_config(cfg))
+        tool = agent.toolbox.tools["code_interpreter"]
+        assert [c.__name__ for c in type(tool).__mro__[:2]] == ["CustomSandboxFusionTool", "SandboxFusionTool"]
+        start = agent.reset({"raw_prompt": item.raw_prompt, "extra_info": item.extra_info})
+        call = {"name": "code_interpreter", "arguments": {"code": "```python\nx = 6 * 7\nx + 1\n```"}}
+        episode = Episode(prompt_ids=[], messages=start.messages + [
+            {"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"}])
+        step = agent.step(episode)
+        agent.close()
+        assert [m["content"] for m in step.messages] == ["43\n"]
+        assert ran == ["x = 6 * 7\nprint(x + 1)"]  # out of its fence, the last line printed, on the YAML's server
+        assert episode.tool_calls == 1 and not episode.tool_errors
+        trainer.fit()
+        trained_steps(tmp_path / "run")
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,8 +1,11 @@
 """Checks of what a config asks posttrain to load from the user besides models, data and rewards, made when the config
 loads: a chat template that replaces the tokenizer's (`actor_rollout_ref.model.custom_chat_template`), a dataset class
-that makes the rows (`data.custom_cls.*`) and a sampler class that orders the training prompts (`data.sampler.*`)."""
+that makes the rows (`data.custom_cls.*`), a sampler class that orders the training prompts (`data.sampler.*`) and
+the tool classes of a tool YAML (`multi_turn.tool_config_path`)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from ..data.sampler import is_curriculum, load_sampler_class
 from .schema import Config
@@ -15,6 +18,7 @@ def check_user_code(cfg: Config, check) -> None:
         problem = chat_template_problem(template)
         check(problem is None, f"actor_rollout_ref.model.custom_chat_template: {problem}", "wrong values")
     _check_dataset_class(cfg.data.custom_cls, check)
+    _check_tool_classes(cfg.actor_rollout_ref.rollout.multi_turn, check)
     sampler, key = cfg.data.sampler, "data.sampler"
     if not (sampler.class_path or sampler.class_name):
         return
@@ -48,6 +52,40 @@ def _check_dataset_class(custom, check) -> None:
         load_dataset_class(custom.path, custom.name)
     except ValueError as e:
         check(False, f"data.custom_cls.path={custom.path!r}, name={custom.name!r}: {e}", "files, models and packages")
+
+
+def _check_tool_classes(mt, check) -> None:
+    """The tool code of multi-turn episodes imports: a function tool file, and the classes a tool YAML names that are
+    not posttrain's built-ins (a user's module: the ReTool recipe's `recipe.retool.retool.CustomSandboxFusionTool`),
+    with verl's tool interface answered where verl is not installed. The tools are built when the run starts; what
+    is wrong with a file itself multi_turn.py says."""
+    from .multi_turn import tool_file_problem
+
+    if not mt.enable:
+        return
+    import yaml
+
+    from ..tools.function import ToolLoadError, load_function_tools
+    from ..tools.stateful import VERL_BUILTINS, tool_class
+
+    key = "actor_rollout_ref.rollout.multi_turn"
+    path = mt.function_tool_path
+    if path is not None and tool_file_problem(str(path), "function_tool_path") is None:
+        try:
+            load_function_tools(str(path))
+        except ToolLoadError as e:
+            check(False, f"{key}.function_tool_path: {e}", "files, models and packages")
+    path = mt.tool_config_path
+    if path is None or tool_file_problem(str(path), "tool_config_path") is not None:
+        return
+    entries = yaml.safe_load(Path(str(path)).expanduser().read_text(encoding="utf-8"))["tools"]
+    for i, entry in enumerate(entries):
+        if str(entry["class_name"]) in VERL_BUILTINS:
+            continue
+        try:
+            tool_class(str(entry["class_name"]))
+        except ToolLoadError as e:
+            check(False, f"{key}.tool_config_path: {path}: tools[{i}]: {e}", "files, models and packages")
 
 
 def chat_template_problem(template) -> str | None:

@@ -74,6 +74,9 @@ def _text(response) -> str:
         except (TypeError, ValueError) as e:
             raise BadReturn(f"a dict that is not JSON ({e})") from None
     text = getattr(response, "text", 0)  # verl's ToolResponse; its text may be None (no text)
+    if getattr(response, "image", None) or getattr(response, "video", None):
+        raise BadReturn("images or video (verl's ToolResponse.image / .video): tool answers reach the model as "
+                        "text only here")
     if response is not None and (text is None or isinstance(text, str)):
         return text or ""
     raise BadReturn(f"a {type(response).__name__} ({response!r:.60}); a tool returns str, dict, or "

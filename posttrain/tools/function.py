@@ -8,19 +8,16 @@ Function tools are stateless: per-episode state needs a stateful tool (stateful.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import inspect
 import os
 import sys
-import types
 from dataclasses import dataclass
 from typing import Callable
 
+from ..data.verl_compat import verl_imports_answered
+
 _MARK = "__posttrain_tool__"
-# The import a verl function-tool file starts with, answered with this module while the file loads (where verl is not
-# installed), so such a file loads unchanged.
-VERL_MODULE = "verl.tools.function_tool"
 
 
 class ToolLoadError(ValueError):
@@ -73,7 +70,7 @@ def load_function_tools(path: str) -> list[FunctionTool]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module  # so the file's own dataclasses and pickles find it
     try:
-        with _verl_import_answered():
+        with verl_imports_answered():  # `from verl.tools.function_tool import function_tool`: this module's
             spec.loader.exec_module(module)
     except Exception as e:
         del sys.modules[module_name]
@@ -83,22 +80,3 @@ def load_function_tools(path: str) -> list[FunctionTool]:
         raise ToolLoadError(f"multi_turn.function_tool_path {path} defines no tool: mark each tool function with "
                             "@posttrain.tools.function_tool")
     return tools
-
-
-@contextlib.contextmanager
-def _verl_import_answered():
-    """`from verl.tools.function_tool import function_tool` gives this module's `function_tool` while a tool file
-    loads, when verl itself is not installed; nothing is left in sys.modules afterwards."""
-    if importlib.util.find_spec("verl") is not None:
-        yield
-        return
-    added = []
-    for name in ("verl", "verl.tools", VERL_MODULE):
-        if name not in sys.modules:
-            sys.modules[name] = sys.modules[__name__] if name == VERL_MODULE else types.ModuleType(name)
-            added.append(name)
-    try:
-        yield
-    finally:
-        for name in added:
-            sys.modules.pop(name, None)

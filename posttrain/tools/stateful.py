@@ -18,7 +18,9 @@ example configs load posttrain's built-ins (builtin/), which behave the same.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
+import sys
 from dataclasses import dataclass
 
 from .function import ToolLoadError
@@ -67,15 +69,33 @@ class BaseTool:
 
 
 def tool_class(class_name: str):
-    """The class a config's `class_name` names: verl's built-in names map to posttrain's."""
+    """The class a config's `class_name` names: verl's built-in names map to posttrain's. A user's module imports with
+    verl's tool interface answered where verl is not installed (verl_base.py, verl_sandbox.py), and is found in the
+    current folder too, as `python -m verl.trainer.main_ppo` run there finds it (`recipe.retool.retool.<Class>`
+    from a verl checkout)."""
+    from ..data.verl_compat import verl_imports_answered
+
     path = VERL_BUILTINS.get(class_name, class_name)
     module_name, _, attr = path.rpartition(".")
     if not module_name:
         raise ToolLoadError(f"tool class_name {class_name!r} is not a module.Class path")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        with verl_imports_answered():
+            return getattr(_import_here_too(module_name), attr)
     except (ImportError, AttributeError) as e:
-        raise ToolLoadError(f"tool class {class_name!r} cannot be loaded: {type(e).__name__}: {e}") from e
+        top = module_name.split(".")[0]
+        hint = (f" (a module.Class path: run from the folder that holds `{top}`, or put that folder on PYTHONPATH)"
+                if isinstance(e, ModuleNotFoundError) and e.name == top else "")
+        raise ToolLoadError(f"tool class {class_name!r} cannot be loaded: {type(e).__name__}: {e}{hint}") from e
+
+
+def _import_here_too(module_name: str):
+    """`import module_name`; where its top package is not on sys.path but is in the current folder, the current
+    folder joins sys.path (last) first."""
+    top = module_name.split(".")[0]
+    if importlib.util.find_spec(top) is None and (os.path.isdir(top) or os.path.isfile(top + ".py")):
+        sys.path.append(os.getcwd())
+    return importlib.import_module(module_name)
 
 
 def load_tool_config(path: str) -> list:

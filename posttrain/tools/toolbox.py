@@ -89,7 +89,8 @@ class ToolBox:
 
     def schemas(self) -> list[dict]:
         """The OpenAI function schemas, for the chat template's `tools=`."""
-        return [t.schema if isinstance(t, FunctionTool) else t.get_openai_tool_schema() for t in self.tools.values()]
+        return [t.schema if isinstance(t, FunctionTool) else _schema_dict(t.get_openai_tool_schema())
+                for t in self.tools.values()]
 
     def open(self, tools_kwargs: dict | None = None) -> "ToolSession":
         return ToolSession(self, tools_kwargs or {})
@@ -210,6 +211,13 @@ class ToolSession:
                 kwargs.setdefault("create_kwargs", dict(kwargs))
             return lambda: fn(self.instances[name], **kwargs)
         return run_all([job(n) for n in names], max_parallel=max(1, len(names)), timeout_s=self.box.timeout_s)
+
+
+def _schema_dict(schema):
+    """A tool's schema as the chat template takes it: a verl tool's pydantic `OpenAIFunctionToolSchema` dumped as
+    verl's agent loop dumps it (fields set, none null)."""
+    dump = getattr(schema, "model_dump", None)
+    return dump(exclude_unset=True, exclude_none=True) if callable(dump) else schema
 
 
 def _takes(fn, name: str) -> bool:

@@ -9,6 +9,7 @@ answered with what it printed and why it stopped, where verl answers "no stdout 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ...reward import code as code_reward
 from ..stateful import BaseTool, ToolResponse
@@ -30,17 +31,33 @@ class CodeInterpreterTool(BaseTool):
 
     def execute(self, instance_id: str, parameters: dict, **kwargs):
         code = parameters.get("code", "")
-        code = code if isinstance(code, str) else str(code)
-        try:
-            timeout = min(float(parameters.get("timeout", self.default_timeout)), self.default_timeout)
-        except (TypeError, ValueError):
-            timeout = self.default_timeout
-        settings = dataclasses.replace(code_reward.current_settings(), run_timeout=timeout,
-                                       memory_limit_mb=self.memory_limit_mb)
-        if self.url:
-            settings = dataclasses.replace(settings, url=self.url)
-        result = code_reward.execute(code, parameters.get("language") or self.default_language, "", settings)
-        text = result.stdout + result.stderr
-        if result.status != "Finished":
-            text += f"\n(execution stopped: {result.status}{': ' + result.reason if result.reason else ''})"
-        return ToolResponse(text=text), 0.0, {"run_status": result.status == "Finished"}
+        result = run_code(code if isinstance(code, str) else str(code), parameters.get("language") or
+                          self.default_language, capped_timeout(parameters.get("timeout"), self.default_timeout),
+                          self.memory_limit_mb, self.url)
+        return ToolResponse(text=answer_text(result)), 0.0, {"run_status": result.status == "Finished"}
+
+
+def capped_timeout(asked, default: float) -> float:
+    """The seconds a call may run: what it asks, within (0, default]; the default when it asks nothing usable."""
+    try:
+        seconds = float(asked)
+    except (TypeError, ValueError):
+        return default
+    return min(seconds, default) if math.isfinite(seconds) and seconds > 0 else default
+
+
+def run_code(code: str, language: str, timeout: float, memory_limit_mb: int, url: str | None):
+    """One run of a tool's code: on the SandboxFusion server at `url`, else as the run's code settings say (the
+    local sandbox, the run folder and data hidden), within `timeout` seconds and `memory_limit_mb`."""
+    settings = dataclasses.replace(code_reward.current_settings(), run_timeout=timeout, memory_limit_mb=memory_limit_mb)
+    if url:
+        settings = dataclasses.replace(settings, url=url)
+    return code_reward.execute(code, language, "", settings)
+
+
+def answer_text(result) -> str:
+    """What the model reads: the run's stdout and stderr, and why it stopped when it did not finish."""
+    text = result.stdout + result.stderr
+    if result.status != "Finished":
+        text += f"\n(execution stopped: {result.status}{': ' + result.reason if result.reason else ''})"
+    return text
