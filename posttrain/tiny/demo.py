@@ -25,30 +25,43 @@ DEMO_RL_OVERRIDES = [
 ]
 
 
-def run_demo(out_dir: str = "runs/demo", *, seed: int = 0, rl_steps: int = 40, sft_epochs: float = 15.0,
-             extra_overrides: list[str] = (), quiet: bool = False) -> dict:
+def demo_sft(out: Path, *, seed: int = 0, sft_epochs: float = 15.0, quiet: bool = False) -> dict[str, Path]:
+    """The demo's task files (data.synthetic.write_task) and its SFT warm start in `out/sft`."""
     from ..data.synthetic import tokenizer_corpus, write_task
     from ..models.tiny import build_tiny_model
-    from ..trainer.rl import RLTrainer
     from ..trainer.sft import SFTArgs, run_sft
 
-    out = Path(out_dir)
     t0 = time.time()
     files = write_task(out / "data", seed=seed)
     base = build_tiny_model(out / "tiny_init", tokenizer_corpus(seed), seed=seed)
-    say = (lambda *a: None) if quiet else print
-    say(f"[demo] tiny model and task ready ({time.time() - t0:.0f}s); SFT warm start on mixed demonstrations")
+    if not quiet:
+        print(f"[demo] tiny model and task ready ({time.time() - t0:.0f}s); SFT warm start on mixed demonstrations")
     run_sft(SFTArgs(model_path=str(base), train_files=[str(files["sft_train"])], val_files=[str(files["sft_dev"])],
                     output_dir=str(out / "sft"), epochs=sft_epochs, lr=1e-3, batch_size=64, max_length=64,
                     eval_every=50, patience=3, seed=seed, quiet=quiet))
-    t_sft = time.time() - t0
-    say(f"[demo] SFT done ({t_sft:.0f}s); GRPO from the SFT checkpoint")
-    cfg = load_config(None, DEMO_RL_OVERRIDES + [
+    return files
+
+
+def demo_rl_overrides(out: Path, files: dict[str, Path], *, seed: int = 0, rl_steps: int = 40) -> list[str]:
+    """The demo's GRPO run from `out/sft` into `out/rl`."""
+    return DEMO_RL_OVERRIDES + [
         f"actor_rollout_ref.model.path={out / 'sft'}", f"data.train_files={files['rl_train']}",
         f"data.val_files={files['test']}", f"trainer.total_training_steps={rl_steps}", f"trainer.seed={seed}",
         f"data.seed={seed}", f"trainer.default_local_dir={out / 'rl'}",
-        f"trainer.save_freq={rl_steps}",  # the final policy only: `posttrain eval runs/demo/rl` reads it
-        *extra_overrides])
+        f"trainer.save_freq={rl_steps}"]  # the final policy only: `posttrain eval runs/demo/rl` reads it
+
+
+def run_demo(out_dir: str = "runs/demo", *, seed: int = 0, rl_steps: int = 40, sft_epochs: float = 15.0,
+             extra_overrides: list[str] = (), quiet: bool = False) -> dict:
+    from ..trainer.rl import RLTrainer
+
+    out = Path(out_dir)
+    t0 = time.time()
+    say = (lambda *a: None) if quiet else print
+    files = demo_sft(out, seed=seed, sft_epochs=sft_epochs, quiet=quiet)
+    t_sft = time.time() - t0
+    say(f"[demo] SFT done ({t_sft:.0f}s); GRPO from the SFT checkpoint")
+    cfg = load_config(None, demo_rl_overrides(out, files, seed=seed, rl_steps=rl_steps) + list(extra_overrides))
     trainer = RLTrainer(cfg)
     final = trainer.fit()
     history = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
