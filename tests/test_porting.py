@@ -105,8 +105,8 @@ def test_all_problems_in_one_message_grouped():
     for group in ("unknown keys:", "not supported by posttrain:", "wrong values:",
                   "settings that do not fit together:", "files, models and packages:"):
         assert group in message
-    for fragment in ("use_kl_loss", "trainer.total_epochs", "rollout.n", "PF-PPO", "hermes format only", "clip_ratio_c",
-                     "/no/such.parquet", "'/nope'"):
+    for fragment in ("use_kl_loss", "trainer.total_epochs", "rollout.n", "PF-PPO", "tool calls in the hermes format",
+                     "clip_ratio_c", "/no/such.parquet", "'/nope'"):
         assert fragment in message
 
 

@@ -67,7 +67,7 @@ class EpisodeRunner:
                  environments: Callable[[dict], Environment] | None = None):
         self.engine, self.tokenizer, self.settings = engine, tokenizer, settings
         self.environments = environments or (lambda row: environment_for(row, settings))
-        self.template = Template(tokenizer, engine.eos_ids, settings.template_kwargs)
+        self.template = Template(tokenizer, engine.eos_ids, settings.template_kwargs, format=settings.format)
         config = engine.model.config
         self._vision = set(vision_token_ids(config)) if is_vision_config(config) else set()
 
@@ -249,7 +249,8 @@ class EpisodeRunner:
         ep.add_policy(tokens, logprobs, versions)
         ep.assistant_turns += 1
         ended = bool(tokens) and tokens[-1] in self.engine.eos_ids
-        text = self.tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=True)
+        harmony = self.settings.format == "gpt-oss"  # its calls are written in special tokens: keep them
+        text = self.tokenizer.decode(tokens[:-1] if ended else tokens, skip_special_tokens=not harmony)
         ep.messages.append({"role": "assistant", "content": text})
         if not ended:  # the response budget ran out mid-turn
             ep.truncated = True
@@ -292,7 +293,8 @@ class EpisodeRunner:
         """End `ep`: the tokenization check on the conversation it holds; messages that came with the end are kept
         for the log only (they have no tokens)."""
         mode = self.settings.tokenization_sanity_check_mode
-        if mode != "disable" and not ep.truncated:
+        # gpt-oss: nothing to compare with (its appended tokens are written by hand: the template cannot render them)
+        if mode != "disable" and not ep.truncated and self.settings.format != "gpt-oss":
             ep.tokenization_mismatch = not self._same_as_rendered(ep, strict=mode == "strict")
         ep.messages.extend(dict(m) for m in log_only)
         ep.done = True

@@ -65,9 +65,9 @@ class Template:
     """The appended tokens of one tokenizer's chat template. `eos_ids`: the tokens that end a policy turn;
     `template_kwargs`: the template's own arguments (`data.apply_chat_template_kwargs`, e.g. `enable_thinking`)."""
 
-    def __init__(self, tokenizer, eos_ids: set[int], template_kwargs: dict | None = None):
+    def __init__(self, tokenizer, eos_ids: set[int], template_kwargs: dict | None = None, format: str = "hermes"):
         self.tokenizer, self.eos_ids = tokenizer, set(eos_ids)
-        self.kwargs = dict(template_kwargs or {})
+        self.kwargs, self.format = dict(template_kwargs or {}), format
         self.ends = sorted({tokenizer.decode([t], skip_special_tokens=False) for t in self.eos_ids} - {""},
                            key=len, reverse=True)
         base = self._text(_STAND_IN, generation=False)
@@ -76,7 +76,26 @@ class Template:
     def appended(self, messages: list[dict]) -> list[int]:
         """Tokens to append after an assistant turn that ended with an end-of-turn token, for `messages` (tool
         results, user or environment turns): the glue, the messages, the next generation prompt."""
+        if self.format == "gpt-oss":
+            return self._harmony(messages)
         return list(self._appended(json.dumps(messages, sort_keys=True)))
+
+    def _harmony(self, messages: list[dict]) -> list[int]:
+        """gpt-oss (tool-call format `gpt-oss`): the messages in OpenAI's harmony format written by hand, as verl
+        writes them, since the gpt-oss chat template renders a tool answer only after an assistant message with
+        `tool_calls`: a tool answer `<|start|>functions.NAME to=assistant<|channel|>commentary<|message|>...<|end|>`,
+        another message `<|start|>ROLE<|message|>...<|end|>`, then the generation prompt `<|start|>assistant`. (The
+        policy's turn ended on `<|call|>`: nothing comes between.)"""
+        parts = []
+        for m in messages:
+            if not isinstance(m.get("content"), str):
+                raise TemplateError("appended messages of the gpt-oss format are text")
+            if m.get("role") == "tool":
+                parts.append(f"<|start|>functions.{m.get('name') or ''} to=assistant<|channel|>commentary"
+                             f"<|message|>{m['content']}<|end|>")
+            else:
+                parts.append(f"<|start|>{m.get('role')}<|message|>{m['content']}<|end|>")
+        return list(self.tokenizer("".join(parts) + "<|start|>assistant", add_special_tokens=False)["input_ids"])
 
     @functools.lru_cache(maxsize=4096)
     def _appended(self, messages: str) -> tuple[int, ...]:

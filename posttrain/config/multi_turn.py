@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from ..tools.builtin.search import config_problem as search_config_problem
+from ..tools.parse import FORMATS
 from ..tools.stateful import VERL_BUILTINS
 from ..tools.targets import is_callable_target, load_callable
 from .schema import Config
@@ -32,9 +33,13 @@ def check_multi_turn(cfg: Config, check) -> None:
     check.choice(mt.tool_response_truncate_side, ("left", "right", "middle"), f"{key}.tool_response_truncate_side")
     check.choice(mt.tokenization_sanity_check_mode, ("strict", "ignore_strippable", "disable"),
                  f"{key}.tokenization_sanity_check_mode")
-    check.unsupported(mt.format == "hermes", f"{key}.format={mt.format!r}: posttrain parses tool calls in the hermes "
-                                             'format only (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, '
-                                             "as the Qwen2.5 / Qwen3 chat templates write them); set format=hermes")
+    check.unsupported(mt.format in FORMATS, f"{key}.format={mt.format!r}: posttrain parses tool calls in the hermes "
+                                           'format (<tool_call>{"name": ..., "arguments": {...}}</tool_call>, as the '
+                                           "Qwen2.5 / Qwen3 chat templates write them) and gpt-oss's harmony format "
+                                           "(format=gpt-oss); set one of those")
+    check.unsupported(mt.format != "gpt-oss" or agent.program is None,
+                      f"{key}.format=gpt-oss with actor_rollout_ref.rollout.agent.program: the programs' server reads "
+                      "tool calls in the hermes format (the episode loop reads gpt-oss's)")
     check.unsupported(not mt.use_inference_chat_template,
                       f"{key}.use_inference_chat_template=True: posttrain's episodes go on from exactly the tokens "
                       "the policy sampled (only appended messages are tokenized), never a re-rendered conversation; "

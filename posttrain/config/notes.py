@@ -52,6 +52,16 @@ def _multi_turn_notes(rollout: RolloutConfig) -> list[str]:
     return []
 
 
+def _gpt_oss_notes(rollout: RolloutConfig) -> list[str]:
+    """The tokenization check, which has nothing to compare with in gpt-oss's format."""
+    mt, key = rollout.multi_turn, "actor_rollout_ref.rollout.multi_turn"
+    if not (mt.enable and mt.format == "gpt-oss" and mt.tokenization_sanity_check_mode != "disable"):
+        return []
+    return [f"{key}.tokenization_sanity_check_mode={mt.tokenization_sanity_check_mode}: no check with format=gpt-oss "
+            "(the tool answers' tokens are written in harmony's format by hand, as verl writes them: the gpt-oss chat "
+            "template cannot render them, so there is no rendering to compare with)"]
+
+
 def _reinforce_notes(cfg: Config) -> list[str]:
     """What loss_type=reinforce does where it does less than the key suggests (verl reads it in bypass mode only,
     where it replaces the configured policy loss)."""
@@ -71,7 +81,7 @@ def config_warnings(cfg: Config) -> list[str]:
     """Settings that are accepted so scripts port, but have no effect here: said once, never silently ignored."""
     rollout = cfg.actor_rollout_ref.rollout
     notes = engine_notes(cfg)
-    notes += _multi_turn_notes(rollout)
+    notes += _multi_turn_notes(rollout) + _gpt_oss_notes(rollout)
     layout = _layout_note(cfg)
     if layout:
         notes.append(layout)

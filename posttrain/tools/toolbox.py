@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from .answers import TRUNCATE_SIDES, BadReturn, argument_problem, read_return, truncate
 from .function import FunctionTool, ToolLoadError, load_function_tools
-from .parse import OPEN, CLOSE, ToolCall
+from .parse import HOW_TO_CALL, ToolCall
 from .runner import Outcome, run_all
 from .stateful import load_tool_config
 
@@ -166,8 +166,7 @@ class ToolSession:
     def _job(self, call: ToolCall):
         """A thunk that runs the call, or the result when it cannot run."""
         if call.error:
-            return self._failed(call, call.error, f"{call.detail}. Write a call as {OPEN}{{\"name\": <tool name>, "
-                                                  f"\"arguments\": {{...}}}}{CLOSE}")
+            return self._failed(call, call.error, f"{call.detail}. Write a call as {HOW_TO_CALL[call.format]}")
         tool = self.box.tools.get(call.name)
         if tool is None:
             return self._failed(call, "unknown_tool",

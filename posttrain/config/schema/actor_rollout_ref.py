@@ -275,10 +275,12 @@ class MultiTurnConfig:
     """Python file of plain functions decorated with `posttrain.tools.function_tool` (schema from the signature and
     docstring); may be set together with `tool_config_path` (a name in both is an error)"""
     format: str = "hermes"
-    """how tool calls are written in the policy's text: `hermes`, the only format
-    (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as the Qwen2.5 / Qwen3 chat templates write them);
-    `qwen` and `qwen25`, SGLang's names for that same format (which verl's SGLang rollout passed on), are read as
-    `hermes`"""
+    """how tool calls are written in the policy's text: `hermes` (`<tool_call>{"name": ..., "arguments":
+    {...}}</tool_call>`, as the Qwen2.5 / Qwen3 chat templates write them) or `gpt-oss` (OpenAI's harmony format of
+    gpt-oss models: a message to `functions.NAME` whose content is the arguments' JSON, read from the turn decoded
+    with its special tokens, its analysis messages never read for calls; the tool answers appended in harmony's
+    format, as verl writes them); `qwen` and `qwen25`, SGLang's names for the hermes format (which verl's SGLang
+    rollout passed on), are read as `hermes`"""
     use_inference_chat_template: bool = False
     """False (the only value): the policy continues from exactly the tokens it sampled, reasoning included, and only
     the appended messages are tokenized; True (re-rendering earlier turns with the chat template, which may drop
