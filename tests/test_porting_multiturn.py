@@ -1,7 +1,8 @@
-"""verl's multi-turn command lines (tests/data/multiturn_scripts_2026_04): each loads with only its paths changed, or
-fails at load with one message naming every reason; and the keys they needed act: a custom chat template, a sampler
-class (a curriculum one updated each step), SGLang's tool-call format name, the rollout-server keys and an empty
-value; the geo3k line trains multi-turn episodes of a vision-language model with verl's Geo3k tool."""
+"""verl's multi-turn command lines (tests/data/multiturn_scripts_2026_04): each loads with only its paths changed and
+builds its tools, or fails at load with one message naming every reason; and the keys they needed act: a custom chat
+template, a sampler class (a curriculum one updated each step), SGLang's tool-call format name, the rollout-server
+keys and an empty value; the geo3k line trains multi-turn episodes of a vision-language model with verl's Geo3k
+tool, and the DAPO line the ReTool recipe's code tool (a subclass of verl's SandboxFusionTool)."""
 
 import json
 import os
