@@ -153,8 +153,8 @@ def test_wrong_type_names_key_and_type():
 
 
 @pytest.mark.parametrize("overrides,fragment", [
-    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),
-    (["algorithm.adv_estimator=rloo"], "rollout.n >= 2"),
+    (["algorithm.adv_estimator=gpg", "actor_rollout_ref.rollout.n=1"], "rollout.n >= 2"),  # grpo / rloo: a note
+    (["algorithm.adv_estimator=grpo_passk"], "rollout.n >= 2"),
     (["data.train_batch_size=10", "actor_rollout_ref.actor.ppo_mini_batch_size=4"], "divisible"),
     (["actor_rollout_ref.actor.clip_ratio_c=1.0"], "clip_ratio_c must be > 1"),
     (["actor_rollout_ref.actor.loss_agg_mode=token-max"], "loss_agg_mode"),
@@ -185,8 +185,6 @@ def test_wrong_type_names_key_and_type():
      "rollout_is_mode='clip'"),
     (["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_mode=mask",
       "algorithm.rollout_correction.rollout_is_threshold=0.5"], "needs rollout_is_threshold >= 1"),
-    (["algorithm.rollout_correction.bypass_mode=True", "algorithm.rollout_correction.loss_type=reinforce"],
-     "only ppo_clip"),
     (["actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0"], "clip_cov_ratio"),
     (["actor_rollout_ref.actor.policy_loss.clip_cov_lb=6"], "clip_cov_lb"),
     (["actor_rollout_ref.actor.tau_neg=0"], "tau_pos and tau_neg"),
