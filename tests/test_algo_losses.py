@@ -17,6 +17,8 @@ C = 13.0  # seq-mean-token-sum-norm constant (loss_scale_factor / max_response_l
 def call(loss, lp, old, A, m, norm=None, rollout_is_weights=None, **settings):
     """A policy loss by name (or function), with the actor's calling convention; keywords become LossSettings."""
     fn = get_policy_loss(loss) if isinstance(loss, str) else loss
+    if loss == "dro":
+        settings.setdefault("dro_beta", 0.1)  # required by dro (refused at load without it)
     return fn(lp, old, A, m, settings=LossSettings(**settings), norm=norm, rollout_is_weights=rollout_is_weights)
 
 

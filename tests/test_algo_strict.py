@@ -70,7 +70,8 @@ def test_every_policy_loss_has_one_signature_and_rejects_typos(name):
     assert [p.name for p in params[:4]] == ["log_prob", "old_log_prob", "advantages", "response_mask"]
     assert {p.name for p in params[4:]} == {"settings", "norm", "rollout_is_weights"}
     assert all(p.kind == p.KEYWORD_ONLY for p in params[4:])
-    loss, metrics = fn(*loss_inputs(), settings=LossSettings(), norm=None, rollout_is_weights=None)
+    settings = LossSettings(dro_beta=0.1) if name == "dro" else LossSettings()  # dro's beta is required
+    loss, metrics = fn(*loss_inputs(), settings=settings, norm=None, rollout_is_weights=None)
     assert torch.isfinite(loss) and set(metrics) >= {"actor/ppo_kl"}
     with pytest.raises(TypeError, match="norm_adv_by_std"):
         fn(*loss_inputs(), settings=LossSettings(), norm_adv_by_std=False)
