@@ -33,7 +33,7 @@ def run(name: str, views: list[StepView], extra_rows: dict[int, dict] | None = N
         values.append(reading.value)
         acc = sum(x.acc for x in view.samples) / len(view.samples)
         history.add(view.step, {f"watch/{name}": reading.value, "reward/acc/mean": acc, **extra,
-                                **{f"watch/{name}/{k}": v for k, v in reading.parts.items()}})
+                                **{f"watch/parts/{name}/{k}": v for k, v in reading.parts.items()}})
     return values
 
 

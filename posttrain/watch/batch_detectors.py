@@ -2,7 +2,7 @@
 
 The trend detectors compare the run's first `window` steps with its latest `window` steps, and read 0 when
 correctness rose over the same windows by `min_acc_gain` (the change is then explained by learning the task).
-Each logs its per-step quantity as `watch/<name>/<part>`, which is what later steps' baselines are made of."""
+Each logs its per-step quantity as `watch/parts/<name>/<part>`, which is what later steps' baselines are made of."""
 
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ def length_drift(inp: StepInput, history: History, s) -> Reading:
     v = inp.view
     lengths = [x.length for x in v.samples]
     parts = {"mean": sum(lengths) / len(lengths), "at_limit": sum(n >= v.max_length for n in lengths) / len(lengths)}
-    mean = trend(history, "watch/length_drift/mean", parts["mean"], inp.step, s.window)
-    limit = trend(history, "watch/length_drift/at_limit", parts["at_limit"], inp.step, s.window)
+    mean = trend(history, "watch/parts/length_drift/mean", parts["mean"], inp.step, s.window)
+    limit = trend(history, "watch/parts/length_drift/at_limit", parts["at_limit"], inp.step, s.window)
     if mean is None or limit is None:
         return Reading(0.0, parts=parts)
     gain, acc_note = acc_gain(inp, history, s)
@@ -53,7 +53,7 @@ def reward_components(inp: StepInput, history: History, s) -> Reading:
     parts = {k: _mean(x.components.get(k) for x in v.samples) for k in names}
     best, note = None, ""
     for k in names:
-        t = trend(history, f"watch/reward_components/{k}", parts[k], inp.step, s.window)
+        t = trend(history, f"watch/parts/reward_components/{k}", parts[k], inp.step, s.window)
         if t is not None and t.now > 0 and (best is None or t.change > best[1].change):
             best = (k, t)
     if best is None:
@@ -74,7 +74,7 @@ def diversity_collapse(inp: StepInput, history: History, s) -> Reading:
                  for rows in v.groups().values()]
     per_group = [(d, rows) for d, rows in per_group if d is not None]
     parts = {"distinct": sum(d for d, _ in per_group) / len(per_group)} if per_group else {}
-    dist = trend(history, "watch/diversity_collapse/distinct", parts.get("distinct"), inp.step, s.window)
+    dist = trend(history, "watch/parts/diversity_collapse/distinct", parts.get("distinct"), inp.step, s.window)
     ent = trend(history, "actor/entropy", None, inp.step, s.window)
     drops = [(-dist.relative(1e-6), f"within-group distinctness {dist.base:.2f} -> {dist.now:.2f} ({dist.span()})")
              if dist is not None else None,
@@ -99,7 +99,7 @@ def copying(inp: StepInput, history: History, s) -> Reading:
     parts = {k: m for k, values in shares.items() if (m := _mean(values)) is not None}
     best = None
     for source, now in parts.items():
-        t = trend(history, f"watch/copying/{source}", now, inp.step, s.window)
+        t = trend(history, f"watch/parts/copying/{source}", now, inp.step, s.window)
         if t is not None and (best is None or t.change > best[1].change):
             best = (source, t)
     if best is None:
@@ -118,7 +118,7 @@ def tool_calls(inp: StepInput, history: History, s) -> Reading:
     if not episodes:
         return Reading(0.0)
     parts = {"per_episode": sum(len(x.tool_calls) for _, x in episodes) / len(episodes)}
-    t = trend(history, "watch/tool_calls/per_episode", parts["per_episode"], inp.step, s.window)
+    t = trend(history, "watch/parts/tool_calls/per_episode", parts["per_episode"], inp.step, s.window)
     if t is None:
         return Reading(0.0, parts=parts)
     gain, acc_note = acc_gain(inp, history, s)

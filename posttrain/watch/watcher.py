@@ -116,7 +116,7 @@ class Watch:
             reading = d.fn(inp, self.history, self.s)
             key = f"watch/{d.name}"
             metrics[key] = reading.value
-            metrics |= {f"{key}/{part}": v for part, v in reading.parts.items() if v is not None}
+            metrics |= {f"watch/parts/{d.name}/{part}": v for part, v in reading.parts.items() if v is not None}
             threshold, before = getattr(self.s, d.name), self.history.last(key)
             if reading.value >= threshold and (before is None or before < threshold):
                 view = inp.view
