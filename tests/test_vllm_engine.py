@@ -3,6 +3,8 @@ tokens equal posttrain's engine's; each sampled token's log-prob is that of the 
 the trainer's forward computes it; after the trainer's weights change, vLLM generates what a fresh vLLM on the new
 weights generates; the engine keys reach the running engine. One engine for the session (its start-up is the cost)."""
 
+import contextlib
+import importlib
 import importlib.util
 import json
 import os
@@ -49,6 +51,9 @@ def rollout(vllm_model_dir, tmp_path_factory):
     """vLLM's engine and posttrain's over one policy (fp32), built as the trainer builds them."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the machine's other tests need the rest
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # what an engine that ran earlier in the process leaves imported (numba's llvmlite): a later engine still starts
+    with contextlib.suppress(ImportError):
+        importlib.import_module("llvmlite.binding.ffi")
     from posttrain.config import load_config
     from posttrain.models.load import load_causal_lm, load_tokenizer
     from posttrain.models.policy import PolicyModel

@@ -12,9 +12,7 @@ drawn from) come out. docs/rollout_engines.md says which engine when.
 from __future__ import annotations
 
 import contextlib
-import os
 import time
-from pathlib import Path
 
 import torch
 
@@ -22,6 +20,7 @@ from ...data.batch import Batch
 from ...models.vision import MM_KEY, is_vision_config
 from ...parallel.context import gather_in, joined_world
 from ..base import RolloutEngine, SamplingParams
+from .launch import free_segment_names, start_llm, tensor_parallel_group
 from .settings import EngineSettings
 from .trainer_weights import trainer_weights, weights_fingerprint
 
@@ -41,8 +40,8 @@ class VLLMEngine(RolloutEngine):
         self.distributed = joined_world() > 1
         self.llm = start_llm(settings, device_type=torch.device(device).type, distributed=self.distributed)
         self.sleeps = settings.sleeps(torch.device(device).type)
-        self.group = _tensor_parallel_group() if settings.tensor_parallel_size > 1 else None
-        _free_segment_names()
+        self.group = tensor_parallel_group() if settings.tensor_parallel_size > 1 else None
+        free_segment_names()
         self.held = None  # the fingerprint of the trainer's weights vLLM holds (None: vLLM's own load)
         self.weights_version = 0  # pushes so far (0: the weights vLLM loaded itself)
         self.push_seconds = 0.0  # the last push's
@@ -161,96 +160,3 @@ class VLLMEngine(RolloutEngine):
                         lps = [step[t].logprob for step, t in zip(completion.logprobs, completion.token_ids)]
                     samples.append((list(completion.token_ids), lps))
         return samples
-
-
-def _tensor_parallel_group():
-    """The gloo group of this rank's vLLM tensor-parallel group (its members must generate the same prompts)."""
-    from vllm.distributed.parallel_state import get_tp_group
-
-    return get_tp_group().cpu_group
-
-
-def _free_segment_names() -> None:
-    """vLLM's CPU tensor-parallel groups talk through shared-memory segments named after the group alone (the same
-    names in every job on the machine), which it never removes: the next run, or another job at the same time, fails
-    to create them (`create shm in SHMManager failed. errno: 17`). Once the engine has started every member has
-    opened every segment of its group, so each removes the name of its own (the memory stays until the process
-    ends)."""
-    from vllm.distributed import parallel_state
-
-    for ref in list(parallel_state._groups.values()):
-        group = ref()
-        segment = getattr(getattr(group, "device_communicator", None), "dist_module", None)
-        name = getattr(segment, "group_name", None)
-        if isinstance(name, str):  # shm_open's name: leading slashes dropped
-            (Path("/dev/shm") / f"{name.lstrip('/')}_{group.rank_in_group}").unlink(missing_ok=True)
-
-
-def start_llm(settings: EngineSettings, *, device_type: str, distributed: bool):
-    """vLLM's `LLM`, its worker in this process. What its start-up changes in the process is put back after it:
-    the random generators it seeds (Python's, NumPy's, torch's: the trainer seeds them per step, and vLLM's sampling
-    is seeded per call), and what its CPU platform prepares for worker processes it would start
-    (LD_PRELOAD, LOCAL_WORLD_SIZE, thread variables, `torch.set_num_threads` replaced)."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vllm is first imported
-    from vllm import LLM
-    from vllm.platforms import current_platform
-
-    if current_platform.device_type != device_type:
-        raise ValueError(f"actor_rollout_ref.rollout.name=vllm: the installed vLLM runs on "
-                         f"{current_platform.device_type or 'no device'}, the trainer on {device_type}; install "
-                         "the vLLM build of the trainer's device (docs/rollout_engines.md)")
-    env, set_threads, generators = dict(os.environ), torch.set_num_threads, _generator_states()
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core and its worker in this process
-    try:
-        # quiet: the chat-template warm-up's traceback (vLLM has no tokenizer here: token ids in and out) and the
-        # CPU worker's advice on preloading libraries into processes it does not start here
-        with quiet("vllm.renderers.base", "vllm.v1.worker.cpu_worker"):
-            return LLM(**settings.llm_kwargs(device_type=device_type, distributed=distributed))
-    finally:
-        for key in set(os.environ) - set(env):
-            del os.environ[key]
-        for key, value in env.items():
-            if os.environ.get(key) != value:
-                os.environ[key] = value
-        torch.set_num_threads = set_threads
-        _restore_generators(generators)
-
-
-def _generator_states() -> tuple:
-    import random
-
-    import numpy as np
-
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    return random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda
-
-
-def _restore_generators(states: tuple) -> None:
-    import random
-
-    import numpy as np
-
-    python, numpy, cpu, cuda = states
-    random.setstate(python)
-    np.random.set_state(numpy)
-    torch.set_rng_state(cpu)
-    if cuda is not None:
-        torch.cuda.set_rng_state_all(cuda)
-
-
-@contextlib.contextmanager
-def quiet(*loggers: str):
-    """These loggers pass on only errors for a block (a filter: vLLM re-applies its logging config, levels
-    included, while its engine starts)."""
-    import logging
-
-    def errors_only(record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.ERROR
-
-    for name in loggers:
-        logging.getLogger(name).addFilter(errors_only)
-    try:
-        yield
-    finally:
-        for name in loggers:
-            logging.getLogger(name).removeFilter(errors_only)

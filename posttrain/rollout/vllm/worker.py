@@ -35,7 +35,7 @@ class TrainerWeights:
                 count += 1
                 yield item
 
-        from .engine import quiet
+        from .launch import quiet
 
         # quiet: the layers that take no weights of their own (rotary tables, a tied head) are reported as failed
         with quiet("vllm.model_executor.model_loader.reload.layerwise"):
