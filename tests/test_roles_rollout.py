@@ -28,17 +28,20 @@ def test_response_mask_stops_after_first_eos():
 
 
 def test_rollout_engines_are_chosen_by_name(tiny_model_dir, tiny_tokenizer):
-    """`rollout.name`: `hf` is transformers' generate; `posttrain` and the other systems' engine names run
-    posttrain's engine (`enforce_eager` turning its CUDA graphs off); an unknown name is refused by name."""
+    """`rollout.name`: `hf` is transformers' generate; `posttrain`, `sglang` and `trtllm` run posttrain's engine
+    (`enforce_eager` turning its CUDA graphs off); `vllm` is vLLM's engine, built from a run's config
+    (tests/test_vllm_engine.py); an unknown name is refused by name."""
     from posttrain.rollout.engine import DecodeEngine
     from posttrain.rollout.registry import build_engine, register
 
     model = load_causal_lm(str(tiny_model_dir), device=CPU)
     settings = dict(device=CPU, dtype=torch.float32, micro_batch_size=2)
     assert type(build_engine("hf", model, tiny_tokenizer, **settings)) is TransformersGenerate
-    for name in ("posttrain", "vllm", "sglang", "trtllm"):
+    for name in ("posttrain", "sglang", "trtllm"):
         engine = build_engine(name, model, tiny_tokenizer, enforce_eager=True, **settings)
         assert type(engine) is DecodeEngine and engine.micro_batch_size == 2 and not engine.cuda_graphs
+    with pytest.raises(ValueError, match="built from a run's config"):
+        build_engine("vllm", model, tiny_tokenizer, **settings)
     with pytest.raises(ValueError, match="rollout.name='vlm'.*known: hf, posttrain"):
         build_engine("vlm", model, tiny_tokenizer, **settings)
     with pytest.raises(ValueError, match="already registered"):
