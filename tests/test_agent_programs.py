@@ -125,6 +125,9 @@ class Recorder:
         with self.lock:
             return self.calls.pop(episode, []), self.rewards.pop(episode, None)
 
+    def counts(self):
+        return {}
+
 
 RECORDERS: dict[str, Recorder] = {}
 

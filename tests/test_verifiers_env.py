@@ -348,6 +348,9 @@ def test_the_program_runs_under_the_program_runner(stub, tiny_tokenizer):
         def take(self, episode):
             return self.calls.pop(episode, []), None
 
+        def counts(self):
+            return {}
+
     @contextlib.contextmanager
     def serve(engine, tokenizer, sampling, programs):
         stub.recorder, stub.history = Recorder(), {}
