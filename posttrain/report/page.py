@@ -112,7 +112,7 @@ def findings_section(findings: list[dict]) -> str:
     if not findings:
         return "<p class='quiet'>No detector fired in this run.</p>"
     out = []
-    for f in findings:
+    for f in sorted(findings, key=lambda f: f.get("step", 0)):
         samples = "".join(conversation(s) for s in f.get("samples", [])) or "<p>No samples for this detector.</p>"
         out.append(f"<div class='finding' id='finding-{escape(str(f['detector']))}-{f['step']}'>"
                    f"<h3>Step {f['step']}: {escape(str(f['detector']))} "
