@@ -84,6 +84,9 @@ def apply_tensor_parallel(model: nn.Module, par: Parallel) -> None:
         heads = getattr(config, key, None)
         if heads is not None and heads % tp:
             raise ValueError(f"tensor parallel: {key}={heads} is not divisible by tp_size={tp}")
+    # a vocabulary-split embedding (transformers adds it to the plans of models with tied embeddings) is left out:
+    # the embedding stays whole, as the head it is tied to
+    plan = {key: style for key, style in plan.items() if style != "embedding_rowwise"}
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     unsupported = sorted({v for v in plan.values() if v not in styles})
     if unsupported:
