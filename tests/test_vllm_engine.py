@@ -252,3 +252,21 @@ def test_engine_keys_reach_the_running_engine(rollout):
     assert config.cache_config.gpu_memory_utilization == KEYS["gpu_memory_utilization"]
     assert config.cache_config.enable_prefix_caching and config.parallel_config.tensor_parallel_size == 1
     assert not config.model_config.enable_sleep_mode  # free_cache_engine: no sleep mode on a CPU
+
+
+def test_a_head_size_vllms_cpu_attention_cannot_run_is_refused_before_it_starts(tiny_model_dir, tmp_path):
+    """The test model's head size 16 has no kernel in vLLM's CPU attention: refused when the engine is built, saying
+    what to use instead (vLLM itself would start and fail at the first generate call)."""
+    from posttrain.config import load_config
+    from posttrain.models.load import load_causal_lm, load_tokenizer
+    from posttrain.models.policy import PolicyModel
+    from posttrain.rollout.registry import build_engine
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    cfg = load_config(None, [f"actor_rollout_ref.model.path={tiny_model_dir}", f"data.train_files={data}",
+                             "actor_rollout_ref.rollout.name=vllm"])
+    policy = PolicyModel(load_causal_lm(str(tiny_model_dir)).eval())
+    with pytest.raises(ValueError, match="no kernel for this model's head size 16.*rollout.name=posttrain"):
+        build_engine("vllm", policy, load_tokenizer(str(tiny_model_dir)), device=torch.device("cpu"),
+                     dtype=torch.float32, config=cfg)

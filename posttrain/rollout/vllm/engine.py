@@ -20,7 +20,7 @@ from ...data.batch import Batch
 from ...models.vision import MM_KEY, is_vision_config
 from ...parallel.context import gather_in, joined_world
 from ..base import RolloutEngine, SamplingParams
-from .launch import free_segment_names, start_llm, tensor_parallel_group
+from .launch import check_head_size, free_segment_names, start_llm, tensor_parallel_group
 from .settings import EngineSettings
 from .trainer_weights import trainer_weights, weights_fingerprint
 
@@ -36,6 +36,7 @@ class VLLMEngine(RolloutEngine):
         if is_vision_config(model.config):
             raise ValueError("actor_rollout_ref.rollout.name=vllm: vision-language models are not supported by the "
                              "vLLM engine here (prompts carry no images to it); use rollout.name=posttrain")
+        check_head_size(model.config, torch.device(device).type)
         self.settings = settings
         self.distributed = joined_world() > 1
         self.llm = start_llm(settings, device_type=torch.device(device).type, distributed=self.distributed)

@@ -35,6 +35,21 @@ def free_segment_names() -> None:
             (Path("/dev/shm") / f"{name.lstrip('/')}_{group.rank_in_group}").unlink(missing_ok=True)
 
 
+def check_head_size(config, device_type: str) -> None:
+    """vLLM's CPU attention has kernels for some head sizes only; with another the engine starts and then fails at
+    its first generate call, deep in vLLM. Refused before it starts, with what to do instead."""
+    if device_type != "cpu":
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in supported:
+        raise ValueError(f"actor_rollout_ref.rollout.name=vllm: vLLM's CPU attention has no kernel for this model's "
+                         f"head size {head} (it has {', '.join(map(str, supported))}); use rollout.name=posttrain")
+
+
 def start_llm(settings: EngineSettings, *, device_type: str, distributed: bool):
     """vLLM's `LLM`, its worker in this process. What its start-up changes in the process is put back after it:
     the random generators it seeds (Python's, NumPy's, torch's: the trainer seeds them per step, and vLLM's sampling
