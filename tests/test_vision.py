@@ -304,7 +304,7 @@ def test_familiar_vl_command_lines_load_and_train(vl_dir, visual_task, tmp_path)
 
     from posttrain.config import hydra_config
     from posttrain.trainer.rl import run_rl
-    from tests.test_porting import _script_argv
+    from tests.test_porting import POSTTRAIN_ENGINE, _script_argv
 
     for name in VL_SCRIPTS:
         _, hydra, overrides = _script_argv(name, str(vl_dir), str(visual_task["rl_train"]))
@@ -314,7 +314,8 @@ def test_familiar_vl_command_lines_load_and_train(vl_dir, visual_task, tmp_path)
     assert cfg.actor_rollout_ref.actor.freeze_vision_tower is False
     _, hydra, overrides = _script_argv(VL_SCRIPTS[1], str(vl_dir), str(visual_task["rl_train"]))
     small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL]
-    cfg = load_config(None, overrides + small + ["data.train_max_samples=8"])
+    # on posttrain's engine: vLLM's is refused for vision-language models here (docs/rollout_engines.md)
+    cfg = load_config(None, overrides + small + ["data.train_max_samples=8", POSTTRAIN_ENGINE])
     assert cfg.actor_rollout_ref.actor.freeze_vision_tower is True
     run_rl(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
