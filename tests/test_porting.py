@@ -682,7 +682,10 @@ def test_recorded_script_trains_two_steps(name, tiny_model_dir, tiny_reward_mode
     config_file, base = hydra_config(hydra.get("--config-path"), hydra.get("--config-name", "").strip("'"))
     small = [s.replace("STEPS", "2").replace("RUN_DIR", str(tmp_path / "run")) for s in SMALL]
     # on posttrain's engine: a script's rollout.name=vllm needs vLLM (tests/test_vllm_train.py runs one on it)
-    cfg = load_config(config_file, base + overrides + small + ["data.train_max_samples=16", POSTTRAIN_ENGINE])
+    # one process: a Megatron line's pipeline ranks (row replicas) are set to one as its parallel sizes are
+    one_process = [f"{a.split('=')[0]}=1" for a in overrides if "pipeline_model_parallel_size=" in a]
+    cfg = load_config(config_file, base + overrides + small + one_process + ["data.train_max_samples=16",
+                                                                             POSTTRAIN_ENGINE])
     run_rl(cfg)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "actor/pg_loss" in r] == [1, 2]
