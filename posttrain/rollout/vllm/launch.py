@@ -40,7 +40,10 @@ def check_head_size(config, device_type: str) -> None:
     its first generate call, deep in vLLM. Refused before it starts, with what to do instead."""
     if device_type != "cpu":
         return
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    env = dict(os.environ)
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # imports vLLM's ROCm ops, which set AITER_*
+
+    _restore_environment(env)
 
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -72,13 +75,18 @@ def start_llm(settings: EngineSettings, *, device_type: str, distributed: bool):
         with quiet("vllm.renderers.base", "vllm.v1.worker.cpu_worker"):
             return LLM(**settings.llm_kwargs(device_type=device_type, distributed=distributed))
     finally:
-        for key in set(os.environ) - set(env):
-            del os.environ[key]
-        for key, value in env.items():
-            if os.environ.get(key) != value:
-                os.environ[key] = value
+        _restore_environment(env)
         torch.set_num_threads = set_threads
         _restore_generators(generators)
+
+
+def _restore_environment(env: dict) -> None:
+    """The process's environment variables back to `env`: what vLLM sets for processes it does not start here."""
+    for key in set(os.environ) - set(env):
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def _scan_sees_mappings() -> None:
