@@ -1,6 +1,7 @@
 """`rollout.name=vllm` when the config loads (no vLLM needed): refused with the install command where vLLM is
-missing; settings vLLM cannot run refused with the reason; episodes and asynchronous RL on posttrain's engine with a
-note (vLLM not needed); the engine keys mapped onto vLLM's arguments; the other engines' names and keys noted once."""
+missing; settings vLLM cannot run refused with the reason; multi-turn episodes on vLLM; asynchronous RL on
+posttrain's engine with a note (vLLM not needed); the engine keys mapped onto vLLM's arguments; the other engines'
+names and keys noted once."""
 
 import importlib.util
 
@@ -99,17 +100,29 @@ def test_notes_say_what_each_engine_does_with_the_keys(base, vllm_here, monkeypa
     assert not config_warnings(load_config(None, [*base, VLLM, "actor_rollout_ref.rollout.free_cache_engine=False"]))
 
 
-def test_episodes_and_asynchronous_rl_generate_on_posttrains_engine_with_a_note(base, no_vllm, tmp_path):
+def test_multi_turn_episodes_run_on_vllm(base, vllm_here):
+    """multi_turn.enable with rollout.name=vllm: vLLM generates (no note, vLLM needed); a vLLM tensor-parallel
+    group, whose processes generate together while their episodes end after different numbers of turns, is
+    refused."""
+    from posttrain.config.rollout_engine import engine_name
+
+    cfg = load_config(None, [*base, VLLM, "actor_rollout_ref.rollout.multi_turn.enable=True"])
+    assert engine_name(cfg) == "vllm"
+    assert not [n for n in config_warnings(cfg) if "rollout.name=vllm" in n]
+    refused([*base, VLLM, "actor_rollout_ref.rollout.multi_turn.enable=True", "trainer.n_gpus_per_node=2",
+             "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+            "multi_turn.enable with name=vllm and tensor_model_parallel_size=2", "rollout.name=posttrain")
+
+
+def test_asynchronous_rl_generates_on_posttrains_engine_with_a_note(base, no_vllm, tmp_path):
     """Where vLLM would not generate, it is not needed: the run uses posttrain's engine and says so once."""
     from posttrain.config.rollout_engine import engine_name
     from posttrain.rollout.registry import build_engine
     from posttrain.rollout.engine import DecodeEngine
 
-    for extra, why in ((["actor_rollout_ref.rollout.multi_turn.enable=True"], "multi-turn episodes"),
-                       (["rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"], "asynchronous RL")):
-        cfg = load_config(None, [*base, VLLM, *extra])
-        notes = [n for n in config_warnings(cfg) if "rollout.name=vllm" in n]
-        assert len(notes) == 1 and why in notes[0] and "not on vLLM" in notes[0], notes
+    cfg = load_config(None, [*base, VLLM, "rollout.n_gpus_per_node=1", "trainer.n_gpus_per_node=1"])
+    notes = [n for n in config_warnings(cfg) if "rollout.name=vllm" in n]
+    assert len(notes) == 1 and "asynchronous RL" in notes[0] and "not on vLLM" in notes[0], notes
     from posttrain.models.load import load_causal_lm, load_tokenizer
     from posttrain.models.policy import PolicyModel
 

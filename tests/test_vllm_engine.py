@@ -270,3 +270,98 @@ def test_a_head_size_vllms_cpu_attention_cannot_run_is_refused_before_it_starts(
     with pytest.raises(ValueError, match="no kernel for this model's head size 16.*rollout.name=posttrain"):
         build_engine("vllm", policy, load_tokenizer(str(tiny_model_dir)), device=torch.device("cpu"),
                      dtype=torch.float32, config=cfg)
+
+
+class ToolAnswers:
+    """A deterministic tool environment: each of the first `turns` assistant turns is answered with a tool message
+    naming the episode and the turn; the turn after them ends the episode."""
+
+    def __init__(self, turns=2):
+        self.turns, self.seen = turns, 0
+
+    def reset(self, row):
+        from posttrain.agents.environment import Reset
+
+        self.key = row["uid"]
+        return Reset(messages=row["prompt"])
+
+    def step(self, episode):
+        from posttrain.agents.environment import Step
+
+        self.seen += 1
+        if self.seen > self.turns:
+            return Step(done=True, reward=1.0)
+        return Step(messages=[{"role": "tool", "content": f"result {self.key} {self.seen}"}], reward=0.25)
+
+
+def test_multi_turn_tool_episodes_run_on_vllm(rollout):
+    """The episode loop on vLLM (turn by turn through its generate, token ids in and out): greedy episodes equal
+    those of posttrain's engine on the same policy (tokens, mask, log-probs within 1e-4); the tool answers are
+    masked out and are the chat template's tokens of the tool messages, as appended; every sampled token's log-prob
+    is the trainer's forward's over the whole conversation before it (1e-4); each policy token carries the weights
+    version vLLM sampled it with. Turns end on a fifth of the vocabulary (and <|im_end|>), so they end within a few
+    tokens."""
+    from posttrain.agents.loop import EpisodeRunner
+    from posttrain.agents.rollout import episodes_batch
+    from posttrain.agents.settings import AgentSettings
+    from posttrain.agents.template import Template
+    from posttrain.data.batch import Batch
+    from posttrain.rollout.base import SamplingParams
+    from posttrain.rollout.engine import DecodeEngine
+    from posttrain.rollout.sampling import sampled_logprobs
+
+    engine, tok = rollout.engine, rollout.engine.tokenizer
+    reference = DecodeEngine(rollout.policy, tok, device=torch.device("cpu"), dtype=torch.float32)
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    rows = [{"uid": f"p{i}", "prompt": [{"role": "user", "content": c}]}
+            for i, c in enumerate(["Add 2 and 3.", "What is 7 times 6?", "Name a colour."])]
+
+    def runner(on):
+        r = EpisodeRunner(on, tok, AgentSettings(tokenization_sanity_check_mode="disable"),
+                          environments=lambda row: ToolAnswers())
+        r.template = Template(tok, {im_end})  # the template's own end-of-turn token
+        return r
+
+    saved = engine.eos_ids
+    engine.eos_ids = reference.eos_ids = {t for t in range(len(tok)) if t % 5 == 0} | {im_end}
+    try:
+        greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=150, logprobs=True)
+        ours, theirs = runner(engine).run(rows, 2, greedy), runner(reference).run(rows, 2, greedy)
+        sampled = SamplingParams(n=2, temperature=0.8, top_k=40, max_new_tokens=150, logprobs=True)
+        torch.manual_seed(0)
+        drawn = runner(engine).run(rows, 2, sampled)
+    finally:
+        engine.eos_ids = saved
+    assert [e.tokens for e in ours] == [e.tokens for e in theirs] and [e.mask for e in ours] == [e.mask for e in theirs]
+    assert max(abs(a - b) for x, y in zip(ours, theirs) for a, b in zip(x.logprobs, y.logprobs)) < 1e-4
+    assert sum(e.user_turns == 2 and not e.truncated for e in ours) >= 2  # whole episodes: two tool answers each
+
+    template = runner(engine).template
+    for ep in ours + drawn:
+        holes = [(i, j) for m, i, j in _spans(ep.mask) if m == 0]
+        assert len(holes) == ep.user_turns
+        for turn, (i, j) in enumerate(holes, 1):
+            assert ep.tokens[i:j] == template.appended([{"role": "tool", "content": f"result {ep.row['uid']} {turn}"}])
+        assert all(v == (engine.weights_version if m else 0) for v, m in zip(ep.versions, ep.mask))
+    out = episodes_batch(Batch({}, {"uid": [r["uid"] for r in rows]}).repeat_interleave(2), drawn, engine.pad_id,
+                         logprobs=True)
+    assert out["response_mask"].sum() == sum(sum(e.mask) for e in drawn) < out["response_attention_mask"].sum()
+
+    for ep, s in [(e, greedy) for e in ours] + [(e, sampled) for e in drawn]:
+        P, mask = len(ep.prompt_ids), torch.tensor(ep.mask).bool()
+        with torch.no_grad():
+            logits = rollout.policy.lm(input_ids=torch.tensor([ep.prompt_ids + ep.tokens])).logits[0]
+        expected = sampled_logprobs(logits[P - 1:P - 1 + len(ep.tokens)], torch.tensor(ep.tokens), s)
+        assert (expected[mask] - torch.tensor(ep.logprobs)[mask]).abs().max() < 1e-4
+
+
+def _spans(mask: list[int]) -> list[tuple[int, int, int]]:
+    """(value, start, end) of each maximal run of equal values in `mask`."""
+    spans, i = [], 0
+    while i < len(mask):
+        j = i
+        while j < len(mask) and mask[j] == mask[i]:
+            j += 1
+        spans.append((mask[i], i, j))
+        i = j
+    return spans

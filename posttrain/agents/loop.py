@@ -14,6 +14,11 @@ re-prefills the conversation with its images (the vision tower included), since 
 appended tokens and its shared-prefix step do not drive the model's image inputs and 3-D positions. Appended
 messages stay text; an answer whose rendering holds vision tokens ends its episode (a template error, counted).
 
+An engine that holds weights of its own and only generates (vLLM: `decodes_policy_weights` False) runs the
+turn-by-turn loop through its `generate`: each turn the live conversations go to it as token ids (prompt and every
+token so far, none re-tokenized) and their turns come back as token ids with their log-probs; its prefix cache
+serves the part of each conversation an earlier turn computed. The trainer's policy is not gathered for it.
+
 Environment steps run in daemon threads: one past its time limit is abandoned and never keeps the process from
 exiting (a thread pool would join it at exit). Under tensor parallel an episode's environment runs once, on the
 first process of the group, and the others receive its answers (the group must append the same tokens).
@@ -30,6 +35,7 @@ real token).
 from __future__ import annotations
 
 import concurrent.futures as futures
+import contextlib
 import logging
 import threading
 import time
@@ -37,6 +43,7 @@ from typing import Callable
 
 import torch
 
+from ..data.batch import Batch
 from ..models.load import attention_backends, autocast, eval_mode
 from ..models.vision import MM_KEY, is_vision_config, vision_token_ids
 from ..parallel.shard import from_tensor_parallel_first, tensor_parallel, tensor_parallel_first
@@ -78,7 +85,8 @@ class EpisodeRunner:
         prompt. `continuous=False` runs the plain loop instead: each turn re-prefills every conversation and waits
         for the slowest episode (what the benchmark compares with; also the path of engines that cannot park, of a
         tensor-parallel model, whose processes must decode the same rows in the same order, and of rows with
-        images)."""
+        images). An engine that only generates (`decodes_policy_weights` False: vLLM, which holds its own copy of
+        the weights) runs turn by turn through its `generate`, kept awake across the turns."""
         engine, self._budget = self.engine, sampling.max_new_tokens
         self._tp = tensor_parallel(engine.model)  # the group's first process runs the environments, once
         each = [row for row in rows for _ in range(n)]
@@ -91,25 +99,37 @@ class EpisodeRunner:
                                 messages=[dict(m) for m in start.messages], row=row, tools=start.tools,
                                 images=row.get(MM_KEY))
                         for row, start in zip(each, starts)]
-            with inference_weights(engine.model, engine.dtype) as model, \
-                    attention_backends(torch.device(engine.device)):
-                engine.prepare(model)
-                # a tensor-parallel group decodes in lockstep (its forwards are collectives), but the continuous
-                # loop's batch changes as environments happen to answer, which differs between the group's processes
-                parks = (continuous and getattr(engine, "shared_prefix_ok", False) and hasattr(engine, "park")
-                         and not tensor_parallel(model) and all(e.images is None for e in episodes))
-                with eval_mode(model), torch.no_grad(), autocast(engine.device, engine.dtype):
-                    generator = (None if sampling.greedy else
-                                 torch.Generator(engine.device).manual_seed(int(torch.randint(0, 2**62, (1,)))))
-                    if parks:
-                        self._continuous(model, episodes, envs, n, sampling, generator, pool)
-                    else:
-                        self._turn_by_turn(model, episodes, envs, sampling, generator, pool)
+            if getattr(engine, "decodes_policy_weights", True):
+                self._decode(episodes, envs, n, sampling, pool, continuous=continuous)
+            else:  # an engine with weights of its own (vLLM): turn by turn through its generate, kept awake
+                with getattr(engine, "kept_awake", contextlib.nullcontext)():
+                    self._turn_by_turn(self._generated, episodes, envs, sampling, pool)
         finally:
             pool.close()
             for env in envs:
                 _close(env)
         return episodes
+
+    def _decode(self, episodes, envs, n, sampling, pool, *, continuous: bool) -> None:
+        """The episodes on posttrain's engine, which decodes with the policy's own modules (gathered when sharded):
+        the parking loop where it can, else turn by turn."""
+        engine = self.engine
+        with inference_weights(engine.model, engine.dtype) as model, \
+                attention_backends(torch.device(engine.device)):
+            engine.prepare(model)
+            # a tensor-parallel group decodes in lockstep (its forwards are collectives), but the continuous
+            # loop's batch changes as environments happen to answer, which differs between the group's processes
+            parks = (continuous and getattr(engine, "shared_prefix_ok", False) and hasattr(engine, "park")
+                     and not tensor_parallel(model) and all(e.images is None for e in episodes))
+            with eval_mode(model), torch.no_grad(), autocast(engine.device, engine.dtype):
+                generator = (None if sampling.greedy else
+                             torch.Generator(engine.device).manual_seed(int(torch.randint(0, 2**62, (1,)))))
+                if parks:
+                    self._continuous(model, episodes, envs, n, sampling, generator, pool)
+                else:
+                    self._turn_by_turn(lambda ids, mask, s, images: engine.decode(model, ids, mask, s,
+                                                                                  images=images),
+                                       episodes, envs, sampling, pool)
 
     def _reset(self, rows: list[dict]) -> tuple[list, list]:
         """Each row's environment and its `reset`; under tensor parallel made on the group's first process only
@@ -190,9 +210,10 @@ class EpisodeRunner:
         for ep in episodes:
             ep.done = True
 
-    def _turn_by_turn(self, model, episodes, envs, sampling, generator, pool) -> None:
-        """Each turn: every live conversation re-prefilled and decoded together; then every environment step; the
-        next turn starts when the slowest one has answered."""
+    def _turn_by_turn(self, decode, episodes, envs, sampling, pool) -> None:
+        """Each turn: every live conversation re-prefilled and decoded together by `decode(ids, mask, sampling,
+        images) -> (tokens, log-probs, versions)` (posttrain's engine on the decoding weights, or `_generated`); then
+        every environment step; the next turn starts when the slowest one has answered."""
         engine, budget = self.engine, sampling.max_new_tokens
         live = list(range(len(episodes)))
         while live:
@@ -202,8 +223,8 @@ class EpisodeRunner:
                                top_p=sampling.top_p, top_k=sampling.top_k, max_new_tokens=room,
                                logprobs=sampling.logprobs)
             images = [episodes[e].images for e in live]
-            tokens, logprobs, step_versions = engine.decode(model, ids, mask, s, images=images
-                                                            if any(i is not None for i in images) else None)
+            tokens, logprobs, step_versions = decode(ids, mask, s, images if any(i is not None for i in images)
+                                                     else None)
             steps = {}
             for j, e in enumerate(live):
                 own = tokens[j, : budget - len(episodes[e].tokens)].tolist()
@@ -217,6 +238,17 @@ class EpisodeRunner:
             live = [e for e in steps if self._answer(episodes[e], outcomes[e]) is not None]
         for ep in episodes:
             ep.done = True
+
+    def _generated(self, ids: torch.Tensor, mask: torch.Tensor, s: SamplingParams, images: list | None):
+        """One turn on an engine that holds weights of its own and only generates (vLLM): the conversations go to
+        its `generate` as token ids and their turns come back as token ids, with each token's log-prob, cut after
+        the first EOS by the caller (a row runs to its EOS or to `s.max_new_tokens`: its padding lies after its
+        EOS). Every token is sampled with the weights the engine holds (`weights_version`); the prefix cache serves
+        the conversation the previous turn already computed."""
+        if images is not None:  # a vision-language model is refused when such an engine is built
+            raise ValueError(f"{type(self.engine).__name__} does not decode image inputs; use rollout.name=posttrain")
+        out = self.engine.generate(Batch({"prompts": ids, "prompt_mask": mask}), s)
+        return out["responses"], out.get("rollout_log_probs"), [int(getattr(self.engine, "weights_version", 0))]
 
     def _step_all(self, steps: dict, episodes, envs, pool) -> dict:
         """The environment's answer to each episode of `steps` (a Step, or the kind of its failure), each waited

@@ -46,6 +46,7 @@ class VLLMEngine(RolloutEngine):
         self.held = None  # the fingerprint of the trainer's weights vLLM holds (None: vLLM's own load)
         self.weights_version = 0  # pushes so far (0: the weights vLLM loaded itself)
         self.push_seconds = 0.0  # the last push's
+        self._awake_held = False  # inside `kept_awake`: generate calls neither wake nor put the engine to sleep
         if self.sleeps:  # asleep until the first generate call: the trainer has the device's memory
             self.llm.sleep(level=1)
 
@@ -69,6 +70,9 @@ class VLLMEngine(RolloutEngine):
     def _awake(self):
         """free_cache_engine on a GPU: vLLM sleeps between generate calls (weights to CPU memory, KV cache freed)
         and wakes for them: its weights first, then (after any push) its KV cache."""
+        if self._awake_held:  # awake already, weights pushed when it woke
+            yield
+            return
         if not self.sleeps:
             self.sync_weights()
             yield
@@ -80,6 +84,21 @@ class VLLMEngine(RolloutEngine):
             yield
         finally:
             self.llm.sleep(level=1)
+
+    @contextlib.contextmanager
+    def kept_awake(self):
+        """Several generate calls as one (the turns of multi-turn episodes): the weights pushed once, and with
+        free_cache_engine no sleep between the calls, since sleeping frees the KV cache and with it the prefix cache
+        each next turn's conversations (the previous turn's plus its new tokens) are read from."""
+        if self._awake_held:
+            yield
+            return
+        with self._awake():
+            self._awake_held = True
+            try:
+                yield
+            finally:
+                self._awake_held = False
 
     # ------------------------------------------------------------------ generation
 
