@@ -78,6 +78,7 @@ class RLTrainer:
         self.data_cursor = 0  # batches of prompts drawn so far (dynamic sampling draws more than one per step)
         self.watch = Watch.from_config(cfg, self.parts.run_dir, max_length=self.parts.max_new, writer=self.par.is_main)
         self.watch_stop: str | None = None  # why the watch stopped the run (trainer.watch: a detector's `stop`)
+        self.resumed_from: Path | None = None  # the checkpoint this run resumed from
 
     def _seed(self, base: int) -> None:
         """Sampling noise: the same for the ranks of one tensor-parallel group, different across data ranks."""
@@ -376,7 +377,8 @@ class RLTrainer:
                    if self.par.is_main else NullTracker())
         last_val: dict[str, float] = {}
         if self.watch is not None:
-            self.watch.start(self.global_step)  # a resumed run's history, RUN_DIR/watch/ (rank 0)
+            # a resumed run's history (from the run that wrote the checkpoint), RUN_DIR/watch/ (rank 0)
+            self.watch.start(self.global_step, self.resumed_from)
         try:
             parts.rule_reward.start()  # scorer workers start up while the first batch generates
             if tr.val_only:  # evaluate the starting point (a resumed checkpoint too) and stop: nothing trains
@@ -472,6 +474,7 @@ class RLTrainer:
         path, extra = load_latest(candidates, self.parts.trained, contents=ck.load_contents or ck.save_contents,
                                   say=say)
         self.global_step = int(extra.get("step", int(path.name.rsplit("_", 1)[1])))
+        self.resumed_from = path
         self.data_cursor = int(extra.get("data_cursor", self.global_step))
         if "kl_ctrl" in extra:
             self.parts.kl_ctrl.load_state_dict(extra["kl_ctrl"])

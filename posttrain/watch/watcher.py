@@ -73,11 +73,15 @@ class Watch:
     def folder(self) -> Path:
         return self.run_dir / FOLDER
 
-    def start(self, resumed_step: int = 0) -> None:
-        """Before the first step: the history of a resumed run from its metrics.jsonl (steps up to the checkpoint),
-        its findings past the checkpoint dropped (they will be found again), and detectors.json written."""
+    def start(self, resumed_step: int = 0, checkpoint: Path | None = None) -> None:
+        """Before the first step: the history of a resumed run from its metrics.jsonl (steps up to the checkpoint;
+        a run resumed from another run's `checkpoint` has none of its own: that run's, beside the checkpoint), its
+        findings past the checkpoint dropped (they will be found again), and detectors.json written."""
         if resumed_step > 0:
-            self.history = History(_read_lines(self.run_dir / "metrics.jsonl", resumed_step))
+            rows = _read_lines(self.run_dir / "metrics.jsonl", resumed_step)
+            if not rows and checkpoint is not None:
+                rows = _read_lines(Path(checkpoint).parent / "metrics.jsonl", resumed_step)
+            self.history = History(rows)
         if not self.writer:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
