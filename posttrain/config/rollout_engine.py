@@ -16,13 +16,18 @@ KEY = "actor_rollout_ref.rollout"
 
 def posttrain_instead(cfg) -> str | None:
     """Why `rollout.name=vllm` generates with posttrain's engine in this run (None: vLLM generates). Multi-turn
-    episodes run on vLLM (the episode loop sends each turn's conversations to it as token ids); agent programs and
+    episodes run on vLLM (the episode loop sends each turn's conversations to it as token ids), except with a vLLM
+    tensor-parallel group; agent programs and
     environments talk to posttrain's server, which decodes on posttrain's engine; asynchronous RL's generating
     process holds no vLLM engine (vLLM builds its process groups from the whole torchrun world, in which the
     training processes would have to take part)."""
     rollout = cfg.actor_rollout_ref.rollout
     if rollout.agent.program is not None or cfg.data.environment is not None:
         return "agent programs and environments' episodes talk to posttrain's server, on posttrain's engine"
+    if rollout.multi_turn.enable and rollout.tensor_model_parallel_size > 1:
+        return ("multi-turn episodes with a vLLM tensor-parallel group (tensor_model_parallel_size > 1) run on "
+                "posttrain's engine: the group's processes generate together, and their episodes end after different "
+                "numbers of turns")
     if cfg.rollout.n_gpus_per_node > 0:
         return "asynchronous RL's generating process (rollout.n_gpus_per_node > 0) runs posttrain's engine"
     return None
@@ -48,10 +53,6 @@ def check_rollout_engine(cfg, check) -> None:
     check(tp >= 1 and world % tp == 0, f"{KEY}.tensor_model_parallel_size={tp} must divide the {world} processes "
                                        "(trainer.n_gpus_per_node x trainer.nnodes): vLLM's tensor-parallel groups are "
                                        "consecutive ranks of the training processes")
-    check(not rollout.multi_turn.enable or tp == 1,
-          f"{KEY}.multi_turn.enable with name=vllm and tensor_model_parallel_size={tp}: the processes of a vLLM "
-          "tensor-parallel group generate together, and their episodes end after different numbers of turns; use "
-          "tensor_model_parallel_size=1 or rollout.name=posttrain")
     check(0 < rollout.gpu_memory_utilization <= 1, f"{KEY}.gpu_memory_utilization={rollout.gpu_memory_utilization} "
                                                    "must lie in (0, 1]")
     check(rollout.max_num_seqs >= 1 and rollout.max_num_batched_tokens >= 1,
