@@ -48,7 +48,8 @@ STEPS = {"kl": 20, "mismatch": 10, "logprobs": 10}
 
 
 def _ready(seed_dir: Path) -> bool:
-    return (seed_dir / "sft" / "model.safetensors").is_file() and (seed_dir / "data" / "test.jsonl").is_file()
+    """A finished SFT warm start: its history is written last (an interrupted SFT leaves its best model so far)."""
+    return (seed_dir / "sft" / "sft_history.json").is_file() and (seed_dir / "data" / "test.jsonl").is_file()
 
 
 def demo_start(out: Path, seed: int) -> tuple[Path, dict]:
@@ -68,7 +69,7 @@ def tools_start(out: Path, seed: int) -> tuple[Path, dict]:
 
     seed_dir = out / f"tools_sft{seed}"
     paths = prepare_tools_task(seed_dir, seed=seed)
-    if not (seed_dir / "sft" / "model.safetensors").is_file():
+    if not (seed_dir / "sft" / "sft_history.json").is_file():
         tools_sft(paths, seed_dir / "sft", seed=seed, epochs=30.0)
     return seed_dir, paths
 
