@@ -1,11 +1,35 @@
 """Shared fixtures: a tiny model built once per session (and, per module, a copy with larger random weights), the
 shared data folder."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (pyproject's addopts run two workers) each worker computes on its share of the cores, so
+    two workers do not fight over the same cores (what a test launches inherits the share)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers:
+        import torch
+
+        share = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        torch.set_num_threads(share)
+
+
+# the files that take longest (minutes each on 2 cores), started first so that the two workers finish together
+LONGEST_FIRST = ("test_learning.py", "test_vision.py", "test_rl_integration.py", "test_examples.py",
+                 "test_reward_judge.py", "test_vllm_engine.py", "test_vllm_train.py", "test_distributed_cli.py",
+                 "test_distributed.py", "test_recovery.py", "test_async_rl.py", "test_crash.py", "test_porting.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session")
