@@ -21,17 +21,6 @@ def pytest_configure(config):
         torch.set_num_threads(share)
 
 
-# the files that take longest (minutes each on 2 cores), started first so that the two workers finish together
-LONGEST_FIRST = ("test_learning.py", "test_vision.py", "test_rl_integration.py", "test_examples.py",
-                 "test_reward_judge.py", "test_vllm_engine.py", "test_vllm_train.py", "test_distributed_cli.py",
-                 "test_distributed.py", "test_recovery.py", "test_async_rl.py", "test_crash.py", "test_porting.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from posttrain.data.synthetic import tokenizer_corpus
