@@ -47,9 +47,13 @@ VARIANTS = {
 STEPS = {"kl": 20, "mismatch": 10, "logprobs": 10}
 
 
-def _ready(seed_dir: Path) -> bool:
+def _sft_finished(seed_dir: Path) -> bool:
     """A finished SFT warm start: its history is written last (an interrupted SFT leaves its best model so far)."""
-    return (seed_dir / "sft" / "sft_history.json").is_file() and (seed_dir / "data" / "test.jsonl").is_file()
+    return (seed_dir / "sft" / "sft_history.json").is_file()
+
+
+def _ready(seed_dir: Path) -> bool:
+    return _sft_finished(seed_dir) and (seed_dir / "data" / "test.jsonl").is_file()
 
 
 def demo_start(out: Path, seed: int) -> tuple[Path, dict]:
@@ -69,7 +73,7 @@ def tools_start(out: Path, seed: int) -> tuple[Path, dict]:
 
     seed_dir = out / f"tools_sft{seed}"
     paths = prepare_tools_task(seed_dir, seed=seed)
-    if not (seed_dir / "sft" / "sft_history.json").is_file():
+    if not _sft_finished(seed_dir):
         tools_sft(paths, seed_dir / "sft", seed=seed, epochs=30.0)
     return seed_dir, paths
 
