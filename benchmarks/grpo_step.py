@@ -14,13 +14,24 @@ with `use_cpu=True` on CPU, `report_to="none"`, `num_iterations=1`, `beta=0`, `s
 `generate` is transformers' `model.generate` on the same prompts (fp32 weights under autocast: what posttrain
 used before its own engine), generation only. `posttrain-eager` (for `--device cuda`) is posttrain with
 `rollout.enforce_eager=True`: its decoding steps launched one by one instead of replayed as CUDA graphs.
+`posttrain-compile` / `posttrain-nocompile` are posttrain with `actor.use_torch_compile=True` / `False` (each
+decoder layer's training forward and backward compiled or not; `posttrain` keeps the default, which compiles M in
+fp32 on a CPU); the ratios line says compile's training-phase gain, the compile time its first (warm-up) step
+carries over the eager run's, and after how many steps the gain pays for it.
 
 Each (framework, model, dtype) runs in a fresh process, alternating A B A B (`--repeats`), and reports the median
 over its measured steps and repeats: s/step, generation and training seconds (training = the step minus generation
 and scoring), completion tokens/s, peak resident memory of the process, training GFLOP/s (6 x parameters x tokens
 / training time, tokens = prompt + completion tokens of the step, every sample's prompt counted as TRL computes
 it), computed GFLOP/s (the same with the tokens each framework computes: posttrain's shared-prompt path computes a
-prompt once for its N samples) and decode tokens/s, these beside the 2048^2 matmul ceiling measured in this same run (for decoding: 2 x parameters x tokens / time, as a share of it).
+prompt once for its N samples) and decode tokens/s, these beside the 2048^2 matmul ceiling measured in this same
+run, at its start and end (fractions are of the higher of the two; for decoding: 2 x parameters x tokens / time, as
+a share of it).
+The step's compute bound is 8 x parameters x T FLOPs (6NT training, 2NT generation; T the tokens the step needs:
+each prompt once for its N samples, and every response) at the ceiling; the table gives the share of it each framework's step and
+training phase reach, against two ceilings measured in the same run: the 2048^2 matmul, and in brackets the
+model's own largest training GEMMs (its MLP and output-head products, forward and both gradients, over 8192 rows;
+the header says how far that is below 2048^2).
 The header names the CPU, the vector class its kernels run at (AMX, AVX-512, AVX2) and whether bf16 is native, and
 any emulation in force: `ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2` runs a
 newer CPU's kernels as an AVX2-only CPU's (not its clock, caches or memory).
@@ -92,6 +103,34 @@ def matmul_ceiling(device: str, dtypes: tuple[str, ...] | list[str] = ("fp32", "
             _sync(device)
             best = min(best, (time.perf_counter() - start) / 4)
         out[name] = 2 * 2048**3 / best / 1e9
+    return out
+
+
+def model_shape_ceiling(device: str, dtypes, shape: dict, vocab: int, tokens: int = 8192) -> dict[str, float]:
+    """GFLOP/s of the model's own largest training GEMMs — the MLP's up and down projections and the output head,
+    each as its forward, input-gradient and weight-gradient product over `tokens` rows — in each of `dtypes`: the
+    ceiling a model of these widths can reach (a small model's products run below the 2048^2 rate)."""
+    import torch
+
+    h, i = shape["hidden_size"], shape["intermediate_size"]
+    out = {}
+    for name in dtypes:
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
+        flops, seconds = 0.0, 0.0
+        for fan_in, fan_out in ((h, i), (i, h), (h, vocab)):
+            x = torch.randn(tokens, fan_in, dtype=dtype, device=device)
+            w = torch.randn(fan_out, fan_in, dtype=dtype, device=device)
+            g = torch.randn(tokens, fan_out, dtype=dtype, device=device)
+            for product in (lambda: x @ w.t(), lambda: g @ w, lambda: g.t() @ x):
+                best = float("inf")
+                for _ in range(3):
+                    _sync(device)
+                    start = time.perf_counter()
+                    product()
+                    _sync(device)
+                    best = min(best, time.perf_counter() - start)
+                flops, seconds = flops + 2 * tokens * fan_in * fan_out, seconds + best
+        out[name] = flops / seconds / 1e9
     return out
 
 
@@ -308,8 +347,20 @@ def run_generate(workdir: Path, model: str, dtype: str, steps: int, device: str)
     return out
 
 
-RUNNERS = {"posttrain": run_posttrain, "posttrain-eager": run_posttrain_eager, "trl": run_trl,
-           "generate": run_generate}
+def run_posttrain_compile(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
+    """posttrain with `actor.use_torch_compile=True`: each decoder layer's training forward and backward compiled
+    (its first step carries the compile time)."""
+    return run_posttrain(workdir, model, dtype, steps, device, "actor_rollout_ref.actor.use_torch_compile=True")
+
+
+def run_posttrain_nocompile(workdir: Path, model: str, dtype: str, steps: int, device: str) -> list[dict]:
+    """posttrain with `actor.use_torch_compile=False` (the default compiles M in fp32 on a CPU)."""
+    return run_posttrain(workdir, model, dtype, steps, device, "actor_rollout_ref.actor.use_torch_compile=False")
+
+
+RUNNERS = {"posttrain": run_posttrain, "posttrain-eager": run_posttrain_eager,
+           "posttrain-compile": run_posttrain_compile, "posttrain-nocompile": run_posttrain_nocompile,
+           "trl": run_trl, "generate": run_generate}
 
 
 def worker(args) -> None:
@@ -323,7 +374,8 @@ def worker(args) -> None:
     config = AutoConfig.from_pretrained(Path(args.workdir) / args.model)
     params = _param_count(Path(args.workdir) / args.model)
     gpu = torch.cuda.max_memory_allocated() / 2**30 if args.device == "cuda" else 0.0
-    print("RESULT " + json.dumps(dict(steps=record[args.warmup:], params=params, rss=peak_rss_gb(), gpu=gpu,
+    print("RESULT " + json.dumps(dict(steps=record[args.warmup:], first=record[0], params=params, rss=peak_rss_gb(),
+                                      gpu=gpu,
                                       vocab=config.vocab_size)))
 
 
@@ -343,7 +395,9 @@ def _param_count(path: Path) -> int:
 
 # ---------------------------------------------------------------- report
 
-def summarise(results: list[dict], params: int, ceiling: float) -> dict:
+def summarise(results: list[dict], params: int, ceiling: float, shape_ceiling: float | None = None) -> dict:
+    """Medians over steps and repeats, rates, and fractions of the compute bound: 8 N T FLOPs for the whole step
+    (6 N T training, 2 N T generation; N parameters, T the step's prompt + response tokens) at the ceiling."""
     steps = [s for r in results for s in r["steps"]]
     med = {k: statistics.median(s[k] for s in steps) for k in ("step", "gen", "train", "tokens", "all_tokens")}
     med["computed_tokens"] = statistics.median(s.get("computed_tokens", s["all_tokens"]) for s in steps)
@@ -355,6 +409,11 @@ def summarise(results: list[dict], params: int, ceiling: float) -> dict:
     out["train_ceiling"] = out["train_gflops"] / ceiling
     out["computed_gflops"] = 6 * params * med["computed_tokens"] / med["train"] / 1e9 if med["train"] > 0 else 0.0
     out["computed_ceiling"] = out["computed_gflops"] / ceiling
+    # the bound counts the work the step needs: each prompt once for its N samples, and every response
+    out["step_bound"] = 8 * params * med["computed_tokens"] / med["step"] / 1e9 / ceiling
+    if shape_ceiling:
+        out["step_bound_shape"] = 8 * params * med["computed_tokens"] / med["step"] / 1e9 / shape_ceiling
+        out["train_bound_shape"] = out["computed_gflops"] / shape_ceiling
     return out
 
 
@@ -390,6 +449,12 @@ def main() -> None:
     rates = ", ".join(f"{d} {g:.0f} GFLOP/s" for d, g in ceiling.items())
     print(f"# matmul ceiling (2048^2, {args.device}): {rates}; workdir {workdir}", flush=True)
     print(f"# device: {cpu_description(args.device)}", flush=True)
+    vocab = json.loads((workdir / models[0] / "config.json").read_text())["vocab_size"]
+    shape_ceiling = {m: model_shape_ceiling(args.device, dtypes, SHAPES[m], vocab) for m in models}
+    for m in models:
+        print(f"# model-shape ceiling ({m}'s MLP and head products over 8192 rows): "
+              + ", ".join(f"{d} {g:.0f} GFLOP/s ({100 * g / ceiling[d]:.0f}% of 2048^2)"
+                          for d, g in shape_ceiling[m].items()), flush=True)
     results: dict = {}
     for model in models:
         for dtype in dtypes:
@@ -414,12 +479,18 @@ def main() -> None:
                           f" s/step ({time.perf_counter() - start:.0f} s with start-up)"
                           + (f", {graphs} CUDA graphs recorded per generate call" if graphs else ""), flush=True)
     end_ceiling = matmul_ceiling(args.device, dtypes)
+    best_ceiling = {d: max(ceiling[d], end_ceiling[d]) for d in dtypes}  # fractions of the higher of the two
+    for m in models:  # the model-shape ceilings too
+        end_shape = model_shape_ceiling(args.device, dtypes, SHAPES[m], vocab)
+        shape_ceiling[m] = {d: max(shape_ceiling[m][d], end_shape[d]) for d in dtypes}
+    print(f"# model-shape ceilings, the higher of start and end: {shape_ceiling}")
     print(f"# matmul ceiling at the end: {', '.join(f'{d} {g:.0f}' for d, g in end_ceiling.items())} GFLOP/s "
           f"({cpu_description(args.device)})\n")
     print("| model, dtype | framework | s/step | gen s | train s | completion tok/s | decode tok/s (% ceiling) | "
-          "train GFLOP/s (% ceiling) | computed GFLOP/s (% ceiling) | peak RSS GB |"
+          "train GFLOP/s (% ceiling) | computed GFLOP/s (% ceiling) | step % of bound (model-shape) | "
+          "train % of bound (model-shape) | peak RSS GB |"
           + (" peak GPU GB |" if args.device == "cuda" else ""))
-    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.device == "cuda" else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if args.device == "cuda" else ""))
     ratios = []
     for model in models:
         for dtype in dtypes:
@@ -428,7 +499,7 @@ def main() -> None:
                 if (model, dtype, fw) not in results:
                     continue
                 res = results[(model, dtype, fw)]
-                s = summarise(res, res[0]["params"], ceiling[dtype])
+                s = summarise(res, res[0]["params"], best_ceiling[dtype], shape_ceiling[model][dtype])
                 rows[fw] = s
                 train = f"{s['train']:.2f}" if fw != "generate" else "-"
                 gflops = f"{s['train_gflops']:.0f} ({100 * s['train_ceiling']:.0f}%)" if fw != "generate" else "-"
@@ -436,7 +507,11 @@ def main() -> None:
                             else "-")
                 print(f"| {model} {dtype} ({res[0]['params'] / 1e6:.1f}M) | {fw} | {s['step']:.2f} | {s['gen']:.2f} | "
                       f"{train} | {s['tok_s']:.0f} | {s['decode_tok_s']:.0f} ({100 * s['decode_ceiling']:.1f}%) | "
-                      f"{gflops} | {computed} | {s['rss']:.2f} |" + (f" {s['gpu']:.2f} |" if args.device == "cuda" else ""))
+                      f"{gflops} | {computed} | "
+                      + (f"{100 * s['step_bound']:.0f}% ({100 * s['step_bound_shape']:.0f}%) | "
+                         f"{100 * s['computed_ceiling']:.0f}% ({100 * s['train_bound_shape']:.0f}%)"
+                         if fw != "generate" else "- | -") + f" | {s['rss']:.2f} |"
+                      + (f" {s['gpu']:.2f} |" if args.device == "cuda" else ""))
             if "posttrain" in rows:
                 pt = rows["posttrain"]
                 line = [f"{model} {dtype}:"]
@@ -451,9 +526,22 @@ def main() -> None:
                 if "generate" in rows:
                     speedup = rows["generate"]["gen"] / pt["gen"]
                     line.append(f"decode tokens/s posttrain / transformers generate {speedup:.2f}x")
+                if "posttrain-compile" in rows:
+                    c, eager = rows["posttrain-compile"], ("posttrain-nocompile" if "posttrain-nocompile" in rows
+                                                           else "posttrain")
+                    e = rows[eager]
+                    def first(fw):
+                        return statistics.median(r["first"]["step"] for r in results[(model, dtype, fw)])
+
+                    extra, gain = first("posttrain-compile") - first(eager), e["train"] - c["train"]
+                    line.append(f"use_torch_compile: training phase eager/compiled {e['train'] / c['train']:.2f}x "
+                                f"({100 * c['computed_ceiling']:.0f}% of the bound against "
+                                f"{100 * e['computed_ceiling']:.0f}%), "
+                                f"first step +{extra:.0f} s (compilation), "
+                                + (f"earned back after {extra / gain:.0f} steps" if gain > 0 else "never earned back"))
                 if "posttrain-eager" in rows:
                     line.append(f"generation eager / CUDA graphs {rows['posttrain-eager']['gen'] / pt['gen']:.2f}x")
-                ratios.append(" ".join(line))
+                ratios.append(line[0] + " " + "; ".join(line[1:]))
     print()
     for line in ratios:
         print("- " + line)

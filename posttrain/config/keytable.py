@@ -154,8 +154,6 @@ RULES: list[Rule] = [
     Rule("**.fsdp_config.forward_only", "note", "the role decides whether it trains"),
     Rule("**.fsdp_config.entropy_checkpointing", "note", TRANSFORMERS),
     Rule("**.fsdp_config.entropy_from_logits_with_chunking", "note", TRANSFORMERS),
-    Rule("**.fsdp_config.use_torch_compile", "note", "posttrain runs eagerly (compile time outweighs the gain at "
-         "these sizes; docs/performance.md)"),
     # the newest tree's place for the sequence-parallel size (the role's own key is deprecated there)
     Rule("actor_rollout_ref.*.fsdp_config.ulysses_sequence_parallel_size", "map", "the role's sequence-parallel size",
          target="actor_rollout_ref.{0}.ulysses_sequence_parallel_size"),
@@ -167,8 +165,8 @@ RULES: list[Rule] = [
     # ---- actor / ref / critic
     *_roles("entropy_checkpointing", "note", TRANSFORMERS, roles=ACTOR_REF),
     *_roles("entropy_from_logits_with_chunking", "note", TRANSFORMERS, roles=ACTOR_REF),
-    *_roles("use_torch_compile", "note", "posttrain runs eagerly (compile time outweighs the gain at these sizes; "
-            "docs/performance.md)", roles=ACTOR_REF),
+    *[Rule(f"actor_rollout_ref.{role}.use_torch_compile", "map", "torch.compile of each decoder layer",
+           target=f"actor_rollout_ref.{role}.fsdp_config.use_torch_compile") for role in ("actor", "ref")],
     *_roles("rollout_n", "note", "always actor_rollout_ref.rollout.n", roles=ROLES[:3]),
     Rule("actor_rollout_ref.ref.router_replay.mode", "only", REF_ROUTES, ("disabled",)),
     *_roles("router_replay.record_file", "only", REPLAY_IN_MEMORY, (None,), roles=ACTOR_REF),

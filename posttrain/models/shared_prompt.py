@@ -128,7 +128,10 @@ def grouped_heads_in_sdpa(keys) -> bool:
     return keys.device.type == "cpu"
 
 
-AttentionInterface.register(ATTENTION_NAME, shared_prompt_attention)
+# Under use_torch_compile (models/compile.py) this function runs eagerly between the compiled parts of each layer:
+# the keys it keeps per layer index and its packed / sequence-parallel branches would make a graph per layer and
+# mode, and sdpa is one fused kernel already.
+AttentionInterface.register(ATTENTION_NAME, torch.compiler.disable(shared_prompt_attention))
 def mask_unless_packed(*args, **kwargs):
     """sdpa's mask, except for a packed call, which needs none (packed.mask_off)."""
     return None if in_packed_call() else sdpa_mask(*args, **kwargs)

@@ -45,9 +45,10 @@ def base_model(model: nn.Module) -> nn.Module:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks FSDP shards one by one: modules whose class transformers marks as not splittable."""
+    """The repeated blocks FSDP shards one by one: modules whose class transformers marks as not splittable (or a
+    subclass of it: FSDP2's and use_torch_compile's per-layer classes)."""
     names = set(getattr(base_model(model), "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    layers = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
     if not layers:
         raise ValueError(f"{type(base_model(model)).__name__} does not name its decoder layer class "
                          "(_no_split_modules); posttrain cannot shard it layer by layer")

@@ -20,12 +20,14 @@ from ..config.rollout_engine import engine_name
 from ..data.custom_dataset import CustomRows
 from ..data.dataset import RLDataset
 from ..data.sampler import PromptOrder
+from ..models.compile import compile_decoder_layers, compile_wanted
 from ..models.hub import resolve_model_source
 from ..models.load import LoraSettings, compute_dtype, load_causal_lm, load_tokenizer, model_config
 from ..models.moe import reject_tensor_parallel
 from ..models.policy import PolicyModel, ValueModel
 from ..models.vision import freeze_vision_tower, load_vision_processor
 from ..parallel import Parallel, ShardSettings, init_parallel, prepare_model
+from ..parallel.shard import decoder_layers
 from ..reward import code as code_reward
 from ..reward.judge import judge_reward
 from ..reward.manager import RewardManager
@@ -104,6 +106,20 @@ def shard_settings(fsdp_cfg, compute: torch.dtype) -> ShardSettings:
                          reshard_after_forward=fsdp_cfg.reshard_after_forward)
 
 
+def compile_layers(model, fsdp_cfg, actor_fsdp_cfg, par: Parallel, dtype: torch.dtype, role: str) -> None:
+    """A role's `fsdp_config.use_torch_compile` (null: the actor's; the actor's null: by model size and compute
+    dtype on a CPU, models/compile.py) applied to its decoder layers."""
+    setting = next((v for v in (fsdp_cfg.use_torch_compile, actor_fsdp_cfg.use_torch_compile) if v is not None), None)
+    if not compile_wanted(setting, model, par.device, dtype):
+        return
+    compile_decoder_layers(decoder_layers(model))
+    if setting is None and par.is_main:
+        millions = sum(p.numel() for p in model.parameters()) / 1e6
+        print(f"note: {role}: the decoder layers' training passes are compiled (torch.compile: a model of "
+              f"{millions:.0f}M parameters training in fp32 on a CPU; use_torch_compile=False keeps them eager)",
+              file=sys.stderr)
+
+
 def _moves_adam(fsdp_cfg) -> bool:
     """optimizer_offload alone: Adam's state goes to CPU memory between steps. With param_offload it lives there
     already (FSDP2 steps the optimizer on the CPU)."""
@@ -139,6 +155,8 @@ class Roles:
                 return model
 
             model = prepare_model(build, par, shard_settings(fsdp_cfg, self.dtype))
+            compile_layers(model, fsdp_cfg, arr.actor.fsdp_config, par,
+                           shard_settings(fsdp_cfg, self.dtype).param_dtype, "actor" if trainable else "reference")
             return ModelRunner(model, par, dtype=self.dtype, balance_batch=tr.balance_batch,
                                remove_padding=model_cfg.use_remove_padding)
 
@@ -168,6 +186,8 @@ class Roles:
                                                   key="critic.model.path" if cm.path else "actor_rollout_ref.model.path")
 
             value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
+            compile_layers(value, cm.fsdp_config, arr.actor.fsdp_config, par,
+                           shard_settings(cm.fsdp_config, self.dtype).param_dtype, "critic")
             self.critic = Critic(ModelRunner(value, par, dtype=self.dtype, balance_batch=tr.balance_batch,
                                              remove_padding=cm.use_remove_padding), c, a,
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,

@@ -100,6 +100,13 @@ class FSDPConfig:
     """dtype of the stored (sharded) weights and so of the optimizer's parameters"""
     reshard_after_forward: bool = True
     """free each gathered layer after its forward (False keeps it until backward: faster, more memory)"""
+    use_torch_compile: Optional[bool] = None
+    """compile each decoder layer's forward and backward with `torch.compile` (one graph for all layers, dynamic
+    shapes; passes without gradients and decoding stay eager; a failed compilation warns and runs eagerly). null: the
+    actor's setting for ref and critic; for the actor, compiled for a model of 20M parameters or more training in fp32
+    on a CPU (where the gain pays for the compilation within about ten steps), eager otherwise: smaller models, bf16,
+    and GPUs until measured there (docs/performance.md).
+    verl's `actor.use_torch_compile` / `ref.use_torch_compile` set this key"""
     mixed_precision: MixedPrecisionConfig = field(default_factory=MixedPrecisionConfig)
 
 
