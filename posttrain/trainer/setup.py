@@ -154,9 +154,10 @@ class Roles:
                     freeze_vision_tower(model)
                 return model
 
-            model = prepare_model(build, par, shard_settings(fsdp_cfg, self.dtype))
-            compile_layers(model, fsdp_cfg, arr.actor.fsdp_config, par,
-                           shard_settings(fsdp_cfg, self.dtype).param_dtype, "actor" if trainable else "reference")
+            settings = shard_settings(fsdp_cfg, self.dtype)
+            model = prepare_model(build, par, settings)
+            compile_layers(model, fsdp_cfg, arr.actor.fsdp_config, par, settings.param_dtype,
+                           "actor" if trainable else "reference")
             return ModelRunner(model, par, dtype=self.dtype, balance_batch=tr.balance_batch,
                                remove_padding=model_cfg.use_remove_padding)
 
@@ -185,9 +186,9 @@ class Roles:
                                                   gradient_checkpointing=cm.enable_gradient_checkpointing,
                                                   key="critic.model.path" if cm.path else "actor_rollout_ref.model.path")
 
-            value = prepare_model(build_value, par, shard_settings(cm.fsdp_config, self.dtype))
-            compile_layers(value, cm.fsdp_config, arr.actor.fsdp_config, par,
-                           shard_settings(cm.fsdp_config, self.dtype).param_dtype, "critic")
+            critic_settings = shard_settings(cm.fsdp_config, self.dtype)
+            value = prepare_model(build_value, par, critic_settings)
+            compile_layers(value, cm.fsdp_config, arr.actor.fsdp_config, par, critic_settings.param_dtype, "critic")
             self.critic = Critic(ModelRunner(value, par, dtype=self.dtype, balance_batch=tr.balance_batch,
                                              remove_padding=cm.use_remove_padding), c, a,
                                  max_response_length=cfg.data.max_response_length, total_steps=total_steps,
