@@ -95,6 +95,7 @@ def twin_runs(request, tiny_dir, shims, tmp_path_factory):
     return runs, results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("twin", TWINS, ids=rel)
 def test_tiny_twin_runs(twin, twin_runs):
     runs, results = twin_runs

@@ -329,6 +329,7 @@ def test_two_processes_equal_one_with_experts_sharded(moe_dirs, tiny_tokenizer, 
 
 
 
+@pytest.mark.slow
 def test_grpo_with_an_upcycled_moe_learns(small_task, tmp_path):
     """The small task's SFT checkpoint (tests/conftest.py: one-digit addition, 70% of demonstrations drop the
     carry) upcycled into a 4-expert top-2 Qwen2-MoE (the same function; the router random) trains with seeded GRPO,

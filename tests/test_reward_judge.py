@@ -343,6 +343,7 @@ def test_two_processes_judge_as_one(judge_dir, tmp_path):
     assert [r for r, _ in two] == list(range(5)) and [v for _, v in two] == one
 
 
+@pytest.mark.slow
 def test_grpo_with_the_judge_as_the_only_reward_learns(small_task, judge_dir):
     """GRPO from the small task's SFT model with the judge's score as the only reward (the setting of
     tests/test_learning.py's grpo family): the rule's accuracy, which the judge never sees, rises."""

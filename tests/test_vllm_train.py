@@ -34,6 +34,7 @@ def train(small_task, run, *extra):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_grpo_on_vllm_learns_the_demo_task_as_on_posttrains_engine(small_task, tmp_path):
     """40 GRPO steps from the small task's SFT model in fp32, same seed, each engine: the training score rises on
     vLLM (last 10 steps' mean above the first 4 steps' by at least 0.07, as tests/test_learning.py asks of every
