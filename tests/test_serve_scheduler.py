@@ -709,3 +709,48 @@ def test_a_continuing_turn_references_the_kept_blocks_and_no_block_leaks(engine,
     assert all(sched._pool.refs[b] == n for b, n in holders.items())
     sched.clear_prefix_cache()
     assert sched.stats["kv_blocks_used"] == 0
+
+
+def test_a_burst_of_requests_is_prefilled_together(engine, scheduler, lm64, monkeypatch):
+    """Requests arriving one by one while nothing decodes join in one prefill once arrivals pause (the quiet time is
+    set long here, so that a loaded machine's thread switches do not split the burst); each still decodes its
+    prompt's greedy continuation."""
+    import posttrain.serve.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "GATHER_QUIET_S", 0.3)
+    monkeypatch.setattr(scheduler_module, "GATHER_MAX_S", 30.0)
+    sched = scheduler()  # (its one-time checks prefill too)
+    prefills = []
+    start, add = engine.start_slots, engine.add
+    monkeypatch.setattr(engine, "start_slots", lambda *a, **k: prefills.append("start") or start(*a, **k))
+    monkeypatch.setattr(engine, "add", lambda *a, **k: prefills.append("add") or add(*a, **k))
+    sched.start()
+    handles = []
+    for prompt in PROMPTS:
+        handles.append(sched.submit(prompt, 1, GREEDY))
+        time.sleep(0.002)
+    for prompt, handle in zip(PROMPTS, handles):
+        tokens, _, finish = collect(handle)[0]
+        assert (tokens, finish) == greedy(lm64, prompt, 8, engine.eos_ids)
+    assert prefills == ["start"]
+
+
+@pytest.mark.parametrize("gather_max, joined_after", [(30.0, 3), (0.0, 2)])
+def test_a_request_arriving_while_rows_decode_joins_after_a_step_without_arrivals(engine, scheduler, lm64, monkeypatch,
+                                                                                  gather_max, joined_after):
+    """One that arrives before step 2 joins once step 3 has passed with no new arrival (or at once when the first
+    waiting request has waited GATHER_MAX_S); both requests' continuations are the greedy ones."""
+    import posttrain.serve.scheduler as scheduler_module
+
+    monkeypatch.setattr(scheduler_module, "GATHER_MAX_S", gather_max)
+    engine.eos_ids = {10**6}
+    sched = scheduler()  # (its one-time checks decode too)
+    late, joined_at = {}, []
+    count = on_step(engine, monkeypatch, {2: lambda: late.setdefault(0, sched.submit(PROMPTS[1], 1, GREEDY))})
+    add = engine.add
+    monkeypatch.setattr(engine, "add", lambda *a, **k: joined_at.append(count[0]) or add(*a, **k))
+    first = sched.submit(PROMPTS[0], 1, RequestSampling(temperature=0.0, max_tokens=12))
+    sched.start()
+    assert collect(first)[0][:1] == greedy(lm64, PROMPTS[0], 12, engine.eos_ids)[:1]
+    assert collect(late[0])[0][0] == greedy(lm64, PROMPTS[1], 8, engine.eos_ids)[0]
+    assert joined_at == [joined_after]

@@ -12,6 +12,7 @@ one batched call stays as it was. Clients are shown log-probs under the model's 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -60,6 +61,7 @@ class Request:
         self.raw = s.processing is None and (not self.params.do_sample or (
             s.temperature == 1.0 and s.top_p >= 1.0 and s.top_k <= 0))
         self.version = 0  # the prefix cache's weight version when it joined (scheduler._join)
+        self.queued = time.monotonic()  # when it was submitted (the scheduler gathers a burst: scheduler.py)
 
 
 class Row:

@@ -41,6 +41,7 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 
 import torch
 
@@ -56,6 +57,12 @@ __all__ = ["PromptTooLong", "QueueFull", "Request", "RequestSampling", "Schedule
 log = logging.getLogger(__name__)
 
 SLOT_ROWS = 4  # rows per prompt slot (the module docstring says why 4)
+# A burst of requests (clients answered together send their next ones together) joins in few prefills: a prompt
+# prefilled alone costs about what a dozen cost together. While requests keep arriving, the waiting ones join once a
+# decoding step (or, with nothing decoding, GATHER_QUIET_S) has passed without a new one, or once the first of them
+# has waited GATHER_MAX_S.
+GATHER_QUIET_S = 0.002
+GATHER_MAX_S = 0.05
 
 
 class QueueFull(Exception):
@@ -96,6 +103,8 @@ class Scheduler:
         self._cond = threading.Condition()
         self._waiting: collections.deque[Request] = collections.deque()
         self._cancels: list[tuple[Handle, int | None]] = []  # of admitted requests: the thread ends their rows
+        self._submitted = 0  # requests queued so far; `_seen`: as many as the last look at the queue found
+        self._seen = 0
         self._pauses = 0
         self._busy = False  # the thread holds the decoding weights (a step may run)
         self._closed = False
@@ -172,6 +181,7 @@ class Scheduler:
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting already (max_waiting={self.max_waiting})")
             self._waiting.append(request)
+            self._submitted += 1
             self._cond.notify_all()
         return handle
 
@@ -289,9 +299,24 @@ class Scheduler:
             self._end_rows("error")
 
     def _take_joining(self) -> list[Request]:
-        """Waiting requests, in order, while their samples fit beside the running ones."""
+        """Waiting requests, in order, while their samples fit beside the running ones; none yet while a burst is
+        still arriving (GATHER_QUIET_S says when)."""
         joining, room = [], self.max_running - len(self._rows)
         with self._cond:
+            if not self._waiting or self._closed or self._pauses:
+                return joining
+            if self._rows:  # rows decode meanwhile: look again after the next step
+                if self._submitted != self._seen and time.monotonic() - self._waiting[0].queued < GATHER_MAX_S:
+                    self._seen = self._submitted
+                    return joining
+            else:  # nothing decodes: wait for the burst to pause
+                while (self._submitted != self._seen and self._waiting and not self._closed and not self._pauses
+                       and time.monotonic() - self._waiting[0].queued < GATHER_MAX_S):
+                    self._seen = self._submitted
+                    self._cond.wait(GATHER_QUIET_S)
+                if self._closed or self._pauses or not self._waiting:
+                    return joining
+            self._seen = self._submitted
             while self._waiting and len(self._waiting[0].live) <= room:
                 request = self._waiting.popleft()
                 room -= len(request.live)
