@@ -1,8 +1,9 @@
 """Continuous batching over posttrain's decoding engine: the server's requests decode together in one batch.
 
 One thread owns the engine and its decoding state (rollout/paged_state.py). Between two decoding steps, the
-requests that arrived join the batch (their prompts prefilled in one forward, `engine.add`) and the samples that
-ended leave it (`state.keep`); every other row decodes on untouched. A consumer reads each sample's tokens as they
+requests that arrived join the batch (their prompts prefilled in one forward, `engine.add`; a burst still arriving
+is gathered first: `GATHER_QUIET_S`) and the samples that ended leave it (`state.keep`); every other row decodes on
+untouched. A consumer reads each sample's tokens as they
 come (`Handle.events`, or `Handle.aevents` on an event loop).
 
 Layout: the samples of a prompt joining together (a request's `n`, and requests with the same prompt, as the `n`
