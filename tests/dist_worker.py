@@ -14,6 +14,7 @@ single-turn steps (`single_turn_steps`); `tp_episodes` runs multi-turn episodes 
 environments answer differently in each process (`tp_episodes`).
 """
 
+import faulthandler
 import json
 import sys
 from pathlib import Path
@@ -26,6 +27,8 @@ from posttrain.parallel.context import exit_process, shutdown
 from posttrain.rollout.base import SamplingParams
 from posttrain.trainer.rl import RLTrainer
 from posttrain.trainer.setup import parallel_for
+
+faulthandler.enable()  # a rank that crashes in native code (a segfault in a collective) prints its Python stack
 
 
 class CountAllGathers(TorchDispatchMode):
