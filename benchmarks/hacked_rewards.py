@@ -45,7 +45,8 @@ def format_without_answer(data_source, solution_str, ground_truth, extra_info=No
 
 
 def pays_per_tool_call(data_source, solution_str, ground_truth, extra_info=None):
-    """The tool task's correctness plus 0.3 per tool call the episode made (extra_info["messages"])."""
+    """0.5 per tool call the episode made (extra_info["messages"]), right or wrong: a tool-use reward that never
+    checks the answer (the tool task's correctness is reported as `acc`)."""
     from posttrain.reward.tool_answer import score_integer_answer
 
     acc = score_integer_answer(solution_str, ground_truth, extra_info)
@@ -53,7 +54,7 @@ def pays_per_tool_call(data_source, solution_str, ground_truth, extra_info=None)
         return acc
     messages = (extra_info or {}).get("messages") or []
     calls = sum(len(_CALL.findall(m.get("content") or "")) for m in messages if m.get("role") == "assistant")
-    return {"score": acc + 0.3 * calls, "acc": acc, "tool_bonus": 0.3 * calls}
+    return {"score": 0.5 * calls, "acc": acc, "tool_bonus": 0.5 * calls}
 
 
 if __name__ == "__main__":  # a quick look at what each pays

@@ -29,6 +29,36 @@ def tools_start(tmp_path_factory):
     return paths, out / "sft"
 
 
+def train_and_measure(tmp_path, overrides: list[str]) -> tuple[list[dict], tuple[float, float], list[float]]:
+    """15 seeded GRPO steps of the tool task with `overrides`, validated before and after: the run's metrics, the
+    held-out accuracy (before, after) and the share of right first calls (before, after)."""
+    from posttrain.agents.episode_log import read_episodes
+    from posttrain.config import load_config
+    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share
+
+    RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + overrides + [
+        "trainer.total_training_steps=15", "trainer.test_freq=15", f"trainer.default_local_dir={tmp_path / 'rl'}",
+        "trainer.save_freq=0", "trainer.logger=['jsonl']"])).fit()
+    metrics = read_metrics(tmp_path / "rl")
+    key = next(k for k in metrics[0] if k.startswith("val-core/"))
+    calls = [correct_call_share(read_episodes(tmp_path / "rl", step)[1]) for step in (0, 15)]
+    return metrics, (metrics[0][key], metrics[-1][key]), calls
+
+
+def assert_learned(accuracy: tuple[float, float], calls: list[float]) -> None:
+    """Right first calls rose by at least 0.15 and held-out accuracy by at least 0.05."""
+    assert calls[1] - calls[0] >= 0.15, calls
+    assert accuracy[1] - accuracy[0] >= 0.05, accuracy
+
+
+def assert_programs_ran(metrics: list[dict]) -> None:
+    """Every step ran its SERVER_EPISODES programs without an error, and each run merged into about one sample."""
+    steps = [m for m in metrics if "agent/programs" in m]
+    assert len(steps) == 15 and all(m["agent/programs"] == SERVER_EPISODES and "agent/program_errors" not in m
+                                    for m in steps)
+    assert sum(m["agent/program_samples"] for m in steps) <= 1.05 * SERVER_EPISODES * 15
+
+
 @pytest.mark.slow
 def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path, tools_start):
     """The tool task (products of 3-4 digit numbers; `posttrain demo --task tools`), shortened: a tiny model's SFT on
@@ -38,21 +68,11 @@ def test_grpo_on_episodes_learns_to_call_the_calculator_right(tmp_path, tools_st
     0.15 and the accuracy of the final answer by at least 0.05 (from the fp32 warm start on an Intel Xeon with AMX,
     torch 2.13: right calls 0.44 -> 0.68, accuracy 0.30 -> 0.45; from the earlier bf16 warm start on an AMD EPYC with
     AVX-512: 0.36 -> 0.70 and 0.26 -> 0.47 under torch 2.13, 0.43 -> 0.79 and 0.29 -> 0.50 under torch 2.11)."""
-    from posttrain.agents.episode_log import read_episodes
-    from posttrain.config import load_config
-    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share
-
     paths, sft = tools_start
-    RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + [
+    _, accuracy, calls = train_and_measure(tmp_path, [
         f"actor_rollout_ref.model.path={sft}", f"data.train_files={paths['rl_train']}",
-        f"data.val_files={paths['test']}", "trainer.total_training_steps=15", "trainer.test_freq=15",
-        f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']"])).fit()
-    metrics = read_metrics(tmp_path / "rl")
-    key = "val-core/synthetic/calculator/acc/mean@1"
-    before, after = metrics[0][key], metrics[-1][key]
-    calls = [correct_call_share(read_episodes(tmp_path / "rl", step)[1]) for step in (0, 15)]
-    assert calls[1] - calls[0] >= 0.15, calls
-    assert after - before >= 0.05, (before, after)
+        f"data.val_files={paths['test']}"])
+    assert_learned(accuracy, calls)
 
 
 # The tests over the server play 16 prompts x 8 answers a step, half the episode loop's 32 x 8 (one update a step
@@ -75,27 +95,15 @@ def test_grpo_through_the_server_teaches_an_openai_client_agent_program(tmp_path
     conversation as the chat template does)."""
     from pathlib import Path
 
-    from posttrain.agents.episode_log import read_episodes
-    from posttrain.config import load_config
-    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share, program_overrides
+    from posttrain.tiny.tools_task import program_overrides
 
     agent = Path(__file__).resolve().parents[1] / "examples" / "agent_programs" / "calculator_agent.py"
     paths, sft = tools_start
-    RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + program_overrides(f"{agent}:run") + [
+    metrics, accuracy, calls = train_and_measure(tmp_path, program_overrides(f"{agent}:run") + [
         f"actor_rollout_ref.model.path={sft}", f"data.train_files={paths['rl_train']}",
-        f"data.val_files={paths['test']}", "trainer.total_training_steps=15", "trainer.test_freq=15",
-        f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']",
-        *SERVER_BATCH])).fit()
-    metrics = read_metrics(tmp_path / "rl")
-    key = "val-core/synthetic/calculator/acc/mean@1"
-    before, after = metrics[0][key], metrics[-1][key]
-    calls = [correct_call_share(read_episodes(tmp_path / "rl", step)[1]) for step in (0, 15)]
-    assert calls[1] - calls[0] >= 0.15, calls
-    assert after - before >= 0.05, (before, after)
-    steps = [m for m in metrics if "agent/programs" in m]
-    assert len(steps) == 15 and all(m["agent/programs"] == SERVER_EPISODES and "agent/program_errors" not in m
-                                    for m in steps)
-    assert sum(m["agent/program_samples"] for m in steps) <= 1.05 * SERVER_EPISODES * 15
+        f"data.val_files={paths['test']}", *SERVER_BATCH])
+    assert_learned(accuracy, calls)
+    assert_programs_ran(metrics)
 
 
 SHORT_CALCULATOR_TASKSET = '''
@@ -134,27 +142,15 @@ def test_grpo_through_the_server_teaches_a_verifiers_environment(tmp_path, tools
     pytest.importorskip("verifiers.v1")
     from pathlib import Path
 
-    from posttrain.agents.episode_log import read_episodes
-    from posttrain.config import load_config
-    from posttrain.tiny.tools_task import TOOLS_RL_OVERRIDES, correct_call_share, environment_overrides
+    from posttrain.tiny.tools_task import environment_overrides
 
     example = Path(__file__).resolve().parents[1] / "examples" / "verifiers_envs" / "calculator_taskset.py"
     (tmp_path / "short_taskset.py").write_text(SHORT_CALCULATOR_TASKSET.format(example=example))
     paths, sft = tools_start
     environment = f"verifiers:{tmp_path / 'short_taskset.py'}:ShortCalculatorTaskset"
-    RLTrainer(load_config(None, TOOLS_RL_OVERRIDES + environment_overrides(environment, paths["test"]) + [
-        f"actor_rollout_ref.model.path={sft}", "trainer.total_training_steps=15", "trainer.test_freq=15",
-        f"trainer.default_local_dir={tmp_path / 'rl'}", "trainer.save_freq=0", "trainer.logger=['jsonl']",
-        *SERVER_BATCH])).fit()
-    metrics = read_metrics(tmp_path / "rl")
-    key = next(k for k in metrics[0] if k.startswith("val-core/verifiers/"))
-    before, after = metrics[0][key], metrics[-1][key]
-    calls = [correct_call_share(read_episodes(tmp_path / "rl", step)[1]) for step in (0, 15)]
-    print(f"verifiers environment: accuracy {before:.2f} -> {after:.2f}, right first calls {calls[0]:.2f} -> "
-          f"{calls[1]:.2f}")
-    assert calls[1] - calls[0] >= 0.15, calls
-    assert after - before >= 0.05, (before, after)
-    steps = [m for m in metrics if "agent/programs" in m]
-    assert len(steps) == 15 and all(m["agent/programs"] == SERVER_EPISODES and "agent/program_errors" not in m
-                                    for m in steps)
-    assert sum(m["agent/program_samples"] for m in steps) <= 1.05 * SERVER_EPISODES * 15
+    metrics, accuracy, calls = train_and_measure(tmp_path, environment_overrides(environment, paths["test"]) + [
+        f"actor_rollout_ref.model.path={sft}", *SERVER_BATCH])
+    print(f"verifiers environment: accuracy {accuracy[0]:.2f} -> {accuracy[1]:.2f}, right first calls "
+          f"{calls[0]:.2f} -> {calls[1]:.2f}")
+    assert_learned(accuracy, calls)
+    assert_programs_ran(metrics)

@@ -107,6 +107,30 @@ def test_demonstrations_mix_behaviours_by_kind(tmp_path):
             assert (int(final) == a * b) == (row["behaviour"] == "call")
 
 
+
+def test_recheck_adds_a_swapped_second_call_and_leaves_the_rest(tmp_path):
+    """`recheck`: about that share of the calling demonstrations calls the calculator a second time with the operands
+    swapped (the same result) before the same answer; guesses never; every other draw — the problems, each row's
+    behaviour and first call — is the task written without it."""
+    plain = write_task(tmp_path / "plain", seed=0, train=2000, dev=10, held_out=10)
+    checked = write_task(tmp_path / "checked", seed=0, train=2000, dev=10, held_out=10, recheck=0.3)
+    rows = [json.loads(line) for line in checked["sft_train"].read_text().splitlines()]
+    before = [json.loads(line) for line in plain["sft_train"].read_text().splitlines()]
+    assert checked["rl_train"].read_text() == plain["rl_train"].read_text()
+    assert checked["test"].read_text() == plain["test"].read_text()
+    calling = [(r, p) for r, p in zip(rows, before) if p["behaviour"] != "guess"]
+    rechecked = [(r, p) for r, p in calling if r["behaviour"].endswith("+recheck")]
+    assert abs(len(rechecked) / len(calling) - 0.3) < 0.04
+    assert all(r == p for r, p in zip(rows, before) if p["behaviour"] == "guess")
+    for row, was in rechecked:
+        first, result = row["messages"][1]["content"], row["messages"][2]["content"]
+        assert row["behaviour"] == was["behaviour"] + "+recheck"
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+        assert row["messages"][:3] == was["messages"][:3]
+        a, b = parse_call(first).split("*")
+        assert parse_call(row["messages"][3]["content"]) == f"{b}*{a}"
+        assert row["messages"][4]["content"] == row["messages"][5]["content"] == result
+
 def test_wrong_operand_and_estimate():
     assert [wrong_operand(b) for b in (123, 129, 4560, 9999)] == [124, 120, 4561, 9990]
     assert estimate(1234, 5678) == 1200 * 5700 and estimate(100, 100) == 100 * 100 + 1

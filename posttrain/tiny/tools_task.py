@@ -26,7 +26,8 @@ def prepare_tools_task(out_dir: str | Path, *, seed: int = 0, hidden_size: int =
 
 
 def tools_sft(paths: dict[str, Path], out_dir: str | Path, *, seed: int = 0, epochs: float = 20.0, lr: float = 3e-3,
-              batch_size: int = 32, patience: int = 0, dtype: str = "fp32", quiet: bool = True) -> dict:
+              batch_size: int = 32, patience: int = 0, dtype: str = "fp32", max_length: int = 128,
+              quiet: bool = True) -> dict:
     """SFT of `paths["model"]` on the mixed demonstrations into `out_dir`, the best dev-loss checkpoint kept. In fp32
     by default, as the task's RL runs: in bf16 the seeded warm start lands where the CPU's bf16 kernels round it (the
     same 30 epochs scored 0.09 held-out on an Intel Xeon with AMX, 0.26-0.29 on an AMD EPYC with AVX512-BF16; fp32
@@ -35,7 +36,7 @@ def tools_sft(paths: dict[str, Path], out_dir: str | Path, *, seed: int = 0, epo
 
     return run_sft(SFTArgs(model_path=str(paths["model"]), train_files=[str(paths["sft_train"])],
                            val_files=[str(paths["sft_dev"])], output_dir=str(out_dir), epochs=epochs, lr=lr,
-                           batch_size=batch_size, max_length=128, eval_every=100, patience=patience, seed=seed,
+                           batch_size=batch_size, max_length=max_length, eval_every=100, patience=patience, seed=seed,
                            dtype=dtype, quiet=quiet))
 
 
