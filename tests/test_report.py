@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from posttrain.report import write_report
-from posttrain.report.page import SECTIONS
+from posttrain.report.page import SECTIONS, curves_section
 
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -89,6 +89,21 @@ def test_a_run_without_watch_records_still_reports(tmp_path):
     html = write_report(tmp_path).read_text()
     assert "no detector records" in html and "No detector fired" in html and "No config.yaml" in html
 
+
+
+def test_a_single_reward_component_is_named():
+    """A chart of every metric under a prefix names its curve even when there is one (the demo's scorer logs only
+    `reward/acc/mean`: without a legend its chart looked like the training reward's twin); a chart of one named
+    metric needs none."""
+    from posttrain.report.charts import line_chart
+
+    one = {"reward/acc/mean": ([1, 2, 3], [0.1, 0.4, 0.5])}
+    assert ">acc<" in line_chart("Reward components", one, "value", named=True)
+    assert ">acc<" not in line_chart("Reward components", one, "value")
+    rows = [{"step": t, "critic/score/mean": 0.1 * t, "reward/acc/mean": 0.1 * t} for t in range(1, 4)]
+    page = curves_section(rows)
+    components = page[page.index("Reward components"):]
+    assert ">acc<" in components[:components.index("</svg>")]
 
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium installed (Debian: apt-get install chromium; install.sh "
                                             "does it where it can): the page was not rendered in a browser")

@@ -82,11 +82,13 @@ def _label(name: str) -> str:
     return re.sub(r"^(val-core/|reward/)", "", name).replace("/acc/", " ").removesuffix("/mean")
 
 
-def line_chart(title: str, curves: dict[str, tuple[list, list]], ylabel: str) -> str:
+def line_chart(title: str, curves: dict[str, tuple[list, list]], ylabel: str, named: bool = False) -> str:
+    """One line per curve; a legend where there are several, or where `named` (a chart of every metric under a
+    prefix: its one curve's name, e.g. the reward component `acc`, is not in the title)."""
     plt, fig, ax = _figure()
     for name, (x, y) in curves.items():
         ax.plot(x, y, marker="o" if len(x) <= 20 else None, markersize=3, linewidth=1.5, label=_label(name))
-    return _finish(plt, fig, ax, title, ylabel, legend=len(curves) > 1 or title.startswith("Held-out"))
+    return _finish(plt, fig, ax, title, ylabel, legend=len(curves) > 1 or named)
 
 
 def detector_chart(name: str, steps: list, values: list, threshold: float | None, fired: list[int]) -> str:

@@ -56,8 +56,8 @@ def summary_section(run_dir: str, rows: list[dict], config: dict, findings: list
 def curves_section(rows: list[dict]) -> str:
     parts = []
     for heading, charts in CURVES:
-        drawn = [line_chart(title, curves, ylabel) for title, keys, ylabel in charts
-                 if (curves := series(rows, keys))]
+        drawn = [line_chart(title, curves, ylabel, named=any(k.endswith("/") for k in keys))
+                 for title, keys, ylabel in charts if (curves := series(rows, keys))]
         if drawn:
             parts.append(f"<h3>{escape(heading)}</h3><div class='grid'>{''.join(drawn)}</div>")
     return "".join(parts) or "<p>No curves: the run logged none of the standard metrics.</p>"
