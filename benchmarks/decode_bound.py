@@ -26,20 +26,21 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_step import SHAPES as SMALL  # noqa: E402
+from grpo_step import _sync  # noqa: E402
+from long_context import DTYPES  # noqa: E402
+
 SHAPES = {
     "L": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
               intermediate_size=4864, vocab_size=151936),
     "1.5B": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                  intermediate_size=8960, vocab_size=151936),
 }
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def shapes() -> dict[str, dict]:
     """Every model this benchmark knows: L and 1.5B, and grpo_step.py's S and M (vocabulary 2048)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from grpo_step import SHAPES as SMALL
-
     small = {name: dict(hidden_size=s["hidden_size"], num_hidden_layers=s["num_layers"],
                         num_attention_heads=s["num_heads"], num_key_value_heads=s["num_kv_heads"],
                         intermediate_size=s["intermediate_size"], vocab_size=2048)
@@ -76,19 +77,12 @@ def copy_bandwidth(device, gib: float = 1.0) -> float:
     src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
     best = float("inf")
     for _ in range(5):
-        _sync(device)
+        _sync(device.type)
         start = time.perf_counter()
         dst.copy_(src)
-        _sync(device)
+        _sync(device.type)
         best = min(best, time.perf_counter() - start)
     return 2 * 4 * n / best
-
-
-def _sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def build(shape: dict, device, dtype, max_positions: int):
@@ -119,10 +113,10 @@ def step_seconds(engine, batch_size: int, prompt: int, new_tokens: int, vocab: i
     for n in (new_tokens, 8, new_tokens, 8):
         prompts = torch.randint(3, vocab, (batch_size, prompt))
         sampling = SamplingParams(n=1, max_new_tokens=n, ignore_eos=True)
-        _sync(device)
+        _sync(device.type)
         start = time.perf_counter()
         engine.generate(Batch({"prompts": prompts, "prompt_mask": torch.ones_like(prompts)}), sampling)
-        _sync(device)
+        _sync(device.type)
         seconds[n] = time.perf_counter() - start
     return (seconds[new_tokens] - seconds[8]) / (new_tokens - 8)
 
