@@ -181,6 +181,90 @@ def test_packed_half_precision_on_cuda_runs_the_varlen_kernel_as_close_as_the_pa
         assert packed_error <= 2 * padded_error + 1e-3, (part, packed_error, padded_error)
 
 
+def _attention_float64(q, k, v, mask):
+    """Attention written out in float64: per batch row and query head, softmax(q k^T / sqrt(d)) over the allowed
+    keys, then the weighted sum of values (grouped heads: query head h reads key head h // (H / Hk))."""
+    q, k, v = q.double(), k.double(), v.double()
+    B, H, Lq, D = q.shape
+    out = torch.zeros(B, H, Lq, D, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            kh = h // (H // k.shape[1])
+            for i in range(Lq):
+                allowed = mask[i]
+                scores = (k[b, kh, allowed] @ q[b, h, i]) / D ** 0.5
+                weights = torch.exp(scores - scores.max())
+                out[b, h, i] = (weights / weights.sum()) @ v[b, kh, allowed]
+    return out
+
+
+def test_cpu_attention_under_bf16_autocast_computes_in_float32_and_float32_is_untouched():
+    """On a CPU, bf16 attention (bf16 inputs, or float32 queries under bf16 autocast as rotary embeddings leave them)
+    is computed in float32 and returned in bf16: output and gradients within bf16's rounding of a float64
+    re-derivation, no further off than torch's own bf16 kernel. Float32 without autocast is sdpa itself, bit for
+    bit."""
+    from posttrain.models.packed import sdpa
+
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 4, 5, 8, generator=g), torch.randn(2, 2, 9, 8, generator=g),
+               torch.randn(2, 2, 9, 8, generator=g))
+    mask = torch.ones(5, 9, dtype=torch.bool).tril(diagonal=4)  # 4 prompt keys, then causal
+    weights = torch.randn(2, 4, 5, 8, generator=g, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    (_attention_float64(*leaves, mask) * weights).sum().backward()
+    want, want_grads = _attention_float64(q, k, v, mask), [x.grad for x in leaves]
+
+    def run(fn):
+        leaves = [q.clone().requires_grad_(), k.bfloat16().requires_grad_(), v.bfloat16().requires_grad_()]
+        with torch.autocast("cpu", torch.bfloat16):
+            out = fn(*leaves, attn_mask=mask, enable_gqa=True)
+        (out.double() * weights).sum().backward()
+        return out.detach(), [x.grad.double() for x in leaves]
+
+    out, grads = run(sdpa)
+    bf16_out, bf16_grads = run(torch.nn.functional.scaled_dot_product_attention)
+    assert out.dtype == torch.bfloat16 == bf16_out.dtype
+    in_float32 = torch.nn.functional.scaled_dot_product_attention(q, k.bfloat16().float(), v.bfloat16().float(),
+                                                                  attn_mask=mask, enable_gqa=True)
+    assert torch.equal(out, in_float32.bfloat16())
+    assert relative(out.double(), want) < 4e-3  # bf16 keeps 8 bits: relative rounding <= 2^-9 per element
+    assert relative(out.double(), want) <= relative(bf16_out.double(), want) + 1e-4
+    for grad, bf16_grad, expected in zip(grads, bf16_grads, want_grads):
+        assert relative(grad, expected) < 1e-2
+        assert relative(grad, expected) <= relative(bf16_grad, expected) + 1e-3
+
+    fp32 = [x.clone().requires_grad_() for x in (q, k, v)]
+    ours = sdpa(*fp32, attn_mask=mask, enable_gqa=True)
+    theirs = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    assert ours.dtype == torch.float32 and torch.equal(ours, theirs)
+
+
+def test_packed_forward_under_bf16_autocast_on_cpu_is_as_close_to_float64_as_the_padded_one(tiny_model_dir):
+    """A CPU training forward under bf16 autocast: the packed path (its attention in float32) gives log-probs and
+    gradients at least as close to a float64 forward as the padded bf16 forward (transformers' sdpa in bf16)."""
+    reference = load_causal_lm(str(tiny_model_dir))
+    ids, mask, L, response_mask = packed_case(reference.config.vocab_size)
+    weights = response_mask.to(torch.float64) * torch.linspace(-1, 1, L, dtype=torch.float64)
+    results = {}
+    for name, dtype, packed_call in (("float64", torch.float64, False), ("padded", torch.bfloat16, False),
+                                     ("packed", torch.bfloat16, True)):
+        lm = load_causal_lm(str(tiny_model_dir)).to(torch.float64 if dtype == torch.float64 else torch.float32)
+        lm.train()
+        lm.config._attn_implementation = ATTENTION_NAME if packed_call else "sdpa"
+        with torch.autocast("cpu", torch.bfloat16, enabled=dtype == torch.bfloat16):
+            logp, _ = response_logprobs(lm, ids, mask, L, packed=packed_call)
+        (logp.double() * weights).sum().backward()
+        results[name] = (logp.double().detach(), torch.cat([p.grad.double().flatten() for p in lm.parameters()]))
+    real = mask[:, -L:].bool()
+    for part in (0, 1):
+        want = results["float64"][part]
+        pick = (lambda x: x[real]) if part == 0 else (lambda x: x)
+        padded_error = relative(pick(results["padded"][part]), pick(want))
+        packed_error = relative(pick(results["packed"][part]), pick(want))
+        assert packed_error <= 1.5 * padded_error + 1e-3, (part, packed_error, padded_error)
+        assert packed_error < 0.05, (part, packed_error)
+
+
 def _elements_written_by_backward(loss: torch.Tensor) -> int:
     """How many tensor elements the ops of `loss`'s backward pass produce (zero-filled gradients included)."""
     from torch.utils._python_dispatch import TorchDispatchMode

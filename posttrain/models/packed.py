@@ -10,7 +10,8 @@ modules run; only the attention function differs (`attention` below, reached thr
 `shared_prompt.ATTENTION_NAME` function when a call passes `packed=`), and the mask builder builds no mask for a
 packed call (`mask_off`). The kernels (benchmarks/logprobs.py, docs/performance.md):
 
-- CPU, and any device in float32: sdpa per row (`is_causal`), which computes only each row's own triangle;
+- CPU, and any device in float32: sdpa per row (`is_causal`), which computes only each row's own triangle; on a CPU
+  bf16 inputs are computed in float32 (`sdpa`);
 - CUDA in bf16 / fp16: `torch.nn.attention.varlen.varlen_attn` (Flash attention over cumulative row offsets),
   where the installed torch has it (2.10 and newer; its keywords differ between releases, `varlen_kernel`).
 """
@@ -126,13 +127,28 @@ def _varlen_attention(query, key, value, packing: Packing, scaling) -> torch.Ten
     return kernel(q, k, v, packing.starts, packing.starts, packing.longest, packing.longest, **options)
 
 
+def sdpa(query, key, value, **options) -> torch.Tensor:
+    """`F.scaled_dot_product_attention`; on a CPU, bf16 inputs are computed in float32 and the output cast back. Why:
+    the CPU's bf16 flash kernel is the slow one, not the fast: forward and backward of one prompt's 8 responses
+    (queries (8, 8, 64, 64), keys (8, 4, 150, 64)) take 2.5x the float32 kernel's time, and attention was a fifth of
+    a bf16 GRPO step (docs/performance.md). The float32 result is also the more exact one. Under bf16 autocast the
+    queries may be float32 (rotary embeddings) and autocast would lower the call to bf16: it is off around it, and
+    the output is bf16 as autocast's would be."""
+    lowered = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    if query.device.type != "cpu" or not (query.dtype == torch.bfloat16 or lowered):
+        return F.scaled_dot_product_attention(query, key, value, **options)
+    with torch.autocast("cpu", enabled=False):
+        out = F.scaled_dot_product_attention(query.float(), key.float(), value.float(), **options)
+    return out.to(torch.bfloat16)
+
+
 def attention(module, query, key, value, packing: Packing, *, dropout: float = 0.0, scaling=None):
     """Causal attention inside each packed row. `query` (1, H, N, D), `key` / `value` (1, Hk, N, D) as
     transformers' attention functions get them; returns (1, N, H, D)."""
     if uses_varlen(query, dropout):
         return _varlen_attention(query, key, value, packing, scaling)[None], None
     gqa = key.shape[1] != query.shape[1]
-    pieces = [F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
+    pieces = [sdpa(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
               for q, k, v in zip(*(rows_of(x, packing) for x in (query, key, value))) if q.shape[2]]
     return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
 
@@ -181,7 +197,7 @@ def attention_after_prompt(query, key, value, prompt_key, prompt_value, prompts:
             values = values.repeat_interleave(heads // kv_heads, dim=1)
         before = keys.shape[2] - longest
         mask = torch.ones(longest, before + longest, dtype=torch.bool, device=query.device).tril(diagonal=before)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling,
+        out = sdpa(q, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling,
                                              enable_gqa=keys.shape[1] != heads)
         pieces.append(out.transpose(1, 2).reshape(n * longest, heads, dim))
     out = torch.cat(pieces)

@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 import logging
 
 import torch
-import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from .load import eval_mode
-from .packed import Packing, attention_after_prompt, in_packed_call, mask_off, pack
+from .packed import Packing, attention_after_prompt, in_packed_call, mask_off, pack, sdpa
 from .packed import attention as packed_attention
 
 ATTENTION_NAME = "posttrain_shared_prompt"
@@ -114,7 +113,7 @@ def shared_prompt_attention(module, query, key, value, attention_mask, dropout: 
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and not grouped_heads_in_sdpa(keys):
         keys, values = repeat_kv(keys, groups), repeat_kv(values, groups)
-    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=ctx.response_mask(length), dropout_p=dropout,
+    out = sdpa(query, keys, values, attn_mask=ctx.response_mask(length), dropout_p=dropout,
                                          scale=scaling, enable_gqa=keys.shape[1] != query.shape[1])
     return out.transpose(1, 2).contiguous(), None
 
