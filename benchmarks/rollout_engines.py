@@ -15,7 +15,8 @@ Each (engine, model, dtype) runs in a fresh process, alternating the engines (`-
 (seconds from the model in memory to the engine ready: vLLM's engine, its compilation and the first weight push;
 posttrain's engine and `generate` build nothing), tokens/s (sampled tokens / wall time of a generate call, median of
 `--calls` calls after one warm-up call; the range over the repeats), and the process's peak resident memory — beside
-the 2048^2 matmul ceiling measured in this same run. Needs vLLM for its column (docs/rollout_engines.md).
+the 2048^2 matmul ceiling measured in this same run, and each rate's share of the compute bound of decoding (2 x
+parameters FLOPs a generated token at that ceiling; the prompts' prefill is not counted). Needs vLLM for its column (docs/rollout_engines.md).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def worker(args) -> None:
         if call:
             rates.append(tokens / seconds)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
-    print("RESULT" + json.dumps({"startup_s": startup, "tokens_per_s": statistics.median(rates), "peak_gb": peak}))
+    print("RESULT" + json.dumps({"startup_s": startup, "tokens_per_s": statistics.median(rates), "peak_gb": peak,
+                                 "params": sum(p.numel() for p in policy.parameters())}))
 
 
 def run_one(args, engine: str, model: str, dtype: str) -> dict:
@@ -141,14 +143,15 @@ def main() -> None:
                     result = run_one(args, engine, model, dtype)
                     print(f"# round {round_ + 1}: {model} {dtype} {engine} {json.dumps(result)}", flush=True)
                     results.setdefault((model, dtype, engine), []).append(result)
-    print("| model, dtype | engine | tokens/s | start-up s | peak RSS GB |")
-    print("|---|---|---|---|---|")
+    print("| model, dtype | engine | tokens/s | % of compute bound | start-up s | peak RSS GB |")
+    print("|---|---|---|---|---|---|")
     for (model, dtype, engine), runs in results.items():
         rate = [r["tokens_per_s"] for r in runs]
         start = [r["startup_s"] for r in runs]
         peak = max(r["peak_gb"] for r in runs)
-        print(f"| {model} {dtype} | {engine} | {min(rate):.0f}-{max(rate):.0f} | {min(start):.1f}-{max(start):.1f} "
-              f"| {peak:.2f} |")
+        bound = ceiling[dtype] * 1e9 / (2 * runs[0]["params"])  # tokens/s at the ceiling, 2 x parameters a token
+        print(f"| {model} {dtype} | {engine} | {min(rate):.0f}-{max(rate):.0f} | {100 * min(rate) / bound:.1f}-"
+              f"{100 * max(rate) / bound:.1f}% | {min(start):.1f}-{max(start):.1f} | {peak:.2f} |")
 
 
 if __name__ == "__main__":

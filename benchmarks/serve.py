@@ -46,7 +46,8 @@ against the contiguous one's peak (slots x prefix width + rows x suffix capacity
 step.
 
 Beside them the fp32 / bf16 2048^2 matmul ceiling of this machine with the same torch threads, measured in the same
-run. Both sides run the same code (this checkout) with `--threads` torch threads each (the server's event loop and
+run, and each tokens/s as a share of decoding's compute bound (2 x parameters FLOPs a generated token at the ceiling of
+`--dtype`; prompts' prefill not counted). Both sides run the same code (this checkout) with `--threads` torch threads each (the server's event loop and
 the clients, one event loop, take what is left of the machine); offline and server run one after the other.
 """
 
@@ -106,7 +107,8 @@ def offline_worker(args) -> None:
     out = engine.generate(batch(prompts), sampling)
     seconds = time.perf_counter() - start
     print("RESULT " + json.dumps(dict(tokens=int(out["response_mask"].sum()), seconds=seconds,
-                                      prompt_tokens=sum(len(p) for p in prompts))), flush=True)
+                                      prompt_tokens=sum(len(p) for p in prompts),
+                                      params=sum(p.numel() for p in model.parameters()))), flush=True)
 
 
 def free_port() -> int:
@@ -342,15 +344,18 @@ def url_runs(args) -> tuple[list[dict], str]:
     return asyncio.run(client_runs(args, base)), f"{served} at {base}, dtype not known here"
 
 
-def print_table(label: str | None, ours: list[dict], theirs: list[dict] | None, base_rate: float) -> None:
-    """One row per client count: posttrain's side (and its ratio to offline), then the other server's."""
-    head = "  clients  posttrain tokens/s  x offline  p50 s  p99 s  requests"
+def print_table(label: str | None, ours: list[dict], theirs: list[dict] | None, base_rate: float,
+                bound_rate: float) -> None:
+    """One row per client count: posttrain's side (its ratio to offline, and its share of the compute bound:
+    `bound_rate` tokens/s, 2 x parameters FLOPs a generated token at the matmul ceiling), then the other server's."""
+    head = "  clients  posttrain tokens/s  x offline  % bound  p50 s  p99 s  requests"
     if label:
         head += f"  | {label + ' tokens/s':>16}  p50 s  p99 s  posttrain / {label}"
     print(head)
     for i, r in enumerate(ours):
         rate = r["tokens"] / r["seconds"]
-        row = (f"  {r['clients']:7d}  {rate:18.1f}  {rate / base_rate:8.2f}x  {percentile(r['latencies'], 0.5):5.2f}"
+        row = (f"  {r['clients']:7d}  {rate:18.1f}  {rate / base_rate:8.2f}x  {100 * rate / bound_rate:6.1f}%"
+               f"  {percentile(r['latencies'], 0.5):5.2f}"
                f"  {percentile(r['latencies'], 0.99):5.2f}  {len(r['latencies']):8d}")
         if label:
             o = theirs[i]
@@ -486,15 +491,18 @@ def main() -> None:
             sys.exit(out.stderr[-3000:])
         offline = json.loads(line[len("RESULT "):])
         base_rate = offline["tokens"] / offline["seconds"]
+        bound_rate = ceiling[args.dtype] * 1e9 / (2 * offline["params"])  # decoding's compute bound, tokens/s
         print(f"\nmodel {model}: offline batch  {base_rate:8.1f} tokens/s  "
-              f"(latency {offline['seconds']:.2f} s for every request)", flush=True)
+              f"(latency {offline['seconds']:.2f} s for every request; {100 * base_rate / bound_rate:.1f}% of the "
+              f"compute bound, {bound_rate:.0f} tokens/s = the {args.dtype} ceiling / 2 x {offline['params'] / 1e6:.1f}M "
+              f"parameters)", flush=True)
         ours = serve_runs(args, model, env)  # stopped before the other side starts
         theirs, label = None, None
         if args.against:
             theirs, other = vllm_runs(args, model, env) if args.against == "vllm" else url_runs(args)
             label = "vllm" if args.against == "vllm" else "other"
             print(f"  dtype: posttrain {VLLM_DTYPES[args.dtype]} (--dtype {args.dtype}); {label}: {other}")
-        print_table(label, ours, theirs, base_rate)
+        print_table(label, ours, theirs, base_rate, bound_rate)
 
 
 if __name__ == "__main__":
