@@ -241,7 +241,9 @@ def test_cpu_attention_under_bf16_autocast_computes_in_float32_and_float32_is_un
 
 def test_packed_forward_under_bf16_autocast_on_cpu_is_as_close_to_float64_as_the_padded_one(tiny_model_dir):
     """A CPU training forward under bf16 autocast: the packed path (its attention in float32) gives log-probs and
-    gradients at least as close to a float64 forward as the padded bf16 forward (transformers' sdpa in bf16)."""
+    gradients at least as close to a float64 forward as the padded bf16 forward (transformers' sdpa in bf16), and
+    within the documented tolerance: log-probs 0.2%, gradients 2% (relative norm; bf16 keeps 8 significant bits,
+    0.4% a rounding)."""
     reference = load_causal_lm(str(tiny_model_dir))
     ids, mask, L, response_mask = packed_case(reference.config.vocab_size)
     weights = response_mask.to(torch.float64) * torch.linspace(-1, 1, L, dtype=torch.float64)
@@ -262,7 +264,7 @@ def test_packed_forward_under_bf16_autocast_on_cpu_is_as_close_to_float64_as_the
         padded_error = relative(pick(results["padded"][part]), pick(want))
         packed_error = relative(pick(results["packed"][part]), pick(want))
         assert packed_error <= 1.5 * padded_error + 1e-3, (part, packed_error, padded_error)
-        assert packed_error < 0.05, (part, packed_error)
+        assert packed_error < (2e-3, 2e-2)[part], (part, packed_error)  # docs/performance.md's bf16 tolerance
 
 
 def _elements_written_by_backward(loss: torch.Tensor) -> int:
