@@ -1,5 +1,6 @@
 """Rollout and actor wiring on the tiny model: response masks, micro-batch invariance of the update, SFT CLI."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -128,6 +129,61 @@ def test_actor_gradient_does_not_depend_on_micro_batches(tiny_model_dir, tiny_to
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values())
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
     assert torch.allclose(grads[0], grads[2], atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_bf16_micro_batches_cast_each_weight_once_and_keep_the_gradient_bit_for_bit(tiny_model_dir, tiny_tokenizer,
+                                                                                   monkeypatch, checkpointing):
+    """Under bf16 autocast a mini-batch's micro-batches reuse the first one's weight casts (`casts_kept`): the
+    accumulated gradient is bit for bit the one of casting again in every micro-batch (with activation checkpointing
+    too, whose backward recomputes each layer), and the float32 -> bf16 copies of the trainable weights are made once
+    per mini-batch instead of once per micro-batch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from posttrain.models.load import enable_checkpointing
+
+    torch.manual_seed(0)
+    model = load_causal_lm(str(tiny_model_dir), device=CPU)
+    if checkpointing:
+        enable_checkpointing(model)
+    engine = TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
+    batch = engine.generate(prompts_batch(tiny_tokenizer, ["1+2=", "33+44=", "5+5="]),
+                            SamplingParams(n=2, max_new_tokens=5))
+    B, L = batch["responses"].shape
+    batch["advantages"] = torch.randn(B, L) * batch["response_mask"]
+    batch["old_log_probs"] = torch.randn(B, L) * 0.1 - 2
+    weights = {p.data_ptr(): p.shape for p in model.parameters()}
+
+    class WeightCasts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if (func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16
+                    and args[0].dtype == torch.float32 and weights.get(args[0].data_ptr()) == args[0].shape):
+                WeightCasts.count += 1
+            return func(*args, **kwargs)
+
+    grads, casts = [], []
+    for kept in (True, False):
+        if not kept:
+            monkeypatch.setattr(ModelRunner, "casts_kept", lambda self: contextlib.nullcontext())
+        cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=0", "actor_rollout_ref.actor.grad_clip=1e9",
+                                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"])
+        actor = Actor(ModelRunner(PolicyModel(model), Parallel(), dtype=torch.bfloat16), cfg.actor_rollout_ref.actor,
+                      temperature=1.0, max_response_length=5, total_steps=1)
+        actor.runner.packs()  # the one-time packed check runs before counting
+        seen = []
+        actor.optimizer.register_step_pre_hook(
+            lambda *_: seen.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+        WeightCasts.count = 0
+        with WeightCasts():
+            actor.update(batch)
+        grads.append(seen[0])
+        casts.append(WeightCasts.count)
+    assert torch.equal(grads[0], grads[1])
+    matrices = sum(p.dim() == 2 for p in model.parameters())
+    assert matrices <= casts[0] < casts[1] and casts[1] >= B * matrices // 2, casts
 
 
 def test_sft_cli_trains_on_response_tokens(tmp_path, tiny_model_dir):

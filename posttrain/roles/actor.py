@@ -160,63 +160,66 @@ class Actor:
                                       max_tokens=cfg.ppo_max_token_len_per_gpu if cfg.use_dynamic_bsz else None)
         self.optimizer.zero_grad(set_to_none=True)
         loss_not_finite = False
-        for i, mb in enumerate(micros):
-            set_gradient_sync(self.model, i == len(micros) - 1)
-            mask = mb["response_mask"].float().to(runner.device)
-            router = RouterRecorder(self.moe) if self.moe is not None else None
-            topk_ids = mb["teacher_topk_ids"] if self.distill is not None and self.distill.uses_topk else None
-            routing = self._routing(mb)  # entered until after the backward pass, which recomputes layers
-            if routing is not None:
-                routing.__enter__()
-            out = runner.logprobs(mb, temperature=self.temperature, with_entropy=True, router=router,
-                                  extra_tokens=topk_ids, routing=routing)
-            logp, ent = out[0], out[1]
-            old = mb["old_log_probs"].to(runner.device) if "old_log_probs" in mb else logp.detach()
-            weights = mb["rollout_is_weights"].to(runner.device) if "rollout_is_weights" in mb else None
-            advantages = mb["advantages"].to(runner.device)
-            if self.bypass is not None:
-                pg_loss, metrics = bypass_loss(self.policy_loss, logp, old, advantages, mask, bypass=self.bypass,
-                                               settings=self.loss_settings, norm=norm, sum_over_ranks=runner.par.sum)
-            else:
-                pg_loss, metrics = self.policy_loss(logp, old, advantages, mask, settings=self.loss_settings,
-                                                    norm=norm, rollout_is_weights=weights)
-            loss, distill_loss = pg_loss, None
-            if self.distill is not None:
-                student_topk = out[2] if topk_ids is not None else None
-                distill_loss = self._distillation(mb, logp, student_topk, old, mask, norm, weights, totals,
-                                                  share=float(mask.sum()) / max(norm.tokens, 1.0))
-                loss = combine(pg_loss, distill_loss, self.distill)
-            entropy = agg_loss(ent.detach() if not need_entropy else ent, mask, cfg.loss_agg_mode, norm)
-            # in the order they are computed, for naming the first non-finite one
-            watched = [("advantages", advantages), ("old_log_probs", old), ("rollout_is_weights", weights),
-                       ("log_probs", logp)] + ([("entropy", ent)] if need_entropy else []) + [("pg_loss", pg_loss)]
-            if distill_loss is not None:
-                watched.append(("distillation_loss", distill_loss))
-            if need_entropy:
-                loss = loss - cfg.entropy_coeff * entropy
-            if cfg.use_kl_loss:
-                ref = mb["ref_log_probs"].to(runner.device)
-                kl = agg_loss(kl_penalty(logp, ref, cfg.kl_loss_type), mask, cfg.loss_agg_mode, norm)
-                loss = loss + cfg.kl_loss_coef * kl
-                totals["actor/kl_loss"] += kl.item()
-                watched[-1:-1] = [("ref_log_probs", ref)]
-                watched.append(("kl_loss", kl))
-            if router is not None:
-                loss = self._router_loss(loss, router, float(mb["attention_mask"].sum()) / all_tokens, totals, watched)
-            watched = [(name, value) for name, value in watched if value is not None]
-            loss_not_finite |= self.nonfinite.loss_not_finite(loss, watched, mask)
-            try:
-                runner.backward(loss)
-            finally:
+        with runner.casts_kept():  # each weight cast once for all the micro-batches
+            for i, mb in enumerate(micros):
+                set_gradient_sync(self.model, i == len(micros) - 1)
+                mask = mb["response_mask"].float().to(runner.device)
+                router = RouterRecorder(self.moe) if self.moe is not None else None
+                topk_ids = mb["teacher_topk_ids"] if self.distill is not None and self.distill.uses_topk else None
+                routing = self._routing(mb)  # entered until after the backward pass, which recomputes layers
                 if routing is not None:
-                    routing.__exit__(None, None, None)
-                    self._replay_counts[0] += routing.compared
-                    self._replay_counts[1] += routing.mismatched
-            share = float(mask.sum()) / max(norm.tokens, 1.0)  # token share: metrics averaged per token
-            totals["actor/pg_loss"] += pg_loss.item()
-            totals["actor/entropy"] += entropy.item()
-            for k, v in metrics.items():
-                totals[k] += float(v) * share
+                    routing.__enter__()
+                out = runner.logprobs(mb, temperature=self.temperature, with_entropy=True, router=router,
+                                      extra_tokens=topk_ids, routing=routing)
+                logp, ent = out[0], out[1]
+                old = mb["old_log_probs"].to(runner.device) if "old_log_probs" in mb else logp.detach()
+                weights = mb["rollout_is_weights"].to(runner.device) if "rollout_is_weights" in mb else None
+                advantages = mb["advantages"].to(runner.device)
+                if self.bypass is not None:
+                    pg_loss, metrics = bypass_loss(self.policy_loss, logp, old, advantages, mask, bypass=self.bypass,
+                                                   settings=self.loss_settings, norm=norm,
+                                                   sum_over_ranks=runner.par.sum)
+                else:
+                    pg_loss, metrics = self.policy_loss(logp, old, advantages, mask, settings=self.loss_settings,
+                                                        norm=norm, rollout_is_weights=weights)
+                loss, distill_loss = pg_loss, None
+                if self.distill is not None:
+                    student_topk = out[2] if topk_ids is not None else None
+                    distill_loss = self._distillation(mb, logp, student_topk, old, mask, norm, weights, totals,
+                                                      share=float(mask.sum()) / max(norm.tokens, 1.0))
+                    loss = combine(pg_loss, distill_loss, self.distill)
+                entropy = agg_loss(ent.detach() if not need_entropy else ent, mask, cfg.loss_agg_mode, norm)
+                # in the order they are computed, for naming the first non-finite one
+                watched = [("advantages", advantages), ("old_log_probs", old), ("rollout_is_weights", weights),
+                           ("log_probs", logp)] + ([("entropy", ent)] if need_entropy else []) + [("pg_loss", pg_loss)]
+                if distill_loss is not None:
+                    watched.append(("distillation_loss", distill_loss))
+                if need_entropy:
+                    loss = loss - cfg.entropy_coeff * entropy
+                if cfg.use_kl_loss:
+                    ref = mb["ref_log_probs"].to(runner.device)
+                    kl = agg_loss(kl_penalty(logp, ref, cfg.kl_loss_type), mask, cfg.loss_agg_mode, norm)
+                    loss = loss + cfg.kl_loss_coef * kl
+                    totals["actor/kl_loss"] += kl.item()
+                    watched[-1:-1] = [("ref_log_probs", ref)]
+                    watched.append(("kl_loss", kl))
+                if router is not None:
+                    loss = self._router_loss(loss, router, float(mb["attention_mask"].sum()) / all_tokens, totals,
+                                             watched)
+                watched = [(name, value) for name, value in watched if value is not None]
+                loss_not_finite |= self.nonfinite.loss_not_finite(loss, watched, mask)
+                try:
+                    runner.backward(loss)
+                finally:
+                    if routing is not None:
+                        routing.__exit__(None, None, None)
+                        self._replay_counts[0] += routing.compared
+                        self._replay_counts[1] += routing.mismatched
+                share = float(mask.sum()) / max(norm.tokens, 1.0)  # token share: metrics averaged per token
+                totals["actor/pg_loss"] += pg_loss.item()
+                totals["actor/entropy"] += entropy.item()
+                for k, v in metrics.items():
+                    totals[k] += float(v) * share
         grad_norm, stepped = runner.clip_and_step(self.optimizer, cfg.grad_clip, self.offload_optimizer,
                                                   loss_not_finite=loss_not_finite)
         if not stepped:

@@ -124,6 +124,16 @@ class ModelRunner:
                 sequence_parallel(self.par.sp_group):
             yield
 
+    def casts_kept(self):
+        """Around a mini-batch's micro-batches: autocast's cast of each trainable weight is made by the first
+        micro-batch and reused by the rest, where each forward's own autocast context would cast every weight again
+        (torch keeps its casts until the outermost autocast context closes: this one, open and disabled, so the loss
+        and the backward pass still run outside autocast). The weights must not change inside it: the optimizer
+        steps after it. Nothing to keep for a sharded model (FSDP casts) or in float32."""
+        if self.sharded or self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, enabled=False)
+
     def backward(self, loss: torch.Tensor) -> None:
         """`loss.backward()` under the forward's sdpa kernels (`attention_backends`): a layer that activation
         checkpointing recomputes in the backward pass must pick the kernel its forward picked, or it saves other
@@ -196,7 +206,8 @@ class ModelRunner:
         rows = self.my_rows(batch)
         mine = batch.select(rows)
         parts = self.micro_parts(mine, micro_batch_size, max_tokens=max_tokens)
-        outputs = [compute(mine.select(p)) for p in parts]
+        with self.casts_kept():
+            outputs = [compute(mine.select(p)) for p in parts]
         order = [rows[i] for p in parts for i in p]
         return tuple(self.gather_rows(order, torch.cat([o[k].cpu() for o in outputs]), len(batch))
                      for k in range(len(outputs[0])))

@@ -80,17 +80,19 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=True)
         totals = defaultdict(float)
         loss_not_finite = False
-        for i, mb in enumerate(micros):
-            set_gradient_sync(self.model, i == len(micros) - 1)
-            mask = mb["response_mask"].float().to(runner.device)
-            old, returns, values = mb["values"].to(runner.device), mb["returns"].to(runner.device), self._values(mb)
-            loss, metrics = value_loss(values, old, returns, mask, cliprange_value=self.cfg.cliprange_value,
-                                       loss_agg_mode=self.agg_mode, norm=norm, const=self.norm_const)
-            loss_not_finite |= self.nonfinite.loss_not_finite(
-                loss, [("returns", returns), ("old values", old), ("values", values), ("vf_loss", loss)], mask)
-            runner.backward(loss)
-            totals["critic/vf_loss"] += loss.item()
-            totals["critic/vf_clipfrac"] += float(metrics["critic/vf_clipfrac"]) * float(mask.sum()) / max(norm.tokens, 1.0)
+        with runner.casts_kept():  # each weight cast once for all the micro-batches
+            for i, mb in enumerate(micros):
+                set_gradient_sync(self.model, i == len(micros) - 1)
+                mask = mb["response_mask"].float().to(runner.device)
+                old, returns, values = mb["values"].to(runner.device), mb["returns"].to(runner.device), self._values(mb)
+                loss, metrics = value_loss(values, old, returns, mask, cliprange_value=self.cfg.cliprange_value,
+                                           loss_agg_mode=self.agg_mode, norm=norm, const=self.norm_const)
+                loss_not_finite |= self.nonfinite.loss_not_finite(
+                    loss, [("returns", returns), ("old values", old), ("values", values), ("vf_loss", loss)], mask)
+                runner.backward(loss)
+                totals["critic/vf_loss"] += loss.item()
+                share = float(mask.sum()) / max(norm.tokens, 1.0)
+                totals["critic/vf_clipfrac"] += float(metrics["critic/vf_clipfrac"]) * share
         grad_norm, stepped = runner.clip_and_step(self.optimizer, self.cfg.grad_clip, self.offload_optimizer,
                                                   loss_not_finite=loss_not_finite)
         self.nonfinite.after_update(stepped, grad_norm)
