@@ -1,8 +1,9 @@
 """The weights decoding runs with: the trained model's, in the compute dtype.
 
-Training keeps float32 master weights and runs its passes under autocast, which casts every weight on every
-call. A decoding step is one token per row, so those casts cost more than the step's own arithmetic (measured on
-the M model of benchmarks/grpo_step.py: 2.0 of 8.2 s of generation went to copies). Decoding therefore runs on a
+Training keeps float32 master weights and runs its passes under autocast, which casts every weight once per
+forward pass (a mini-batch's micro-batches share one set of casts: roles/common.casts_kept). A decoding step is one
+token per row, so a cast per step would cost more than the step's own arithmetic (measured on the M model of
+benchmarks/grpo_step.py: 2.0 of 8.2 s of generation went to copies). Decoding therefore runs on a
 copy cast once per generate call (and LoRA adapters merged into it), which is freed afterwards — what a separate
 inference engine holds as its own weights. A sharded model is used as it is: gathering its units already gives
 parameters in FSDP's compute dtype.
