@@ -172,13 +172,19 @@ def test_packed_half_precision_on_cuda_runs_the_varlen_kernel_as_close_as_the_pa
         (logp.double() * weights).sum().backward()
         results[name] = (logp.double().detach(), torch.cat([p.grad.double().flatten() for p in lm.parameters()]))
     assert calls, "the packed half-precision forward did not run the varlen kernel"
-    real = mask[:, -L:].bool()
-    for part in (0, 1):
-        want = results["float64"][part]
-        pick = (lambda x: x[real]) if part == 0 else (lambda x: x)
-        padded_error = relative(pick(results["padded"][part]), pick(want))
-        packed_error = relative(pick(results["packed"][part]), pick(want))
+    for part, (packed_error, padded_error) in enumerate(_errors_against_float64(results, mask[:, -L:].bool())):
         assert packed_error <= 2 * padded_error + 1e-3, (part, packed_error, padded_error)
+
+
+def _errors_against_float64(results: dict, real: torch.Tensor) -> list[tuple[float, float]]:
+    """For the log-probs (on `real` tokens) and the gradients: the relative error of the "packed" and the "padded"
+    results against the "float64" ones (each result a pair of log-probs and flattened gradients)."""
+    errors = []
+    for part in (0, 1):
+        pick = (lambda x: x[real]) if part == 0 else (lambda x: x)
+        want = pick(results["float64"][part])
+        errors.append((relative(pick(results["packed"][part]), want), relative(pick(results["padded"][part]), want)))
+    return errors
 
 
 def _attention_float64(q, k, v, mask):
@@ -257,12 +263,7 @@ def test_packed_forward_under_bf16_autocast_on_cpu_is_as_close_to_float64_as_the
             logp, _ = response_logprobs(lm, ids, mask, L, packed=packed_call)
         (logp.double() * weights).sum().backward()
         results[name] = (logp.double().detach(), torch.cat([p.grad.double().flatten() for p in lm.parameters()]))
-    real = mask[:, -L:].bool()
-    for part in (0, 1):
-        want = results["float64"][part]
-        pick = (lambda x: x[real]) if part == 0 else (lambda x: x)
-        padded_error = relative(pick(results["padded"][part]), pick(want))
-        packed_error = relative(pick(results["packed"][part]), pick(want))
+    for part, (packed_error, padded_error) in enumerate(_errors_against_float64(results, mask[:, -L:].bool())):
         assert packed_error <= 1.5 * padded_error + 1e-3, (part, packed_error, padded_error)
         assert packed_error < (2e-3, 2e-2)[part], (part, packed_error)  # docs/performance.md's bf16 tolerance
 

@@ -101,18 +101,24 @@ def test_decode_returns_the_version_of_each_forward_and_none_without_a_hook(tiny
                 assert all(c is weights for c in calls) and e.step_versions is None
 
 
+def update_batch(model, tokenizer) -> Batch:
+    """Six sampled responses (3 prompts x 2) with random advantages, old and reference log-probs: an actor update's
+    input."""
+    engine = TransformersGenerate(model, tokenizer, device=CPU, dtype=torch.float32)
+    batch = engine.generate(prompts_batch(tokenizer, ["1+2=", "33+44=", "5+5="]), SamplingParams(n=2, max_new_tokens=5))
+    B, L = batch["responses"].shape
+    batch["advantages"] = torch.randn(B, L) * batch["response_mask"]
+    batch["old_log_probs"] = torch.randn(B, L) * 0.1 - 2
+    batch["ref_log_probs"] = torch.randn(B, L) * 0.1 - 2
+    return batch
+
+
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
 def test_actor_gradient_does_not_depend_on_micro_batches(tiny_model_dir, tiny_tokenizer, mode):
     """Same mini-batch, one pass vs micro-batches of 1 and 3: the same accumulated gradient (KL and entropy on)."""
     torch.manual_seed(0)
     model = load_causal_lm(str(tiny_model_dir), device=CPU)
-    engine = TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
-    batch = engine.generate(prompts_batch(tiny_tokenizer, ["1+2=", "33+44=", "5+5="]),
-                            SamplingParams(n=2, max_new_tokens=5))
-    B, L = batch["responses"].shape
-    batch["advantages"] = torch.randn(B, L) * batch["response_mask"]
-    batch["old_log_probs"] = torch.randn(B, L) * 0.1 - 2
-    batch["ref_log_probs"] = torch.randn(B, L) * 0.1 - 2
+    batch = update_batch(model, tiny_tokenizer)
     grads = []
     for micro in (None, 1, 3):
         cfg = load_config(None, ["actor_rollout_ref.actor.optim.lr=0", "actor_rollout_ref.actor.use_kl_loss=True",
@@ -146,12 +152,8 @@ def test_bf16_micro_batches_cast_each_weight_once_and_keep_the_gradient_bit_for_
     model = load_causal_lm(str(tiny_model_dir), device=CPU)
     if checkpointing:
         enable_checkpointing(model)
-    engine = TransformersGenerate(model, tiny_tokenizer, device=CPU, dtype=torch.float32)
-    batch = engine.generate(prompts_batch(tiny_tokenizer, ["1+2=", "33+44=", "5+5="]),
-                            SamplingParams(n=2, max_new_tokens=5))
-    B, L = batch["responses"].shape
-    batch["advantages"] = torch.randn(B, L) * batch["response_mask"]
-    batch["old_log_probs"] = torch.randn(B, L) * 0.1 - 2
+    batch = update_batch(model, tiny_tokenizer)
+    B = batch["responses"].shape[0]
     weights = {p.data_ptr(): p.shape for p in model.parameters()}
 
     class WeightCasts(TorchDispatchMode):
